@@ -1,0 +1,71 @@
+// Package apistatus answers a client the way the apiserver would when watchsan itself must
+// refuse or fail a request: a metav1.Status JSON body with a matching HTTP code and reason.
+package apistatus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"syscall"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// New builds a Failure status.
+func New(code int32, reason metav1.StatusReason, msg string) *metav1.Status {
+	return &metav1.Status{
+		TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+		Status:   metav1.StatusFailure,
+		Message:  msg,
+		Reason:   reason,
+		Code:     code,
+	}
+}
+
+// ForUpstreamError maps a failure to reach or hear from an upstream, before any response byte
+// went to the client, to the status the client gets. It is the one place this mapping lives:
+//   - the upstream refused or reset the connection, or is not reachable: 503 ServiceUnavailable
+//     (the client's retry logic treats it as "try again");
+//   - a timeout (dial, TLS handshake, response headers): 504 Timeout;
+//   - anything else (bad TLS, protocol garbage): 502 with reason InternalError.
+func ForUpstreamError(upstream string, err error) *metav1.Status {
+	var ne net.Error
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return New(http.StatusGatewayTimeout, metav1.StatusReasonTimeout,
+			fmt.Sprintf("watchsan: upstream %s did not answer in time: %v", upstream, err))
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH), isDialError(err):
+		return New(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
+			fmt.Sprintf("watchsan: upstream %s is unavailable: %v", upstream, err))
+	default:
+		return New(http.StatusBadGateway, metav1.StatusReasonInternalError,
+			fmt.Sprintf("watchsan: error talking to upstream %s: %v", upstream, err))
+	}
+}
+
+func isDialError(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
+}
+
+// Write sends st as the whole response. The caller must not have written anything yet.
+func Write(w http.ResponseWriter, st *metav1.Status) {
+	body, err := json.Marshal(st)
+	if err != nil { // a Status always marshals; keep the client informed regardless
+		body = []byte(`{"kind":"Status","apiVersion":"v1","status":"Failure","code":500}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)+1))
+	h.Set("X-Content-Type-Options", "nosniff")
+	if st.Details != nil && st.Details.RetryAfterSeconds > 0 {
+		h.Set("Retry-After", strconv.Itoa(int(st.Details.RetryAfterSeconds)))
+	}
+	w.WriteHeader(int(st.Code))
+	_, _ = w.Write(append(body, '\n'))
+}

@@ -1,0 +1,229 @@
+package config
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Validate checks c on its own (files named must exist and parse) and returns every problem
+// found, joined, or nil.
+func (c *Config) Validate() error {
+	var errs []error
+	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+
+	for _, l := range []struct{ flag, addr string }{{"listen", c.Listen}, {"admin-listen", c.AdminListen}} {
+		if err := checkHostPort(l.addr); err != nil {
+			add("--%s %q: %w", l.flag, l.addr, err)
+		}
+	}
+	if c.Listen == c.AdminListen && c.Listen != "" {
+		add("--listen and --admin-listen must differ (both %q)", c.Listen)
+	}
+	switch {
+	case (c.TLSCertFile == "") != (c.TLSKeyFile == ""):
+		add("--tls-cert-file and --tls-private-key-file go together")
+	case c.TLSCertFile != "":
+		if _, err := tls.LoadX509KeyPair(c.TLSCertFile, c.TLSKeyFile); err != nil {
+			add("--tls-cert-file/--tls-private-key-file: %w", err)
+		}
+	}
+	for _, u := range c.Upstreams {
+		if _, err := parseUpstream(u); err != nil {
+			add("--upstream %q: %w", u, err)
+		}
+	}
+	if c.UpstreamCAFile != "" {
+		if _, err := loadCA(c.UpstreamCAFile); err != nil {
+			add("--upstream-ca-file: %w", err)
+		}
+		if c.InsecureSkipTLSVerify {
+			add("--upstream-ca-file and --insecure-skip-tls-verify exclude each other")
+		}
+	}
+	if c.Kubeconfig != "" {
+		if _, err := os.Stat(c.Kubeconfig); err != nil {
+			add("--kubeconfig: %w", err)
+		}
+	}
+	if c.FixMode != "repair" && c.FixMode != "observe" {
+		add("--fix-mode %q: want repair or observe", c.FixMode)
+	}
+	for _, r := range c.FixExemptResources {
+		if r == "" || strings.Count(r, "/") > 1 {
+			add("--fix-exempt-resource %q: want RESOURCE or GROUP/RESOURCE", r)
+		}
+	}
+	if c.MaxFrameSize < 1024 || c.MaxFrameSize > 1<<30 {
+		add("--max-frame-size %d: want 1024 to 1073741824 bytes", c.MaxFrameSize)
+	}
+	if c.DeleteMemoryEntries < 0 {
+		add("--delete-memory-entries %d: must not be negative", c.DeleteMemoryEntries)
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{
+		{"dial-timeout", c.DialTimeout}, {"tls-handshake-timeout", c.TLSHandshakeTimeout},
+		{"http2-read-idle-timeout", c.HTTP2ReadIdleTimeout}, {"http2-ping-timeout", c.HTTP2PingTimeout},
+		{"response-header-timeout", c.ResponseHeaderTimeout}, {"health-interval", c.HealthInterval},
+		{"delete-memory-ttl", c.DeleteMemoryTTL}, {"watch-resume-timeout", c.WatchResumeTimeout},
+		{"watch-stall-timeout", c.WatchStallTimeout}, {"shutdown-timeout", c.ShutdownTimeout},
+	} {
+		if d.v <= 0 {
+			add("--%s %s: must be positive", d.flag, d.v)
+		}
+	}
+	if c.KeepAlive < 0 {
+		add("--tcp-keepalive %s: must not be negative", c.KeepAlive)
+	}
+	if c.RetryBudget < 0 {
+		add("--retry-budget %s: must not be negative", c.RetryBudget)
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		add("--log-level %q: want debug, info, warn or error", c.LogLevel)
+	}
+	if c.LogFormat != "json" && c.LogFormat != "console" {
+		add("--log-format %q: want json or console", c.LogFormat)
+	}
+	return errors.Join(errs...)
+}
+
+func checkHostPort(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("bad port %q", port)
+	}
+	return nil
+}
+
+func parseUpstream(s string) (*url.URL, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, err
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("scheme must be http or https")
+	}
+	if u.Host == "" {
+		return nil, fmt.Errorf("no host")
+	}
+	if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return nil, fmt.Errorf("no query, fragment or user info allowed")
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	return u, nil
+}
+
+func loadCA(path string) (*x509.CertPool, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(data) {
+		return nil, fmt.Errorf("%s: no PEM certificate found", path)
+	}
+	return pool, nil
+}
+
+// IsLoopback reports whether a listen address accepts connections only from this host.
+func IsLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// Completed is a validated Config with everything resolved that Run needs.
+type Completed struct {
+	Config
+	// Upstreams are the apiserver base URLs, at least one.
+	Upstreams []*url.URL
+	// Credentials is the kubeconfig's (or in-cluster) config whose TLS settings and identity are
+	// used upstream; nil when none was loaded.
+	Credentials *rest.Config
+	// Lend says whether requests without an Authorization header get Credentials' identity.
+	Lend bool
+	// UpstreamCA verifies upstream serving certificates; nil means Credentials' CA or the
+	// system roots.
+	UpstreamCA *x509.CertPool
+}
+
+// Complete validates c and resolves the kubeconfig, returning every problem at once.
+func (c Config) Complete() (*Completed, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	out := &Completed{Config: c}
+	var errs []error
+	for _, s := range c.Upstreams {
+		u, _ := parseUpstream(s) // validated above
+		out.Upstreams = append(out.Upstreams, u)
+	}
+	if c.UpstreamCAFile != "" {
+		out.UpstreamCA, _ = loadCA(c.UpstreamCAFile)
+	}
+	if c.Kubeconfig != "" || len(c.Upstreams) == 0 {
+		rc, err := loadKubeconfig(c.Kubeconfig, c.Context)
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			out.Credentials = rc
+			if len(out.Upstreams) == 0 {
+				u, err := parseUpstream(strings.TrimSuffix(rc.Host, "/"))
+				if err != nil {
+					errs = append(errs, fmt.Errorf("kubeconfig server %q: %w", rc.Host, err))
+				} else {
+					out.Upstreams = append(out.Upstreams, u)
+				}
+			}
+		}
+	}
+	out.Lend = !c.NoCredentials && out.Credentials != nil && hasIdentity(out.Credentials)
+	if out.Lend && !IsLoopback(c.Listen) && !c.AllowNonLoopbackCredentials {
+		errs = append(errs, fmt.Errorf("--listen %q is not a loopback address and the kubeconfig's credentials would be lent to anyone who reaches it: listen on 127.0.0.1, pass --no-credentials, or accept this with --allow-non-loopback-credentials", c.Listen))
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return out, nil
+}
+
+func hasIdentity(rc *rest.Config) bool {
+	return rc.BearerToken != "" || rc.BearerTokenFile != "" || rc.Username != "" ||
+		len(rc.CertData) > 0 || rc.CertFile != "" || rc.ExecProvider != nil || rc.AuthProvider != nil
+}
+
+func loadKubeconfig(path, context string) (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	if path != "" {
+		rules.ExplicitPath = path
+	}
+	overrides := &clientcmd.ConfigOverrides{CurrentContext: context}
+	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("no upstream: no --upstream given and the kubeconfig could not be loaded: %w", err)
+	}
+	return rc, nil
+}

@@ -1,0 +1,97 @@
+// Package metrics defines watchsan's Prometheus metrics, all named watchsan_*, registered on a
+// registry of the caller's (never the global one) so tests and the demo can read them.
+package metrics
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics holds every collector. A nil *Metrics is not allowed; use New.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	Requests       *prometheus.CounterVec   // verb, resource, code
+	RequestSeconds *prometheus.HistogramVec // verb, resource
+	InFlight       prometheus.Gauge
+	OpenWatches    *prometheus.GaugeVec   // resource
+	Bytes          *prometheus.CounterVec // direction: upstream_to_client | client_to_upstream
+	UpstreamUp     *prometheus.GaugeVec   // upstream
+
+	WatchEvents    *prometheus.CounterVec // resource, type, action (passed|rewritten|dropped)
+	WatchRegressed *prometheus.CounterVec // resource: streams that saw at least one regression
+	NonIntegerRVs  *prometheus.CounterVec // resource
+	StreamEnds     *prometheus.CounterVec // reason
+	DeleteMemory   prometheus.GaugeFunc
+
+	Resumes        *prometheus.CounterVec // reason
+	Stalls         prometheus.Counter
+	ResumeSeconds  prometheus.Histogram
+	RelistsForced  prometheus.Counter
+	Retries        *prometheus.CounterVec // outcome
+
+	labels *boundedLabels
+}
+
+// New creates and registers every collector on a fresh registry. deleteMemoryLen, if not nil,
+// reports the size of the remembered-deletes table.
+func New(deleteMemoryLen func() float64) *Metrics {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	f := func(c prometheus.Collector) { reg.MustRegister(c) }
+	m := &Metrics{Registry: reg, labels: &boundedLabels{seen: map[string]struct{}{}, max: 500}}
+	m.Requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_requests_total", Help: "Requests proxied, by verb, resource and HTTP status code."}, []string{"verb", "resource", "code"})
+	m.RequestSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "watchsan_request_duration_seconds", Help: "Duration of proxied requests other than watches and upgrades.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 9)}, []string{"verb", "resource"})
+	m.InFlight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "watchsan_requests_in_flight", Help: "Requests being served now, watches included."})
+	m.OpenWatches = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_open_watches", Help: "Client watches open now, by resource."}, []string{"resource"})
+	m.Bytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_bytes_total", Help: "Body bytes proxied, by direction."}, []string{"direction"})
+	m.UpstreamUp = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_upstream_up", Help: "1 while the upstream's health check passes."}, []string{"upstream"})
+	m.WatchEvents = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_events_total", Help: "Watch events by resource, type and action (passed, rewritten, dropped)."}, []string{"resource", "type", "action"})
+	m.WatchRegressed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_streams_regressed_total", Help: "Watch streams in which the upstream sent at least one regressing or replayed event."}, []string{"resource"})
+	m.NonIntegerRVs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_non_integer_rv_total", Help: "Watch events whose resourceVersion is not an integer (passed untouched)."}, []string{"resource"})
+	m.StreamEnds = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_stream_ends_total", Help: "Client watch streams ended, by reason."}, []string{"reason"})
+	m.Resumes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_resumes_total", Help: "Upstream watches resumed without ending the client's stream, by the reason the upstream broke."}, []string{"reason"})
+	m.Stalls = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_stalls_total", Help: "Upstream watches found hung by the stall probe."})
+	m.ResumeSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "watchsan_watch_resume_duration_seconds", Help: "Time from an upstream watch breaking to its resumption.", Buckets: prometheus.ExponentialBuckets(0.005, 3, 10)})
+	m.RelistsForced = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_relists_forced_total", Help: "410 Expired ERROR events sent to clients (each makes the client relist)."})
+	m.Retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_request_retries_total", Help: "Retries of requests that failed before their response started, by outcome."}, []string{"outcome"})
+	for _, c := range []prometheus.Collector{m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.ResumeSeconds, m.RelistsForced, m.Retries} {
+		f(c)
+	}
+	if deleteMemoryLen != nil {
+		m.DeleteMemory = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "watchsan_delete_memory_entries", Help: "Rewritten deletes remembered to suppress their replay after a re-watch."}, deleteMemoryLen)
+		f(m.DeleteMemory)
+	}
+	return m
+}
+
+// Resource bounds the cardinality of resource labels: the first few hundred distinct values are
+// kept, later ones are reported as "other" (request paths come from clients).
+func (m *Metrics) Resource(r string) string { return m.labels.get(r) }
+
+type boundedLabels struct {
+	mu   sync.RWMutex
+	seen map[string]struct{}
+	max  int
+}
+
+func (b *boundedLabels) get(v string) string {
+	b.mu.RLock()
+	_, ok := b.seen[v]
+	b.mu.RUnlock()
+	if ok {
+		return v
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.seen[v]; ok {
+		return v
+	}
+	if len(b.seen) >= b.max {
+		return "other"
+	}
+	b.seen[v] = struct{}{}
+	return v
+}

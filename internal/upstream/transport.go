@@ -1,0 +1,141 @@
+// Package upstream holds the apiservers watchsan forwards to: one Backend per upstream URL, each
+// with its hardened transports (one that lends watchsan's own identity, one that forwards only
+// what the client sent), a health check, and a Pool that picks among them.
+package upstream
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"golang.org/x/net/http2"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/transport"
+)
+
+// TransportOptions tune every upstream connection. Zero durations take the defaults noted.
+type TransportOptions struct {
+	DialTimeout           time.Duration // default 10s
+	TLSHandshakeTimeout   time.Duration // default 10s
+	KeepAlive             time.Duration // TCP keepalive period; default 30s
+	HTTP2ReadIdleTimeout  time.Duration // ping an idle HTTP/2 connection after this; default 30s (as client-go)
+	HTTP2PingTimeout      time.Duration // drop the connection when a ping is not answered; default 15s
+	ResponseHeaderTimeout time.Duration // how long to wait for response headers; default 60s
+
+	// RootCAs verifies the upstream's certificate; nil: the credentials' CA, else system roots.
+	RootCAs *x509.CertPool
+	// Insecure skips verification of the upstream's certificate.
+	Insecure bool
+	// Credentials, if not nil, supplies TLS settings (CA, server name, client certificate) and the
+	// identity lent to requests that carry no Authorization header.
+	Credentials *rest.Config
+	// Lend enables lending Credentials' identity. Without it requests are forwarded with only
+	// the Authorization header they carry.
+	Lend bool
+}
+
+func (o *TransportOptions) defaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&o.DialTimeout, 10*time.Second)
+	def(&o.TLSHandshakeTimeout, 10*time.Second)
+	def(&o.KeepAlive, 30*time.Second)
+	def(&o.HTTP2ReadIdleTimeout, 30*time.Second)
+	def(&o.HTTP2PingTimeout, 15*time.Second)
+	def(&o.ResponseHeaderTimeout, 60*time.Second)
+}
+
+// transports are the two round trippers of a backend.
+type transports struct {
+	// forward carries a client's own Authorization and never presents watchsan's client
+	// certificate: with both a certificate and a token the apiserver authenticates the
+	// certificate first, so the client would act with watchsan's identity, not its own.
+	forward http.RoundTripper
+	// lend adds watchsan's identity (token, exec plugin, client certificate); nil when not lending.
+	lend http.RoundTripper
+	// closeIdle drops pooled connections of both (after a GOAWAY storm or a failed health check).
+	closeIdle func()
+}
+
+func newTransports(o TransportOptions) (*transports, error) {
+	o.defaults()
+	var tc *transport.Config
+	base := &tls.Config{MinVersion: tls.VersionTLS12}
+	if o.Credentials != nil {
+		var err error
+		if tc, err = o.Credentials.TransportConfig(); err != nil {
+			return nil, fmt.Errorf("kubeconfig credentials: %w", err)
+		}
+		if o.RootCAs != nil || o.Insecure {
+			tc.TLS.CAFile, tc.TLS.CAData = "", nil
+			tc.TLS.Insecure = false
+		}
+		cfg, err := transport.TLSConfigFor(tc)
+		if err != nil {
+			return nil, fmt.Errorf("kubeconfig TLS settings: %w", err)
+		}
+		if cfg != nil {
+			base = cfg
+		}
+	}
+	if o.RootCAs != nil {
+		base.RootCAs = o.RootCAs
+	}
+	if o.Insecure {
+		base.InsecureSkipVerify = true
+	}
+
+	forwardTLS := base.Clone()
+	forwardTLS.Certificates = nil
+	forwardTLS.GetClientCertificate = nil
+	forward, err := newHTTPTransport(o, forwardTLS)
+	if err != nil {
+		return nil, err
+	}
+	t := &transports{forward: forward, closeIdle: forward.CloseIdleConnections}
+	if o.Lend && o.Credentials != nil {
+		lendBase, err := newHTTPTransport(o, base)
+		if err != nil {
+			return nil, err
+		}
+		if t.lend, err = transport.HTTPWrappersForConfig(tc, lendBase); err != nil {
+			return nil, fmt.Errorf("kubeconfig credentials: %w", err)
+		}
+		t.closeIdle = func() { forward.CloseIdleConnections(); lendBase.CloseIdleConnections() }
+	}
+	return t, nil
+}
+
+func newHTTPTransport(o TransportOptions, tlsCfg *tls.Config) (*http.Transport, error) {
+	d := &net.Dialer{Timeout: o.DialTimeout, KeepAlive: o.KeepAlive}
+	t := &http.Transport{
+		Proxy:                 nil, // never through $HTTPS_PROXY: watchsan is the proxy
+		DialContext:           d.DialContext,
+		TLSClientConfig:       tlsCfg,
+		TLSHandshakeTimeout:   o.TLSHandshakeTimeout,
+		ResponseHeaderTimeout: o.ResponseHeaderTimeout,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          1000,
+		MaxIdleConnsPerHost:   100,
+		IdleConnTimeout:       90 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		// Responses are relayed as they are; a client that asked for gzip gets the apiserver's
+		// gzip (the watch path asks for identity itself, since it parses).
+		DisableCompression: true,
+	}
+	h2, err := http2.ConfigureTransports(t)
+	if err != nil {
+		return nil, fmt.Errorf("configuring HTTP/2: %w", err)
+	}
+	// Why: a dead HTTP/2 connection otherwise stays in the pool for the 13-30 minutes Linux
+	// needs to notice (DESIGN.md 1b); client-go pings with these values since 1.20.
+	h2.ReadIdleTimeout = o.HTTP2ReadIdleTimeout
+	h2.PingTimeout = o.HTTP2PingTimeout
+	return t, nil
+}
