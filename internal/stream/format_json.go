@@ -1,0 +1,550 @@
+package stream
+
+import (
+	"bytes"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// JSON watch frames: one {"type":..,"object":{..}} value after another, usually each followed
+// by a newline (the reader does not depend on it). Finding a frame's end needs only brackets
+// and strings; the parser then walks the top level, the object's top level and its metadata,
+// and skips every other value by its brackets.
+//
+// Decoding follows apimachinery's (sigs.k8s.io/json, case-sensitive keys): for a repeated key
+// the last value wins, a repeated "metadata" merges into the earlier one, a repeated "object"
+// replaces it, and null leaves a string field as it was.
+
+func isJSONSpace(c byte) bool { return c == ' ' || c == '\n' || c == '\r' || c == '\t' }
+
+// jsonScan finds where a JSON object or array ends, resumably: run can be called again with a
+// longer buffer (same prefix) and continues where it stopped. It checks that brackets match
+// and strings end, nothing more.
+type jsonScan struct {
+	pos        int
+	depth      int
+	inStr, esc bool
+	// objs is a bit stack: bit d-1 is set when the container at depth d is an object.
+	objs []uint64
+	err  error
+}
+
+func (s *jsonScan) reset(pos int) {
+	s.pos, s.depth, s.inStr, s.esc, s.err = pos, 0, false, false, nil
+}
+
+// run returns the index just past the container that starts at the scan's first position, or
+// -1 when b ends first (or on error, in s.err).
+func (s *jsonScan) run(b []byte) int {
+	i := s.pos
+	for i < len(b) {
+		if s.inStr {
+			if s.esc {
+				s.esc = false
+				i++
+				continue
+			}
+			q := bytes.IndexByte(b[i:], '"')
+			if q < 0 {
+				// No end yet; whether the next byte is escaped depends on the backslashes
+				// that end the buffer.
+				s.esc = trailingBackslashes(b[i:])%2 == 1
+				i = len(b)
+				break
+			}
+			q += i
+			if trailingBackslashes(b[i:q])%2 == 0 {
+				s.inStr = false
+			}
+			i = q + 1
+			continue
+		}
+		c := b[i]
+		i++
+		switch c {
+		case '"':
+			s.inStr = true
+		case '{', '[':
+			if s.depth >= maxDepth {
+				s.err = malformed("JSON nested deeper than %d", maxDepth)
+				return -1
+			}
+			w, bit := s.depth/64, uint64(1)<<(s.depth%64)
+			for len(s.objs) <= w {
+				s.objs = append(s.objs, 0)
+			}
+			if c == '{' {
+				s.objs[w] |= bit
+			} else {
+				s.objs[w] &^= bit
+			}
+			s.depth++
+		case '}', ']':
+			if s.depth == 0 {
+				s.err = malformed("unbalanced %q in JSON", c)
+				return -1
+			}
+			s.depth--
+			isObj := s.objs[s.depth/64]&(1<<(s.depth%64)) != 0
+			if isObj != (c == '}') {
+				s.err = malformed("mismatched %q in JSON", c)
+				return -1
+			}
+			if s.depth == 0 {
+				s.pos = i
+				return i
+			}
+		}
+	}
+	s.pos = i
+	return -1
+}
+
+func trailingBackslashes(b []byte) int {
+	n := 0
+	for n < len(b) && b[len(b)-1-n] == '\\' {
+		n++
+	}
+	return n
+}
+
+type jsonSplitter struct{ scan *jsonScan }
+
+func (s *jsonSplitter) reset() { s.scan.reset(0) }
+
+func (s *jsonSplitter) split(b []byte, max int) (int, error) {
+	if s.scan.pos == 0 && b[0] != '{' {
+		return 0, malformed("watch event is not a JSON object (starts with %q)", b[0])
+	}
+	end := s.scan.run(b)
+	if s.scan.err != nil {
+		return 0, s.scan.err
+	}
+	if end < 0 {
+		if len(b) > max {
+			return 0, ErrFrameTooLarge
+		}
+		return 0, nil
+	}
+	if end > max {
+		return 0, ErrFrameTooLarge
+	}
+	// Take the newline that ends the value along with it, when it is already here; never
+	// wait for it.
+	if end < len(b) && b[end] == '\n' {
+		end++
+	}
+	return end, nil
+}
+
+// jsonParser walks one complete frame.
+type jsonParser struct {
+	b  []byte
+	ps *parseState
+}
+
+func (p *jsonParser) ws(i int) int {
+	for i < len(p.b) && isJSONSpace(p.b[i]) {
+		i++
+	}
+	return i
+}
+
+// str reads the string token at i (p.b[i] == '"'). It returns its content, undecoded, the
+// index past the closing quote, and whether the content holds escapes.
+func (p *jsonParser) str(i int) (content []byte, next int, esc bool, err error) {
+	j := i + 1
+	for {
+		q := bytes.IndexByte(p.b[j:], '"')
+		if q < 0 {
+			return nil, 0, false, malformed("unterminated JSON string at %d", i)
+		}
+		q += j
+		if trailingBackslashes(p.b[i+1:q])%2 == 0 {
+			c := p.b[i+1 : q]
+			return c, q + 1, bytes.IndexByte(c, '\\') >= 0, nil
+		}
+		j = q + 1
+	}
+}
+
+// strValue reads a string value at i, decoding escapes into the arena when there are any.
+func (p *jsonParser) strValue(i int) (v []byte, next int, err error) {
+	c, next, esc, err := p.str(i)
+	if err != nil || !esc {
+		return c, next, err
+	}
+	a := p.ps.arenaFor(len(c))
+	n := len(a)
+	a, err = unquoteJSON(a, c)
+	if err != nil {
+		return nil, 0, err
+	}
+	p.ps.arena = a
+	return a[n:], next, nil
+}
+
+// key reads an object key at i and the colon after it; it returns the decoded key and the
+// index of the value.
+func (p *jsonParser) key(i int) (k []byte, next int, err error) {
+	if i >= len(p.b) || p.b[i] != '"' {
+		return nil, 0, malformed("expected a JSON object key at %d", i)
+	}
+	c, next, esc, err := p.str(i)
+	if err != nil {
+		return nil, 0, err
+	}
+	if esc {
+		p.ps.key, err = unquoteJSON(p.ps.key[:0], c)
+		if err != nil {
+			return nil, 0, err
+		}
+		c = p.ps.key
+	}
+	next = p.ws(next)
+	if next >= len(p.b) || p.b[next] != ':' {
+		return nil, 0, malformed("expected ':' after JSON key at %d", next)
+	}
+	return c, p.ws(next + 1), nil
+}
+
+// members iterates an object's members. Call it with i at '{' to start, and then with i just
+// past each value; it returns the next key and the index of its value, or done at '}'.
+func (p *jsonParser) members(i int, first bool) (k []byte, vi int, done bool, next int, err error) {
+	if first {
+		if i >= len(p.b) || p.b[i] != '{' {
+			return nil, 0, false, 0, malformed("expected a JSON object at %d", i)
+		}
+		i = p.ws(i + 1)
+		if i < len(p.b) && p.b[i] == '}' {
+			return nil, 0, true, i + 1, nil
+		}
+	} else {
+		i = p.ws(i)
+		if i >= len(p.b) {
+			return nil, 0, false, 0, malformed("unterminated JSON object")
+		}
+		switch p.b[i] {
+		case '}':
+			return nil, 0, true, i + 1, nil
+		case ',':
+			i = p.ws(i + 1)
+		default:
+			return nil, 0, false, 0, malformed("expected ',' or '}' at %d", i)
+		}
+	}
+	k, vi, err = p.key(i)
+	return k, vi, false, 0, err
+}
+
+// skip returns the index past the value at i.
+func (p *jsonParser) skip(i int) (int, error) {
+	if i >= len(p.b) {
+		return 0, malformed("missing JSON value")
+	}
+	switch p.b[i] {
+	case '{', '[':
+		s := &p.ps.js
+		s.reset(i)
+		end := s.run(p.b)
+		if s.err != nil {
+			return 0, s.err
+		}
+		if end < 0 {
+			return 0, malformed("unterminated JSON value at %d", i)
+		}
+		return end, nil
+	case '"':
+		_, next, _, err := p.str(i)
+		return next, err
+	case ',', '}', ']', ':':
+		return 0, malformed("missing JSON value at %d", i)
+	}
+	j := i
+	for j < len(p.b) {
+		switch p.b[j] {
+		case ',', '}', ']', ' ', '\t', '\r', '\n':
+			return j, nil
+		}
+		j++
+	}
+	return j, nil
+}
+
+func (p *jsonParser) isNull(i int) bool { return bytes.HasPrefix(p.b[i:], []byte("null")) }
+
+// stringField reads a string-typed field's value at i: a string sets *dst (and its token's
+// span when loc is non-nil), null leaves it, anything else is malformed.
+func (p *jsonParser) stringField(i int, name string, dst *[]byte, loc *rvLocation) (int, error) {
+	if i < len(p.b) && p.b[i] == '"' {
+		v, next, err := p.strValue(i)
+		if err != nil {
+			return 0, err
+		}
+		*dst = v
+		if loc != nil {
+			*loc = rvLocation{format: JSON, start: i, end: next}
+		}
+		return next, nil
+	}
+	if i < len(p.b) && p.isNull(i) {
+		return i + 4, nil
+	}
+	return 0, malformed("JSON %s is not a string", name)
+}
+
+func (ps *parseState) parseJSON(raw []byte) error {
+	p := &jsonParser{b: raw, ps: ps}
+	i := p.ws(0)
+	for first := true; ; first = false {
+		k, vi, done, _, err := p.members(i, first)
+		if err != nil {
+			return err
+		}
+		if done {
+			break
+		}
+		switch string(k) {
+		case "type":
+			i, err = p.stringField(vi, "type", &ps.typ, nil)
+		case "object":
+			ps.resetObject()
+			switch {
+			case vi < len(raw) && raw[vi] == '{':
+				i, err = p.object(vi)
+			case vi < len(raw) && p.isNull(vi):
+				i = vi + 4
+			default:
+				err = malformed("JSON watch event object is not an object")
+			}
+		default:
+			i, err = p.skip(vi)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *jsonParser) object(i int) (int, error) {
+	for first := true; ; first = false {
+		k, vi, done, next, err := p.members(i, first)
+		if err != nil {
+			return 0, err
+		}
+		if done {
+			return next, nil
+		}
+		if string(k) == "metadata" && vi < len(p.b) && p.b[vi] == '{' {
+			i, err = p.metadata(vi)
+		} else {
+			i, err = p.skip(vi)
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+}
+
+func (p *jsonParser) metadata(i int) (int, error) {
+	ps := p.ps
+	for first := true; ; first = false {
+		k, vi, done, next, err := p.members(i, first)
+		if err != nil {
+			return 0, err
+		}
+		if done {
+			return next, nil
+		}
+		switch string(k) {
+		case "resourceVersion":
+			i, err = p.stringField(vi, "resourceVersion", &ps.rv, &ps.loc)
+		case "uid":
+			i, err = p.stringField(vi, "uid", &ps.uid, nil)
+		case "namespace":
+			i, err = p.stringField(vi, "namespace", &ps.ns, nil)
+		case "name":
+			i, err = p.stringField(vi, "name", &ps.name, nil)
+		case "annotations":
+			switch {
+			case vi < len(p.b) && p.b[vi] == '{':
+				i, err = p.annotations(vi)
+			case vi < len(p.b) && p.isNull(vi):
+				// null sets the map to nil.
+				ps.initialEventsEnd = false
+				i = vi + 4
+			default:
+				err = malformed("JSON annotations is not an object")
+			}
+		default:
+			i, err = p.skip(vi)
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+}
+
+func (p *jsonParser) annotations(i int) (int, error) {
+	for first := true; ; first = false {
+		k, vi, done, next, err := p.members(i, first)
+		if err != nil {
+			return 0, err
+		}
+		if done {
+			return next, nil
+		}
+		if string(k) != InitialEventsEndAnnotation {
+			if i, err = p.skip(vi); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		var v []byte
+		switch {
+		case vi < len(p.b) && p.b[vi] == '"':
+			v, i, err = p.strValue(vi)
+		case vi < len(p.b) && p.isNull(vi):
+			// null sets a map value to its zero value.
+			i = vi + 4
+		default:
+			err = malformed("JSON annotation %s is not a string", InitialEventsEndAnnotation)
+		}
+		if err != nil {
+			return 0, err
+		}
+		p.ps.initialEventsEnd = string(v) == "true"
+	}
+}
+
+// unquoteJSON appends the decoded content of a JSON string (without its quotes) to dst, as
+// encoding/json decodes it: invalid or unpaired \u surrogates become U+FFFD.
+func unquoteJSON(dst, s []byte) ([]byte, error) {
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c != '\\' {
+			j := bytes.IndexByte(s[i:], '\\')
+			if j < 0 {
+				return append(dst, s[i:]...), nil
+			}
+			dst = append(dst, s[i:i+j]...)
+			i += j
+			continue
+		}
+		if i+1 >= len(s) {
+			return nil, malformed("bad escape in JSON string")
+		}
+		switch e := s[i+1]; e {
+		case '"', '\\', '/':
+			dst = append(dst, e)
+		case 'b':
+			dst = append(dst, '\b')
+		case 'f':
+			dst = append(dst, '\f')
+		case 'n':
+			dst = append(dst, '\n')
+		case 'r':
+			dst = append(dst, '\r')
+		case 't':
+			dst = append(dst, '\t')
+		case 'u':
+			r, ok := hex4(s[i+2:])
+			if !ok {
+				return nil, malformed("bad \\u escape in JSON string")
+			}
+			i += 6
+			if utf16.IsSurrogate(r) {
+				if len(s) >= i+6 && s[i] == '\\' && s[i+1] == 'u' {
+					if r2, ok := hex4(s[i+2:]); ok {
+						if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
+							dst = utf8.AppendRune(dst, dec)
+							i += 6
+							continue
+						}
+					}
+				}
+				r = utf8.RuneError
+			}
+			dst = utf8.AppendRune(dst, r)
+			continue
+		default:
+			return nil, malformed("bad escape \\%c in JSON string", e)
+		}
+		i += 2
+	}
+	return dst, nil
+}
+
+func hex4(b []byte) (rune, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[:4] {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c = c - 'a' + 10
+		case 'A' <= c && c <= 'F':
+			c = c - 'A' + 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, true
+}
+
+// appendJSONString appends s as a JSON string token, escaped as encoding/json escapes it
+// (without HTML escaping: resourceVersions never need it, and the apiserver's own
+// serializer does not use it either).
+func appendJSONString(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				dst = append(dst, '\\', c)
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, '\\', 'u', '2', '0', '2', hex[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}

@@ -1,0 +1,303 @@
+package stream
+
+import (
+	"bytes"
+	"encoding/binary"
+	"strings"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// Protobuf watch frames: a 4-byte big-endian length, then a metav1.WatchEvent message
+//
+//	WatchEvent   { 1: type string; 2: object RawExtension }
+//	RawExtension { 1: raw bytes }            raw = "k8s\x00" + Unknown
+//	Unknown      { 1: typeMeta {1: apiVersion, 2: kind}; 2: raw bytes; 3: contentEncoding; 4: contentType }
+//	Unknown.raw  the object: { 1: metadata ObjectMeta, ... }
+//	ObjectMeta   { 1: name; 3: namespace; 5: uid; 6: resourceVersion; 12: annotations (map entries {1: key, 2: value}) }
+//	ListMeta     { 2: resourceVersion }      the metadata of Status, Table and lists
+//
+// Decoding follows the generated Kubernetes code: for a repeated bytes or string field the last
+// occurrence wins, repeated message fields (metadata, typeMeta, object) merge.
+
+// protobufMagic starts every protobuf-encoded Kubernetes object.
+var protobufMagic = []byte("k8s\x00")
+
+type pbSplitter struct{}
+
+func (pbSplitter) reset() {}
+
+func (pbSplitter) split(b []byte, max int) (int, error) {
+	if len(b) < 4 {
+		return 0, nil
+	}
+	n := uint64(binary.BigEndian.Uint32(b))
+	if n > uint64(max) {
+		return 0, ErrFrameTooLarge
+	}
+	if uint64(len(b)) < 4+n {
+		return 0, nil
+	}
+	return 4 + int(n), nil
+}
+
+// pbField is one field of a message, located in the frame. For a length-delimited field, len
+// is its length varint and [start, end) its content.
+type pbField struct {
+	num        protowire.Number
+	typ        protowire.Type
+	len        pbLen
+	start, end int
+}
+
+// pbNext reads the field at raw[i:limit] and returns it and the index after it.
+func pbNext(raw []byte, i, limit int) (pbField, int, error) {
+	num, typ, n := protowire.ConsumeTag(raw[i:limit])
+	if n < 0 {
+		return pbField{}, 0, malformed("protobuf tag at %d: %v", i, protowire.ParseError(n))
+	}
+	j := i + n
+	f := pbField{num: num, typ: typ}
+	if typ != protowire.BytesType {
+		m := protowire.ConsumeFieldValue(num, typ, raw[j:limit])
+		if m < 0 {
+			return pbField{}, 0, malformed("protobuf field %d at %d: %v", num, i, protowire.ParseError(m))
+		}
+		return f, j + m, nil
+	}
+	v, m := protowire.ConsumeVarint(raw[j:limit])
+	if m < 0 {
+		return pbField{}, 0, malformed("protobuf length of field %d at %d: %v", num, i, protowire.ParseError(m))
+	}
+	if v > uint64(limit-(j+m)) {
+		return pbField{}, 0, malformed("protobuf field %d at %d overruns its message", num, i)
+	}
+	f.len = pbLen{start: j, end: j + m, val: v}
+	f.start, f.end = j+m, j+m+int(v)
+	return f, f.end, nil
+}
+
+// bytesField insists that a field the schema declares length-delimited is.
+func bytesField(f pbField, what string) error {
+	if f.typ != protowire.BytesType {
+		return malformed("protobuf %s has wire type %d", what, f.typ)
+	}
+	return nil
+}
+
+func (ps *parseState) parseProtobuf(raw []byte) error {
+	// WatchEvent: find the type and the last RawExtension.raw, with the object field that
+	// holds it.
+	var object, ext pbField
+	haveExt := false
+	for i := 4; i < len(raw); {
+		f, next, err := pbNext(raw, i, len(raw))
+		if err != nil {
+			return err
+		}
+		switch f.num {
+		case 1:
+			if err := bytesField(f, "WatchEvent.type"); err != nil {
+				return err
+			}
+			ps.typ = raw[f.start:f.end]
+		case 2:
+			if err := bytesField(f, "WatchEvent.object"); err != nil {
+				return err
+			}
+			for j := f.start; j < f.end; {
+				g, next, err := pbNext(raw, j, f.end)
+				if err != nil {
+					return err
+				}
+				if g.num == 1 {
+					if err := bytesField(g, "RawExtension.raw"); err != nil {
+						return err
+					}
+					object, ext, haveExt = f, g, true
+				}
+				j = next
+			}
+		}
+		i = next
+	}
+	if !haveExt || ext.start == ext.end {
+		return nil
+	}
+	if !bytes.HasPrefix(raw[ext.start:ext.end], protobufMagic) {
+		return malformed("protobuf watch event object lacks the k8s protobuf prefix")
+	}
+
+	// Unknown: the kind and the object's bytes.
+	var kind []byte
+	var obj pbField
+	haveObj := false
+	for i := ext.start + len(protobufMagic); i < ext.end; {
+		f, next, err := pbNext(raw, i, ext.end)
+		if err != nil {
+			return err
+		}
+		switch f.num {
+		case 1:
+			if err := bytesField(f, "Unknown.typeMeta"); err != nil {
+				return err
+			}
+			for j := f.start; j < f.end; {
+				g, next, err := pbNext(raw, j, f.end)
+				if err != nil {
+					return err
+				}
+				if g.num == 2 {
+					if err := bytesField(g, "TypeMeta.kind"); err != nil {
+						return err
+					}
+					kind = raw[g.start:g.end]
+				}
+				j = next
+			}
+		case 2:
+			if err := bytesField(f, "Unknown.raw"); err != nil {
+				return err
+			}
+			obj, haveObj = f, true
+		case 3, 4:
+			if err := bytesField(f, "Unknown content field"); err != nil {
+				return err
+			}
+		}
+		i = next
+	}
+	if !haveObj {
+		return nil
+	}
+	k := string(kind) // no allocation: only compared
+	listMeta := k == "Status" || k == "Table" || strings.HasSuffix(k, "List")
+
+	// The object: every occurrence of field 1 is (part of) its metadata.
+	for i := obj.start; i < obj.end; {
+		f, next, err := pbNext(raw, i, obj.end)
+		if err != nil {
+			return err
+		}
+		if f.num == 1 {
+			if err := bytesField(f, "metadata"); err != nil {
+				return err
+			}
+			if err := ps.pbMetadata(raw, listMeta, [4]pbLen{object.len, ext.len, obj.len, f.len}, f); err != nil {
+				return err
+			}
+		}
+		i = next
+	}
+	return nil
+}
+
+// pbMetadata reads one occurrence of the object's metadata; outer are the length fields that
+// enclose it, outermost first.
+func (ps *parseState) pbMetadata(raw []byte, listMeta bool, outer [4]pbLen, m pbField) error {
+	rvField := protowire.Number(6)
+	if listMeta {
+		rvField = 2
+	}
+	for i := m.start; i < m.end; {
+		f, next, err := pbNext(raw, i, m.end)
+		if err != nil {
+			return err
+		}
+		i = next
+		if f.num == rvField {
+			if err := bytesField(f, "resourceVersion"); err != nil {
+				return err
+			}
+			ps.rv = raw[f.start:f.end]
+			ps.loc = rvLocation{format: Protobuf, start: f.start, end: f.end, nlens: maxLens}
+			copy(ps.loc.lens[:], outer[:])
+			ps.loc.lens[4] = f.len
+			continue
+		}
+		if listMeta {
+			continue
+		}
+		switch f.num {
+		case 1:
+			if err := bytesField(f, "name"); err != nil {
+				return err
+			}
+			ps.name = raw[f.start:f.end]
+		case 3:
+			if err := bytesField(f, "namespace"); err != nil {
+				return err
+			}
+			ps.ns = raw[f.start:f.end]
+		case 5:
+			if err := bytesField(f, "uid"); err != nil {
+				return err
+			}
+			ps.uid = raw[f.start:f.end]
+		case 12:
+			if err := bytesField(f, "annotations"); err != nil {
+				return err
+			}
+			var key, val []byte
+			for j := f.start; j < f.end; {
+				g, next, err := pbNext(raw, j, f.end)
+				if err != nil {
+					return err
+				}
+				switch g.num {
+				case 1:
+					if err := bytesField(g, "annotation key"); err != nil {
+						return err
+					}
+					key = raw[g.start:g.end]
+				case 2:
+					if err := bytesField(g, "annotation value"); err != nil {
+						return err
+					}
+					val = raw[g.start:g.end]
+				}
+				j = next
+			}
+			if string(key) == InitialEventsEndAnnotation {
+				ps.initialEventsEnd = string(val) == "true"
+			}
+		}
+	}
+	return nil
+}
+
+// rewriteProtobuf appends to dst the frame raw with its resourceVersion replaced by rv and
+// every enclosing length re-encoded.
+func rewriteProtobuf(dst, raw []byte, loc *rvLocation, rv string) ([]byte, error) {
+	if loc.nlens < 1 || loc.nlens > maxLens {
+		return nil, malformed("no resourceVersion to rewrite")
+	}
+	// From the innermost length out: each grows by what the content inside it grew by, and
+	// passes on that plus any change in its own varint's size.
+	var newVals [maxLens]uint64
+	delta := int64(len(rv)) - int64(loc.end-loc.start)
+	for k := loc.nlens - 1; k >= 0; k-- {
+		l := loc.lens[k]
+		nv := int64(l.val) + delta
+		if nv < 0 {
+			return nil, malformed("inconsistent protobuf lengths")
+		}
+		newVals[k] = uint64(nv)
+		delta += int64(protowire.SizeVarint(uint64(nv))) - int64(l.end-l.start)
+	}
+	frame := int64(binary.BigEndian.Uint32(raw)) + delta
+	if frame < 0 || frame > 1<<32-1 {
+		return nil, malformed("rewritten protobuf frame does not fit its length prefix")
+	}
+	dst = binary.BigEndian.AppendUint32(dst, uint32(frame))
+	prev := 4
+	for k := 0; k < loc.nlens; k++ {
+		l := loc.lens[k]
+		dst = append(dst, raw[prev:l.start]...)
+		dst = protowire.AppendVarint(dst, newVals[k])
+		prev = l.end
+	}
+	dst = append(dst, raw[prev:loc.start]...)
+	dst = append(dst, rv...)
+	return append(dst, raw[loc.end:]...), nil
+}

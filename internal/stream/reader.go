@@ -1,0 +1,209 @@
+package stream
+
+import (
+	"errors"
+	"fmt"
+	"io"
+)
+
+// DefaultMaxFrameSize is the frame size limit a Reader applies when given none: 16 MiB, the
+// limit client-go's decoders apply to a watch frame.
+const DefaultMaxFrameSize = 16 << 20
+
+const (
+	// initialBufSize is a Reader's first buffer; it grows to fit the largest frame seen.
+	initialBufSize = 16 << 10
+	// minRead is the least free space a Reader offers to one Read before it compacts or grows.
+	minRead = 4 << 10
+	// frameSlack is what a buffer holds beyond the frame limit: the protobuf length prefix and
+	// the newline after a JSON value.
+	frameSlack = 16
+	// maxEmptyReads is how many (0, nil) reads in a row are taken before io.ErrNoProgress.
+	maxEmptyReads = 100
+	// maxDepth bounds nesting in JSON and CBOR, as apimachinery's decoders do.
+	maxDepth = 10000
+)
+
+// A Reader reads watch events one frame at a time from a watch response body, in one format.
+// It buffers at most one frame (plus what a single Read returned beyond it), parses only the
+// event envelope and the object's identifying metadata, and never panics on any input.
+//
+// A Reader is not safe for concurrent use.
+type Reader struct {
+	format Format
+	src    io.Reader
+	max    int
+
+	// buf[start:end] is read but not yet consumed.
+	buf        []byte
+	start, end int
+	// rerr is the error the last Read returned, reported once the buffered bytes are used up.
+	rerr error
+	// err is sticky: once Next fails, it fails the same way forever.
+	err error
+
+	split splitter
+	ev    Event
+	ps    parseState
+}
+
+// splitter finds the end of one frame in a growing buffer. It is resumable: split is called
+// with the bytes buffered from the frame's first byte, again and again as more arrive (always
+// the same prefix), and carries its progress between calls until reset.
+type splitter interface {
+	// split returns the frame's length once b holds all of it; 0 while it needs more bytes;
+	// ErrFrameTooLarge as soon as the frame is known to exceed max; an ErrMalformed error
+	// when b cannot begin a frame.
+	split(b []byte, max int) (int, error)
+	reset()
+}
+
+// NewReader returns a Reader of f-formatted watch events from r. maxFrame bounds one frame's
+// size in bytes (the protobuf length prefix and a JSON value's newline not counted); <=0 means
+// DefaultMaxFrameSize.
+func NewReader(f Format, r io.Reader, maxFrame int) *Reader {
+	if maxFrame <= 0 {
+		maxFrame = DefaultMaxFrameSize
+	}
+	rd := &Reader{format: f, src: r, max: maxFrame}
+	switch f {
+	case JSON:
+		rd.split = &jsonSplitter{scan: &rd.ps.js}
+	case Protobuf:
+		rd.split = pbSplitter{}
+	case CBOR:
+		rd.split = &cborSplitter{scan: &rd.ps.cs}
+	default:
+		rd.err = fmt.Errorf("stream: unknown format %d", int(f))
+	}
+	return rd
+}
+
+// Format returns the format the Reader reads.
+func (r *Reader) Format() Format { return r.format }
+
+// Next reads the next event. It returns io.EOF when the stream ends cleanly between frames,
+// io.ErrUnexpectedEOF when it ends inside one, ErrFrameTooLarge, an error wrapping ErrMalformed
+// when a frame cannot be parsed, or the underlying Read error wrapped. Every error is final:
+// later calls return it again.
+//
+// The returned Event, and its Raw, are reused by the next call to Next; Clone what must
+// outlive it.
+func (r *Reader) Next() (*Event, error) {
+	if r.err != nil {
+		return nil, r.err
+	}
+	r.split.reset()
+	for {
+		b := r.buf[r.start:r.end]
+		if r.format == JSON {
+			// Whitespace between JSON values belongs to no frame.
+			k := 0
+			for k < len(b) && isJSONSpace(b[k]) {
+				k++
+			}
+			r.start += k
+			b = b[k:]
+		}
+		if len(b) > 0 {
+			n, err := r.split.split(b, r.max)
+			if err != nil {
+				return nil, r.fail(err)
+			}
+			if n > 0 {
+				raw := b[:n:n]
+				r.start += n
+				if err := r.parse(raw); err != nil {
+					return nil, r.fail(err)
+				}
+				return &r.ev, nil
+			}
+		}
+		if r.rerr != nil {
+			switch {
+			case r.rerr == io.EOF && len(b) == 0:
+				return nil, r.fail(io.EOF)
+			case r.rerr == io.EOF:
+				return nil, r.fail(io.ErrUnexpectedEOF)
+			case errors.Is(r.rerr, ErrFrameTooLarge):
+				return nil, r.fail(r.rerr)
+			}
+			return nil, r.fail(fmt.Errorf("stream: reading watch response: %w", r.rerr))
+		}
+		r.fill()
+	}
+}
+
+func (r *Reader) fail(err error) error {
+	r.err = err
+	r.ev = Event{}
+	return err
+}
+
+// fill reads once into the buffer's free space, making room first by compacting or growing it
+// (never beyond one frame), and records what Read returned.
+func (r *Reader) fill() {
+	limit := r.max + frameSlack
+	if r.start == r.end {
+		r.start, r.end = 0, 0
+	}
+	if r.buf == nil {
+		r.buf = make([]byte, min(initialBufSize, limit))
+	}
+	if len(r.buf)-r.end < minRead {
+		if r.start > 0 {
+			r.end = copy(r.buf, r.buf[r.start:r.end])
+			r.start = 0
+		}
+		if len(r.buf)-r.end < minRead && len(r.buf) < limit {
+			nb := make([]byte, min(max(2*len(r.buf), r.end+minRead), limit))
+			copy(nb, r.buf[:r.end])
+			r.buf = nb
+		}
+	}
+	if r.end == len(r.buf) {
+		// The splitter reports an oversized frame before the buffer is full; this is a guard.
+		r.rerr = ErrFrameTooLarge
+		return
+	}
+	for range maxEmptyReads {
+		n, err := r.src.Read(r.buf[r.end:])
+		if n < 0 || n > len(r.buf)-r.end {
+			r.rerr = fmt.Errorf("invalid Read count %d", n)
+			return
+		}
+		r.end += n
+		if err != nil {
+			r.rerr = err
+			return
+		}
+		if n > 0 {
+			return
+		}
+	}
+	r.rerr = io.ErrNoProgress
+}
+
+// parse fills r.ev from one complete frame.
+func (r *Reader) parse(raw []byte) error {
+	ps := &r.ps
+	ps.reset(raw)
+	var err error
+	switch r.format {
+	case JSON:
+		err = ps.parseJSON(raw)
+	case Protobuf:
+		err = ps.parseProtobuf(raw)
+	case CBOR:
+		err = ps.parseCBOR(raw)
+	}
+	if err != nil {
+		return err
+	}
+	ps.fill(&r.ev, raw, r.format)
+	return nil
+}
+
+func malformed(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrMalformed}, args...)...)
+}
