@@ -452,9 +452,7 @@ func (s *Stream) judge(ev *stream.Event) Decision {
 		}
 		d = s.rewriteTo(s.wm+1, ReasonDeleteRegressed)
 		s.wm = d.RVInt
-		if hasKey {
-			s.recordRewrite(key, v, d.RVInt)
-		}
+		s.recordRewrite(key, hasKey, v, d.RVInt)
 	default:
 		return Decision{Would: Drop, Reason: ReasonReplay}
 	}
@@ -481,17 +479,20 @@ func (s *Stream) rewriteTo(rv uint64, r Reason) Decision {
 	return Decision{Would: Rewrite, RV: strconv.FormatUint(rv, 10), RVInt: rv, Reason: r}
 }
 
-// recordRewrite remembers a delete of key, wire RV wire, rewritten to rv, in this stream's
-// delete set and (in Repair mode) in DeleteMemory under (Scope, rv).
+// recordRewrite remembers a delete of key (none when !hasKey), wire RV wire, rewritten to rv,
+// in this stream's delete set and (in Repair mode) in DeleteMemory under (Scope, rv). A delete
+// naming no object is recorded too, as a link that keeps the run's chain whole.
 //
 // A client that resumes from rv is replayed not only this delete but every delete rewritten
 // since the last in-order event (their true revisions are all >= their rewritten RVs, and
 // may all be > rv), and the deletes this stream's StartRV was remembered for, if no in-order
 // event came yet. So each record links to the previous record of the run (s.chain), and a
 // lookup follows the links.
-func (s *Stream) recordRewrite(key objKey, wire, rv uint64) {
-	key = key.clone()
-	s.deletes.add(key, false)
+func (s *Stream) recordRewrite(key objKey, hasKey bool, wire, rv uint64) {
+	if hasKey {
+		key = key.clone()
+		s.deletes.add(key, false)
+	}
 	if s.mem == nil || s.mode != Repair {
 		return
 	}

@@ -72,7 +72,8 @@ func NewDeleteMemory(maxEntries int, maxAge time.Duration, now func() time.Time)
 	return &DeleteMemory{max: maxEntries, maxAge: maxAge, now: now, byKey: make(map[memKey]*memEntry)}
 }
 
-// Len returns how many deletes are remembered (expired ones excluded).
+// Len returns how many rewritten deletes are remembered (expired ones excluded; a delete
+// naming no object counts too: it links its run).
 func (m *DeleteMemory) Len() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -116,8 +117,8 @@ func (m *DeleteMemory) record(scope string, rv uint64, obj objKey, wire, prev ui
 	}
 }
 
-// lookup calls fn for every delete remembered under (scope, rv) and, following the links,
-// under the earlier records of the same runs.
+// lookup calls fn for every object whose delete is remembered under (scope, rv) and,
+// following the links, under the earlier records of the same runs.
 func (m *DeleteMemory) lookup(scope string, rv uint64, fn func(objKey)) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -131,7 +132,9 @@ func (m *DeleteMemory) lookup(scope string, rv uint64, fn func(objKey)) {
 		r := todo[len(todo)-1]
 		todo = todo[:len(todo)-1]
 		for e := m.byKey[memKey{scope: scope, rv: r}]; e != nil; e = e.next {
-			fn(e.obj)
+			if e.obj != (objKey{}) { // a link-only record
+				fn(e.obj)
+			}
 			if e.prev == 0 || e.prev == r {
 				continue
 			}

@@ -105,6 +105,13 @@ func TestMemoryChain(t *testing.T) {
 		expect(t, r2, obj(stream.Deleted, "9", uid), Drop, "", ReasonDeleteRemembered)
 	}
 
+	// A delete naming no object does not break the run.
+	expect(t, r, ev(stream.Deleted, "9", "", "", ""), Rewrite, "16", ReasonDeleteRegressed)
+	r2 = NewStream(Options{Scope: "s", StartRV: "16", Memory: mem})
+	for _, uid := range []string{"a", "b", "c"} {
+		expect(t, r2, obj(stream.Deleted, "9", uid), Drop, "", ReasonDeleteRemembered)
+	}
+
 	// An in-order event, then a new rewrite: that run starts afresh.
 	expect(t, r, obj(stream.Modified, "30", "x"), Pass, "", ReasonOK)
 	expect(t, r, obj(stream.Deleted, "8", "d"), Rewrite, "31", ReasonDeleteRegressed)
