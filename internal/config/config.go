@@ -6,58 +6,59 @@ import (
 	"time"
 )
 
-// Config is what the operator asked for, as given: flags and the --config file share these keys
-// (the YAML key is the flag's name). Flags win over the file.
+// Config is what the operator asked for, as given. Flags and the --config file share their
+// keys: a file key is a flag's name, and its value is applied through that flag (FlagSet), so
+// the two can never disagree. Flags win over the file.
 type Config struct {
 	// ConfigFile is --config: a YAML file with the same keys as the flags.
-	ConfigFile string `json:"-"`
+	ConfigFile string
 
 	// Listen is the main listener's address (plain HTTP unless TLS files are given).
-	Listen      string `json:"listen"`
-	TLSCertFile string `json:"tls-cert-file"`
-	TLSKeyFile  string `json:"tls-private-key-file"`
+	Listen      string
+	TLSCertFile string
+	TLSKeyFile  string
 	// AdminListen serves watchsan's own /metrics, /healthz, /readyz (and pprof).
-	AdminListen string `json:"admin-listen"`
-	EnablePprof bool   `json:"enable-pprof"`
+	AdminListen string
+	EnablePprof bool
 
 	// Upstreams are the apiserver URLs; empty means: take the server from the kubeconfig.
-	Upstreams             []string `json:"upstream"`
-	Kubeconfig            string   `json:"kubeconfig"`
-	Context               string   `json:"context"`
-	UpstreamCAFile        string   `json:"upstream-ca-file"`
-	InsecureSkipTLSVerify bool     `json:"insecure-skip-tls-verify"`
+	Upstreams             []string
+	Kubeconfig            string
+	Context               string
+	UpstreamCAFile        string
+	InsecureSkipTLSVerify bool
 	// NoCredentials never lends the kubeconfig's identity: requests are forwarded only with the
 	// Authorization header they carry.
-	NoCredentials bool `json:"no-credentials"`
+	NoCredentials bool
 	// AllowNonLoopbackCredentials lets a listener on a non-loopback address lend the
 	// kubeconfig's credentials to every caller that can reach it (off: refused at start).
-	AllowNonLoopbackCredentials bool `json:"allow-non-loopback-credentials"`
+	AllowNonLoopbackCredentials bool
 
 	// Upstream transport.
-	DialTimeout           time.Duration `json:"dial-timeout"`
-	TLSHandshakeTimeout   time.Duration `json:"tls-handshake-timeout"`
-	KeepAlive             time.Duration `json:"tcp-keepalive"`
-	HTTP2ReadIdleTimeout  time.Duration `json:"http2-read-idle-timeout"`
-	HTTP2PingTimeout      time.Duration `json:"http2-ping-timeout"`
-	ResponseHeaderTimeout time.Duration `json:"response-header-timeout"`
-	HealthInterval        time.Duration `json:"health-interval"`
+	DialTimeout           time.Duration
+	TLSHandshakeTimeout   time.Duration
+	KeepAlive             time.Duration
+	HTTP2ReadIdleTimeout  time.Duration
+	HTTP2PingTimeout      time.Duration
+	ResponseHeaderTimeout time.Duration
+	HealthInterval        time.Duration
 
 	// Watch sanitizing (issue #3).
-	FixMode             string        `json:"fix-mode"`
-	FixExemptResources  []string      `json:"fix-exempt-resource"`
-	MaxFrameSize        int           `json:"max-frame-size"`
-	DeleteMemoryEntries int           `json:"delete-memory-entries"`
-	DeleteMemoryTTL     time.Duration `json:"delete-memory-ttl"`
+	FixMode             string
+	FixExemptResources  []string
+	MaxFrameSize        int
+	DeleteMemoryEntries int
+	DeleteMemoryTTL     time.Duration
 
 	// Resilient watches (issue #4).
-	WatchResumeTimeout time.Duration `json:"watch-resume-timeout"`
-	WatchStallTimeout  time.Duration `json:"watch-stall-timeout"`
-	DisableResume      bool          `json:"disable-watch-resume"`
-	RetryBudget        time.Duration `json:"retry-budget"`
+	WatchResumeTimeout time.Duration
+	WatchStallTimeout  time.Duration
+	DisableResume      bool
+	RetryBudget        time.Duration
 
-	ShutdownTimeout time.Duration `json:"shutdown-timeout"`
-	LogLevel        string        `json:"log-level"`
-	LogFormat       string        `json:"log-format"`
+	ShutdownTimeout time.Duration
+	LogLevel        string
+	LogFormat       string
 }
 
 // Default returns the configuration with every default filled in.

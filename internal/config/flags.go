@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
+	"strconv"
 	"strings"
 
 	"sigs.k8s.io/yaml"
@@ -106,15 +108,52 @@ func Load(args []string) (Config, error) {
 	return c, errors.Join(errs...)
 }
 
+// loadFile applies a YAML file whose keys are flag names, through the flags themselves. A list
+// value sets a repeatable flag once per element.
 func loadFile(path string, c *Config) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("--config: %w", err)
 	}
-	if err := yaml.UnmarshalStrict(data, c); err != nil {
+	var m map[string]any
+	if err := yaml.Unmarshal(data, &m); err != nil {
 		return fmt.Errorf("--config %s: %w", path, err)
 	}
-	return nil
+	fs := FlagSet(c)
+	var errs []error
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if k == "config" || fs.Lookup(k) == nil {
+			errs = append(errs, fmt.Errorf("--config %s: unknown key %q", path, k))
+			continue
+		}
+		vals, isList := m[k].([]any)
+		if !isList {
+			vals = []any{m[k]}
+		}
+		for _, v := range vals {
+			if err := fs.Set(k, scalar(v)); err != nil {
+				errs = append(errs, fmt.Errorf("--config %s: key %q: invalid value %q: %w", path, k, scalar(v), err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func scalar(v any) string {
+	switch v := v.(type) {
+	case nil:
+		return ""
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	case string:
+		return v
+	}
+	return fmt.Sprint(v)
 }
 
 func findConfigFlag(args []string) string {
