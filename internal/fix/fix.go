@@ -295,8 +295,13 @@ func (s *Stream) InInitialPhase() bool { return s.initial }
 // to resume an upstream watch from. Until the steady phase has delivered something it is
 // the highest integer RV of the initial phase, or StartRV. While InInitialPhase it is
 // StartRV and is no resume point: the initial events came in no order. In Repair mode it
-// never goes below an integer RV delivered before it; in Observe mode nothing is repaired,
-// so it can.
+// never goes below an integer RV delivered before it (but for ReasonOverflow); in Observe
+// mode nothing is repaired, so it can.
+//
+// A passed event counts as delivered even if the caller withholds it, as it does with the
+// bookmarks it asked the upstream for on behalf of a client that did not: a bookmark at B
+// says every event up to B was sent, so B is a sound resume point, and a delete regressing
+// below it is rewritten to B+1 for the same reason as below last+1 (see Decide).
 func (s *Stream) LastDelivered() string {
 	if s.lastIsInt {
 		return strconv.FormatUint(s.lastInt, 10)
