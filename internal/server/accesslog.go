@@ -1,0 +1,90 @@
+package server
+
+import (
+	"bufio"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/watchsan/watchsan/internal/reqinfo"
+)
+
+// recorder remembers the status and body size of a response. It unwraps for
+// http.ResponseController, so flushing and hijacking (upgrades) reach the real writer.
+type recorder struct {
+	http.ResponseWriter
+	code  int
+	bytes int64
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if r.code == 0 || r.code == http.StatusContinue || r.code == http.StatusEarlyHints {
+		r.code = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(p []byte) (int, error) {
+	if r.code == 0 {
+		r.code = http.StatusOK
+	}
+	n, err := r.ResponseWriter.Write(p)
+	r.bytes += int64(n)
+	return n, err
+}
+
+func (r *recorder) Flush() { _ = http.NewResponseController(r.ResponseWriter).Flush() }
+
+func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(r.ResponseWriter).Hijack()
+	if err == nil && r.code == 0 {
+		r.code = http.StatusSwitchingProtocols
+	}
+	return c, brw, err
+}
+
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// instrument wraps next with the access log line and the request metrics. The log never
+// carries a header value: tokens live there.
+func (s *Server) instrument(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		info := reqinfo.Parse(r, s.isWatch(r))
+		rec := &recorder{ResponseWriter: w}
+		s.metrics.InFlight.Inc()
+		defer func() {
+			s.metrics.InFlight.Dec()
+			code := rec.code
+			if code == 0 {
+				code = http.StatusOK
+			}
+			d := time.Since(start)
+			res := s.metrics.Resource(info.Resource)
+			s.metrics.Requests.WithLabelValues(info.Verb, res, strconv.Itoa(code)).Inc()
+			if info.Verb != "watch" && code != http.StatusSwitchingProtocols {
+				s.metrics.RequestSeconds.WithLabelValues(info.Verb, res).Observe(d.Seconds())
+			}
+			s.metrics.Bytes.WithLabelValues("upstream_to_client").Add(float64(rec.bytes))
+			if ce := s.accessLog.Check(zapcore.InfoLevel, "request"); ce != nil {
+				ce.Write(
+					zap.String("verb", info.Verb),
+					zap.String("resource", info.Resource),
+					zap.String("namespace", info.Namespace),
+					zap.String("name", info.Name),
+					zap.String("path", r.URL.Path),
+					zap.Int("code", code),
+					zap.Duration("duration", d),
+					zap.Int64("bytes", rec.bytes),
+					zap.String("remote", r.RemoteAddr),
+					zap.String("userAgent", r.UserAgent()),
+				)
+			}
+		}()
+		next.ServeHTTP(rec, r)
+	})
+}

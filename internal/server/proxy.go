@@ -1,0 +1,39 @@
+package server
+
+import (
+	"net/http"
+	"net/http/httputil"
+
+	"go.uber.org/zap"
+
+	"github.com/watchsan/watchsan/internal/apistatus"
+	"github.com/watchsan/watchsan/internal/upstream"
+)
+
+// newProxy builds the pass-through for everything that is not a watch: all verbs and paths,
+// request and response bodies streamed, each write flushed at once (logs?follow), protocol
+// upgrades (exec, attach, port-forward over SPDY or WebSocket) spliced, hop-by-hop headers
+// dropped, X-Forwarded-For appended.
+func newProxy(rt *upstream.Retrier, log *zap.Logger) *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			// The Retrier re-targets each attempt at a backend; here only the forwarding headers.
+			pr.Out.Host = ""
+			if xff := pr.In.Header.Values("X-Forwarded-For"); len(xff) > 0 {
+				pr.Out.Header["X-Forwarded-For"] = xff // keep the chain of proxies before us
+			}
+			pr.SetXForwarded()
+		},
+		Transport:     rt,
+		FlushInterval: -1,
+		ErrorLog:      zap.NewStdLog(log.Named("reverseproxy")),
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() != nil {
+				return // the client went away; nobody to answer
+			}
+			st := apistatus.ForUpstreamError(upstream.Name(err), err)
+			log.Warn("upstream failed before the response started", zap.String("path", r.URL.Path), zap.Int32("code", st.Code), zap.Error(err))
+			apistatus.Write(w, st)
+		},
+	}
+}

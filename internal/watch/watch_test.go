@@ -1,0 +1,411 @@
+package watch
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/watchsan/watchsan/internal/metrics"
+	"github.com/watchsan/watchsan/internal/upstream"
+)
+
+// upstreamScript is a scripted apiserver: attempt i of the watch is served by steps[i] (the
+// last one repeats). /readyz answers 500 while frozen is set.
+type upstreamScript struct {
+	mu       sync.Mutex
+	queries  []url.Values
+	steps    []func(w http.ResponseWriter, r *http.Request)
+	frozen   atomic.Bool
+	canceled chan struct{}
+}
+
+func (u *upstreamScript) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/readyz" {
+		if u.frozen.Load() {
+			http.Error(w, "frozen", 500)
+			return
+		}
+		io.WriteString(w, "ok")
+		return
+	}
+	u.mu.Lock()
+	i := len(u.queries)
+	u.queries = append(u.queries, r.URL.Query())
+	step := u.steps[min(i, len(u.steps)-1)]
+	u.mu.Unlock()
+	step(w, r)
+}
+
+func (u *upstreamScript) query(i int) url.Values {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if i >= len(u.queries) {
+		return nil
+	}
+	return u.queries[i]
+}
+
+func (u *upstreamScript) attempts() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.queries)
+}
+
+func obj(typ, name, rv string) string {
+	return fmt.Sprintf(`{"type":%q,"object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":%q,"namespace":"d","uid":"uid-%s","resourceVersion":%q}}}`+"\n", typ, name, name, rv)
+}
+
+// send writes events as a watch response and flushes; it returns after them.
+func send(w http.ResponseWriter, events ...string) {
+	if w.Header().Get("Content-Type") == "" {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(200)
+	}
+	for _, e := range events {
+		io.WriteString(w, e)
+	}
+	w.(http.Flusher).Flush()
+}
+
+func events(evs ...string) func(w http.ResponseWriter, r *http.Request) {
+	return func(w http.ResponseWriter, r *http.Request) { send(w, evs...) }
+}
+
+// thenHang keeps the response open until the client goes away.
+func thenHang(u *upstreamScript, evs ...string) func(w http.ResponseWriter, r *http.Request) {
+	return func(w http.ResponseWriter, r *http.Request) {
+		send(w, evs...)
+		<-r.Context().Done()
+		if u.canceled != nil {
+			close(u.canceled)
+		}
+	}
+}
+
+type fixture struct {
+	h       *Handler
+	m       *metrics.Metrics
+	srv     *httptest.Server
+	up      *upstreamScript
+	done    chan struct{}
+	upURL   string
+}
+
+func newFixture(t *testing.T, cfg Config, up *upstreamScript) *fixture {
+	t.Helper()
+	upSrv := httptest.NewServer(up)
+	t.Cleanup(upSrv.Close)
+	u, _ := url.Parse(upSrv.URL)
+	log := zaptest.NewLogger(t)
+	pool, err := upstream.NewPool([]*url.URL{u}, upstream.TransportOptions{}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := New(cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{h: h, up: up, done: make(chan struct{}), upURL: upSrv.URL}
+	h.Upstream = &upstream.Retrier{Pool: pool}
+	h.Pool = pool
+	h.Metrics = metrics.New(h.DeleteMemoryLen)
+	h.Done = f.done
+	f.m = h.Metrics
+	f.srv = httptest.NewServer(h)
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+type got struct {
+	Type, Name, RV string
+	Code           int32
+}
+
+// watch runs a client watch to its end and returns what it saw and how it ended.
+func (f *fixture) watch(t *testing.T, query string) ([]got, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", f.srv.URL+"/api/v1/namespaces/d/configmaps?watch=true&"+query, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	var out []got
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var ev struct {
+			Type   string
+			Object struct {
+				Code     int32
+				Metadata struct{ Name, ResourceVersion string }
+			}
+		}
+		if err := dec.Decode(&ev); err != nil {
+			if err == io.EOF {
+				return out, nil
+			}
+			return out, err
+		}
+		out = append(out, got{ev.Type, ev.Object.Metadata.Name, ev.Object.Metadata.ResourceVersion, ev.Object.Code})
+	}
+}
+
+func gotString(gs []got) string {
+	var b []string
+	for _, g := range gs {
+		s := g.Type + " " + g.Name + " " + g.RV
+		if g.Code != 0 {
+			s = fmt.Sprintf("%s %d", g.Type, g.Code)
+		}
+		b = append(b, s)
+	}
+	return strings.Join(b, ", ")
+}
+
+func expectStream(t *testing.T, gs []got, err error, want string) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("stream ended with %v after [%s], want a clean end", err, gotString(gs))
+	}
+	if s := gotString(gs); s != want {
+		t.Fatalf("client saw [%s]\nwant       [%s]", s, want)
+	}
+}
+
+func TestRegressingDeleteRewrittenReplayDropped(t *testing.T) {
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){events(
+		obj("ADDED", "a", "10"), obj("ADDED", "b", "11"),
+		obj("DELETED", "a", "10"), // the 1.7 bug: the delete (really at 12) carries a's old RV
+		obj("MODIFIED", "b", "11"), obj("ADDED", "c", "13"),
+	)}}
+	f := newFixture(t, Config{DisableResume: true}, up)
+	gs, err := f.watch(t, "resourceVersion=5")
+	expectStream(t, gs, err, "ADDED a 10, ADDED b 11, DELETED a 12, ADDED c 13")
+	if v := testutil.ToFloat64(f.m.WatchEvents.WithLabelValues("configmaps", "DELETED", "rewritten")); v != 1 {
+		t.Fatalf("rewritten deletes counted %v", v)
+	}
+	if v := testutil.ToFloat64(f.m.WatchEvents.WithLabelValues("configmaps", "MODIFIED", "dropped")); v != 1 {
+		t.Fatalf("dropped replays counted %v", v)
+	}
+}
+
+func TestObserveModeChangesNothing(t *testing.T) {
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){events(
+		obj("ADDED", "a", "10"), obj("DELETED", "a", "10"), obj("MODIFIED", "a", "10"))}}
+	f := newFixture(t, Config{DisableResume: true, FixMode: "observe"}, up)
+	gs, err := f.watch(t, "resourceVersion=5")
+	expectStream(t, gs, err, "ADDED a 10, DELETED a 10, MODIFIED a 10")
+	if v := testutil.ToFloat64(f.m.WatchEvents.WithLabelValues("configmaps", "DELETED", "rewritten")); v != 1 {
+		t.Fatalf("observe mode must count what repair would do; rewritten = %v", v)
+	}
+}
+
+func TestExemptResourcePassesUnsanitized(t *testing.T) {
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){events(
+		obj("ADDED", "a", "10"), obj("DELETED", "a", "10"))}}
+	f := newFixture(t, Config{DisableResume: true, Exempt: []string{"configmaps"}}, up)
+	gs, err := f.watch(t, "resourceVersion=5")
+	expectStream(t, gs, err, "ADDED a 10, DELETED a 10")
+}
+
+func TestResumeAfterEOFIsSeamless(t *testing.T) {
+	up := &upstreamScript{}
+	up.steps = []func(http.ResponseWriter, *http.Request){
+		events(obj("ADDED", "a", "10"), obj("ADDED", "b", "11")),                     // then EOF
+		thenHang(up, obj("ADDED", "b", "11"), obj("ADDED", "c", "12"), obj("MODIFIED", "a", "13")), // b replayed
+	}
+	f := newFixture(t, Config{}, up)
+	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2")
+	expectStream(t, gs, err, "ADDED a 10, ADDED b 11, ADDED c 12, MODIFIED a 13")
+	q := up.query(1)
+	if q.Get("resourceVersion") != "11" || q.Get("allowWatchBookmarks") != "true" || q.Get("watch") != "true" {
+		t.Fatalf("resume query %v: want a watch from 11 with bookmarks", q)
+	}
+	if v := testutil.ToFloat64(f.m.Resumes.WithLabelValues("eof")); v != 1 {
+		t.Fatalf("resumes{eof} = %v", v)
+	}
+	if v := testutil.ToFloat64(f.m.StreamEnds.WithLabelValues(endDeadline)); v != 1 {
+		t.Fatalf("the client's timeoutSeconds must end the stream; ends{deadline} = %v", v)
+	}
+}
+
+func TestResumeDisabledEndsStream(t *testing.T) {
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){events(obj("ADDED", "a", "10"))}}
+	f := newFixture(t, Config{DisableResume: true}, up)
+	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=30")
+	expectStream(t, gs, err, "ADDED a 10")
+	if up.attempts() != 1 {
+		t.Fatalf("%d attempts with resume disabled", up.attempts())
+	}
+}
+
+func TestGoneOnResumeForcesRelist(t *testing.T) {
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){
+		events(obj("ADDED", "a", "10")),
+		func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(410)
+			io.WriteString(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"too old resource version: 10 (20)","reason":"Expired","code":410}`)
+		},
+	}}
+	f := newFixture(t, Config{}, up)
+	gs, err := f.watch(t, "resourceVersion=5")
+	expectStream(t, gs, err, "ADDED a 10, ERROR 410")
+	if v := testutil.ToFloat64(f.m.RelistsForced); v != 1 {
+		t.Fatalf("relists forced = %v", v)
+	}
+}
+
+func TestStalledUpstreamIsResumed(t *testing.T) {
+	up := &upstreamScript{}
+	up.steps = []func(http.ResponseWriter, *http.Request){
+		func(w http.ResponseWriter, r *http.Request) {
+			send(w, obj("ADDED", "a", "10"))
+			up.frozen.Store(true) // the apiserver hangs: the stream goes silent, probes fail
+			<-r.Context().Done()
+		},
+		func(w http.ResponseWriter, r *http.Request) {
+			send(w, obj("ADDED", "b", "11"))
+		},
+	}
+	f := newFixture(t, Config{StallTimeout: 300 * time.Millisecond, ProbeTimeout: 200 * time.Millisecond}, up)
+	go func() { // the apiserver comes back after the stall was noticed
+		for testutil.ToFloat64(f.m.Stalls) == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		up.frozen.Store(false)
+	}()
+	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=3")
+	expectStream(t, gs, err, "ADDED a 10, ADDED b 11")
+	if v := testutil.ToFloat64(f.m.Resumes.WithLabelValues("stall")); v != 1 {
+		t.Fatalf("resumes{stall} = %v", v)
+	}
+	if q := up.query(1); q.Get("resourceVersion") != "10" {
+		t.Fatalf("resume from %q, want 10", q.Get("resourceVersion"))
+	}
+}
+
+func TestQuietUpstreamIsNotResumed(t *testing.T) {
+	up := &upstreamScript{}
+	up.steps = []func(http.ResponseWriter, *http.Request){thenHang(up, obj("ADDED", "a", "10"))}
+	f := newFixture(t, Config{StallTimeout: 200 * time.Millisecond, ProbeTimeout: 200 * time.Millisecond}, up)
+	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2") // ~10 stall periods
+	expectStream(t, gs, err, "ADDED a 10")
+	if up.attempts() != 1 || testutil.ToFloat64(f.m.Stalls) != 0 {
+		t.Fatalf("a quiet but healthy upstream was treated as stalled: %d attempts, %v stalls", up.attempts(), testutil.ToFloat64(f.m.Stalls))
+	}
+}
+
+func TestGarbageEndsCleanlyWithNothingPartial(t *testing.T) {
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){events(
+		obj("ADDED", "a", "10"), `{"type":"ADDED","object":{"metadata":{"name":"b","resourceVersion":"11"}}`+"]]]garbage")}}
+	f := newFixture(t, Config{}, up)
+	gs, err := f.watch(t, "resourceVersion=5")
+	expectStream(t, gs, err, "ADDED a 10")
+	if v := testutil.ToFloat64(f.m.StreamEnds.WithLabelValues(endMalformed)); v != 1 {
+		t.Fatalf("ends{malformed} = %v", v)
+	}
+}
+
+func TestInitialPhaseBreakEndsStream(t *testing.T) {
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){events(obj("ADDED", "a", "10"))}}
+	f := newFixture(t, Config{}, up)
+	gs, err := f.watch(t, "resourceVersion=0")
+	expectStream(t, gs, err, "ADDED a 10")
+	if up.attempts() != 1 {
+		t.Fatalf("a break in the initial phase was resumed (%d attempts); the synthetic ADDEDs cannot be resumed", up.attempts())
+	}
+}
+
+func TestHiddenBookmarkAdvancesResumePoint(t *testing.T) {
+	up := &upstreamScript{}
+	up.steps = []func(http.ResponseWriter, *http.Request){
+		events(obj("ADDED", "a", "10"), `{"type":"BOOKMARK","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"resourceVersion":"15"}}}`+"\n"),
+		thenHang(up, obj("ADDED", "b", "16")),
+	}
+	f := newFixture(t, Config{}, up)
+	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2")
+	expectStream(t, gs, err, "ADDED a 10, ADDED b 16")
+	if q := up.query(0); q.Get("allowWatchBookmarks") != "true" {
+		t.Fatal("watchsan must ask upstream for bookmarks")
+	}
+	if q := up.query(1); q.Get("resourceVersion") != "15" {
+		t.Fatalf("resumed from %q, want the bookmark's 15", q.Get("resourceVersion"))
+	}
+}
+
+func TestShutdownEndsCleanly(t *testing.T) {
+	up := &upstreamScript{}
+	up.steps = []func(http.ResponseWriter, *http.Request){thenHang(up, obj("ADDED", "a", "10"))}
+	f := newFixture(t, Config{}, up)
+	go func() {
+		for testutil.ToFloat64(f.m.OpenWatches.WithLabelValues("configmaps")) == 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		close(f.done)
+	}()
+	gs, err := f.watch(t, "resourceVersion=5")
+	expectStream(t, gs, err, "ADDED a 10")
+	if v := testutil.ToFloat64(f.m.StreamEnds.WithLabelValues(endShutdown)); v != 1 {
+		t.Fatalf("ends{shutdown} = %v", v)
+	}
+}
+
+func TestClientDisconnectCancelsUpstream(t *testing.T) {
+	up := &upstreamScript{canceled: make(chan struct{})}
+	up.steps = []func(http.ResponseWriter, *http.Request){thenHang(up, obj("ADDED", "a", "10"))}
+	f := newFixture(t, Config{}, up)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", f.srv.URL+"/api/v1/namespaces/d/configmaps?watch=1&resourceVersion=5", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ev map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&ev); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	resp.Body.Close()
+	select {
+	case <-up.canceled:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the upstream watch outlived the client by 5s")
+	}
+}
+
+func TestUpstreamErrorStatusRelayed(t *testing.T) {
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(403)
+		io.WriteString(w, `{"kind":"Status","code":403}`)
+	}}}
+	f := newFixture(t, Config{}, up)
+	resp, err := http.Get(f.srv.URL + "/api/v1/namespaces/d/configmaps?watch=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 403 || string(body) != `{"kind":"Status","code":403}` {
+		t.Fatalf("got %d %q", resp.StatusCode, body)
+	}
+}
+
