@@ -26,11 +26,11 @@ type Metrics struct {
 	StreamEnds     *prometheus.CounterVec // reason
 	DeleteMemory   prometheus.GaugeFunc
 
-	Resumes        *prometheus.CounterVec // reason
-	Stalls         prometheus.Counter
-	ResumeSeconds  prometheus.Histogram
-	RelistsForced  prometheus.Counter
-	Retries        *prometheus.CounterVec // outcome
+	Resumes       *prometheus.CounterVec // reason
+	Stalls        prometheus.Counter
+	ResumeSeconds prometheus.Histogram
+	RelistsForced prometheus.Counter
+	Retries       *prometheus.CounterVec // outcome
 
 	labels *boundedLabels
 }

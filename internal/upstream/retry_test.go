@@ -40,7 +40,10 @@ func deadURL(t *testing.T) string {
 
 type sleeps struct{ got []time.Duration }
 
-func (s *sleeps) sleep(_ context.Context, d time.Duration) error { s.got = append(s.got, d); return nil }
+func (s *sleeps) sleep(_ context.Context, d time.Duration) error {
+	s.got = append(s.got, d)
+	return nil
+}
 
 func TestRetryIdempotentOn503HonoursRetryAfter(t *testing.T) {
 	var n atomic.Int32

@@ -95,12 +95,12 @@ func thenHang(u *upstreamScript, evs ...string) func(w http.ResponseWriter, r *h
 }
 
 type fixture struct {
-	h       *Handler
-	m       *metrics.Metrics
-	srv     *httptest.Server
-	up      *upstreamScript
-	done    chan struct{}
-	upURL   string
+	h     *Handler
+	m     *metrics.Metrics
+	srv   *httptest.Server
+	up    *upstreamScript
+	done  chan struct{}
+	upURL string
 }
 
 func newFixture(t *testing.T, cfg Config, up *upstreamScript) *fixture {
@@ -228,7 +228,7 @@ func TestExemptResourcePassesUnsanitized(t *testing.T) {
 func TestResumeAfterEOFIsSeamless(t *testing.T) {
 	up := &upstreamScript{}
 	up.steps = []func(http.ResponseWriter, *http.Request){
-		events(obj("ADDED", "a", "10"), obj("ADDED", "b", "11")),                     // then EOF
+		events(obj("ADDED", "a", "10"), obj("ADDED", "b", "11")),                                   // then EOF
 		thenHang(up, obj("ADDED", "b", "11"), obj("ADDED", "c", "12"), obj("MODIFIED", "a", "13")), // b replayed
 	}
 	f := newFixture(t, Config{}, up)
@@ -408,4 +408,3 @@ func TestUpstreamErrorStatusRelayed(t *testing.T) {
 		t.Fatalf("got %d %q", resp.StatusCode, body)
 	}
 }
-
