@@ -345,8 +345,16 @@ func (s *Stream) Regressions() []RegressionDetail {
 // skip; L itself would not be strictly above the last delivered RV.
 func (s *Stream) Decide(ev *stream.Event) Decision {
 	s.counts.Events++
+	var k kind
 	switch ev.Type {
-	case stream.Added, stream.Modified, stream.Deleted, stream.Bookmark:
+	case stream.Added:
+		k = kindAdded
+	case stream.Modified:
+		k = kindModified
+	case stream.Deleted:
+		k = kindDeleted
+	case stream.Bookmark:
+		k = kindBookmark
 	case stream.Error:
 		return Decision{Reason: ReasonErrorEvent}
 	default:
@@ -354,7 +362,7 @@ func (s *Stream) Decide(ev *stream.Event) Decision {
 	}
 
 	if s.initial {
-		if ev.Type == stream.Added {
+		if k == kindAdded {
 			if ev.RVIsInt {
 				if !s.sawInt || ev.RVInt > s.maxSeen {
 					s.maxSeen, s.sawInt = ev.RVInt, true
@@ -367,7 +375,7 @@ func (s *Stream) Decide(ev *stream.Event) Decision {
 		s.endInitial()
 	}
 
-	d := s.judge(ev)
+	d := s.judge(ev, k)
 
 	switch d.Would {
 	case Pass:
@@ -410,10 +418,9 @@ func (s *Stream) endInitial() {
 
 // judge applies the steady-phase rules, updating the simulated (Repair) state: the watermark,
 // the delete set, the memory chain. It fills Would, Reason and RV.
-func (s *Stream) judge(ev *stream.Event) Decision {
-	isDelete := ev.Type == stream.Deleted
+func (s *Stream) judge(ev *stream.Event, k kind) Decision {
 	key, hasKey := keyOf(ev)
-	if isDelete && hasKey {
+	if k == kindDeleted && hasKey {
 		if e, ok := s.deletes.lookup(key); ok {
 			if e.remembered {
 				return Decision{Would: Drop, Reason: ReasonDeleteRemembered}
@@ -422,7 +429,7 @@ func (s *Stream) judge(ev *stream.Event) Decision {
 		}
 	}
 
-	isEnd := ev.Type == stream.Bookmark && ev.InitialEventsEnd
+	isEnd := k == kindBookmark && ev.InitialEventsEnd
 	var d Decision
 	switch v := ev.RVInt; {
 	case !ev.RVIsInt:
@@ -439,7 +446,7 @@ func (s *Stream) judge(ev *stream.Event) Decision {
 		// An in-order RV above every rewritten delete: a client resuming from here cannot be
 		// replayed those deletes, so the run of rewrites is over.
 		s.chain = 0
-	case ev.Type == stream.Bookmark:
+	case k == kindBookmark:
 		switch {
 		case v == s.wm && isEnd:
 			d.Reason = ReasonInitialEventsEnd
@@ -450,7 +457,7 @@ func (s *Stream) judge(ev *stream.Event) Decision {
 		default:
 			return Decision{Would: Drop, Reason: ReasonBookmarkRegressed}
 		}
-	case isDelete:
+	case k == kindDeleted:
 		if s.wm == math.MaxUint64 {
 			d.Reason = ReasonOverflow
 			break
@@ -464,12 +471,12 @@ func (s *Stream) judge(ev *stream.Event) Decision {
 
 	// Delivered (or, in Observe mode, would be).
 	if hasKey {
-		switch ev.Type {
-		case stream.Deleted:
+		switch k {
+		case kindDeleted:
 			if d.Would != Rewrite { // a rewrite already recorded it
 				s.deletes.add(key.clone(), false)
 			}
-		case stream.Added:
+		case kindAdded:
 			if key.uid == "" {
 				// Without a UID the key is namespace/name, which a recreated object reuses:
 				// its next delete is a new one.
@@ -540,6 +547,16 @@ func (s *Stream) setLast(v uint64, isInt bool, opaque string) {
 	s.lastIsInt = false
 	s.lastOpaque = append(s.lastOpaque[:0], opaque...)
 }
+
+// kind is an event's type, once its string is matched.
+type kind uint8
+
+const (
+	kindAdded kind = iota
+	kindModified
+	kindDeleted
+	kindBookmark
+)
 
 // objKey identifies an object: by UID when it has one, else by namespace and name.
 type objKey struct {
