@@ -10,6 +10,8 @@ package watch
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -130,11 +132,14 @@ func parseParams(r *http.Request) params {
 	return p
 }
 
-// scopeOf identifies a watch for the rewritten-delete memory: what it selects, and who asks.
+// scopeOf identifies a watch for the rewritten-delete memory: what it selects, and who asks (a
+// digest of the credentials, never the credentials), so one client's remembered deletes never
+// suppress a delete another client has not seen.
 func scopeOf(r *http.Request) string {
 	q := r.URL.Query()
 	path := strings.Replace(r.URL.Path, "/watch/", "/", 1)
-	return path + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector")
+	who := sha256.Sum256([]byte(r.Header.Get("Authorization")))
+	return path + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector") + "&a=" + hex.EncodeToString(who[:8])
 }
 
 // ServeHTTP serves one watch request.
