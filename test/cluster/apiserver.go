@@ -81,7 +81,7 @@ func (a *APIServer) start(ctx context.Context, newPort bool) error {
 			return err
 		}
 		if newPort {
-			ports, perr := freePorts(1)
+			ports, perr := a.c.freePorts(1)
 			if perr != nil {
 				return perr
 			}

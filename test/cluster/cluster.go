@@ -102,6 +102,8 @@ type Cluster struct {
 	logMu    sync.Mutex // serializes writes to opts.Log
 	client   *http.Client
 	stopOnce sync.Once
+	// pickPorts returns n free loopback ports; nil means freePorts. A hook for tests.
+	pickPorts func(n int) ([]int, error)
 
 	mu      sync.Mutex // guards the fields below, and every APIServer's proc
 	stopped bool
@@ -147,15 +149,7 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	}
 	c.CAFile, c.CAData = c.pki.caPath, c.pki.caData
 	c.AdminCertFile, c.AdminKeyFile = c.pki.adminCert, c.pki.adminKey
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(c.CAData)
-	c.client = &http.Client{
-		Timeout: 5 * time.Second,
-		Transport: &http.Transport{
-			TLSClientConfig:   &tls.Config{RootCAs: roots},
-			DisableKeepAlives: true, // every probe on a fresh connection: processes come and go
-		},
-	}
+	c.client = newProbeClient(c.CAData)
 	// --token-auth-file: token,user,uid,"group1,group2"
 	tokens := fmt.Sprintf("%s,%s,%s-uid,\"system:masters\"\n%s,%s,%s-uid\n",
 		c.AdminToken, AdminUser, AdminUser, c.UserToken, LimitedUser, LimitedUser)
@@ -167,7 +161,7 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 
-	ports, err := freePorts(n)
+	ports, err := c.freePorts(n)
 	if err != nil {
 		return nil, err
 	}
@@ -355,7 +349,7 @@ func (c *Cluster) startEtcd(ctx context.Context) error {
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
 		var ports []int
-		if ports, err = freePorts(2); err != nil {
+		if ports, err = c.freePorts(2); err != nil {
 			return err
 		}
 		clientURL := "http://127.0.0.1:" + strconv.Itoa(ports[0])
@@ -504,6 +498,13 @@ func waitReady(ctx context.Context, p *proc, check func(context.Context) error) 
 	defer t.Stop()
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		go func() { // a check must not outlive the process it checks
+			select {
+			case <-p.done:
+				cancel()
+			case <-cctx.Done():
+			}
+		}()
 		err := check(cctx)
 		cancel()
 		if err == nil {
@@ -519,9 +520,29 @@ func waitReady(ctx context.Context, p *proc, check func(context.Context) error) 
 	}
 }
 
+// newProbeClient returns the client for readiness probes, trusting the CA in caPEM.
+func newProbeClient(caPEM []byte) *http.Client {
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(caPEM)
+	return &http.Client{
+		Timeout: 5 * time.Second,
+		Transport: &http.Transport{
+			TLSClientConfig:   &tls.Config{RootCAs: roots},
+			DisableKeepAlives: true, // every probe on a fresh connection: processes come and go
+		},
+	}
+}
+
 // addrInUse reports whether p logged that its port was taken.
 func addrInUse(p *proc) bool {
 	return strings.Contains(p.output(), "address already in use")
+}
+
+func (c *Cluster) freePorts(n int) ([]int, error) {
+	if c.pickPorts != nil {
+		return c.pickPorts(n)
+	}
+	return freePorts(n)
 }
 
 // freePorts returns n distinct loopback ports that were free a moment ago (all held open at once

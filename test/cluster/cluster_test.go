@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -68,6 +69,46 @@ func TestPrefixWriterWholeLines(t *testing.T) {
 	a.Write([]byte("\n"))
 	if got, want := out.String(), "b | x\na | one line\na | two\n"; got != want {
 		t.Fatalf("got %q, want %q", got, want)
+	}
+}
+
+// TestEtcdMovesOffATakenPort gives etcd a client port that is taken, as another process may take
+// a port between freePorts and the bind; the start must retry on fresh ports.
+func TestEtcdMovesOffATakenPort(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs the etcd binary; skipped in -short mode")
+	}
+	bins, err := Binaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	takenPort := taken.Addr().(*net.TCPAddr).Port
+	calls := 0
+	c := &Cluster{Dir: t.TempDir(), bins: bins, client: newProbeClient(nil)}
+	c.pickPorts = func(n int) ([]int, error) {
+		calls++
+		ports, err := freePorts(n)
+		if calls == 1 && err == nil {
+			ports[0] = takenPort
+		}
+		return ports, err
+	}
+	defer c.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := c.startEtcd(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if calls != 2 || strings.HasSuffix(c.EtcdURL, ":"+strconv.Itoa(takenPort)) {
+		t.Fatalf("etcd at %s after %d port picks; want a second pick off port %d", c.EtcdURL, calls, takenPort)
+	}
+	if err := c.etcdHealthy(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 
