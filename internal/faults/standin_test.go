@@ -230,8 +230,7 @@ func newSetup(t *testing.T, s *standIn, opts ...setupOption) *setup {
 	t.Cleanup(up.Close)
 	target, _ := url.Parse(up.URL)
 	proxy := &httputil.ReverseProxy{
-		Rewrite:  func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
-		ErrorLog: nil,
+		Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
 	}
 	layer := New(proxy, zaptest.NewLogger(t))
 	st := &setup{standIn: s, layer: layer, handlerDone: make(chan struct{}, 100)}
