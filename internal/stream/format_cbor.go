@@ -276,7 +276,10 @@ func (p *cborParser) str(i int, buf *[]byte) (v []byte, major byte, next int, is
 		return nil, 0, 0, false, err
 	}
 	if ai != 31 {
-		end := i + n + int(arg) // the splitter checked it fits
+		if arg > uint64(len(p.b)-i-n) {
+			return nil, 0, 0, false, malformed("truncated CBOR string at %d", i)
+		}
+		end := i + n + int(arg)
 		return p.b[i+n : end], major, end, true, nil
 	}
 	end, err := p.skip(i)
@@ -290,7 +293,8 @@ func (p *cborParser) str(i int, buf *[]byte) (v []byte, major byte, next int, is
 		dst = p.ps.arenaFor(end - i)
 	}
 	start := len(dst)
-	for j := i + 1; p.b[j] != cborBreak; {
+	// The chunks are well-formed: skip checked them.
+	for j := i + 1; j < end && p.b[j] != cborBreak; {
 		_, _, arg, n, _ := p.head(j)
 		dst = append(dst, p.b[j+n:j+n+int(arg)]...)
 		j += n + int(arg)

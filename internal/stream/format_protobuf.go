@@ -41,43 +41,119 @@ func (pbSplitter) split(b []byte, max int) (int, error) {
 	return 4 + int(n), nil
 }
 
+// The field readers below decode as the generated Kubernetes code (gogo) does, no stricter, so
+// that whatever a client can decode, the reader reads alike: a tag's field number is its
+// varint shifted and truncated to int32; varints may take ten bytes; groups are skipped by
+// depth, whatever numbers their end markers carry.
+
 // pbField is one field of a message, located in the frame. For a length-delimited field, len
 // is its length varint and [start, end) its content.
 type pbField struct {
-	num        protowire.Number
+	num        int32
 	typ        protowire.Type
 	len        pbLen
 	start, end int
 }
 
+// pbVarint reads the varint at raw[i:limit].
+func pbVarint(raw []byte, i, limit int) (uint64, int, error) {
+	var v uint64
+	for shift := uint(0); ; shift += 7 {
+		if shift >= 64 {
+			return 0, 0, malformed("protobuf varint at %d overflows", i)
+		}
+		if i >= limit {
+			return 0, 0, malformed("truncated protobuf varint")
+		}
+		c := raw[i]
+		i++
+		v |= uint64(c&0x7f) << shift
+		if c < 0x80 {
+			return v, i, nil
+		}
+	}
+}
+
+// pbLenField reads the length varint at i and locates the content after it, which must end by
+// limit.
+func pbLenField(raw []byte, i, limit int) (l pbLen, start, end int, err error) {
+	v, j, err := pbVarint(raw, i, limit)
+	if err != nil {
+		return pbLen{}, 0, 0, err
+	}
+	if n := int(v); n < 0 || n > limit-j {
+		return pbLen{}, 0, 0, malformed("protobuf length at %d overruns its message", i)
+	}
+	return pbLen{start: i, end: j, val: v}, j, j + int(v), nil
+}
+
+// pbSkip returns the end of the field whose tag is at i, as the generated skipGenerated finds
+// it; the field must end by limit.
+func pbSkip(raw []byte, i, limit int) (int, error) {
+	depth := 0
+	for i < limit {
+		wire, j, err := pbVarint(raw, i, limit)
+		if err != nil {
+			return 0, err
+		}
+		i = j
+		switch protowire.Type(wire & 7) {
+		case protowire.VarintType:
+			if _, i, err = pbVarint(raw, i, limit); err != nil {
+				return 0, err
+			}
+		case protowire.Fixed64Type:
+			i += 8
+		case protowire.BytesType:
+			_, _, end, err := pbLenField(raw, i, limit)
+			if err != nil {
+				return 0, err
+			}
+			i = end
+		case protowire.StartGroupType:
+			depth++
+		case protowire.EndGroupType:
+			if depth == 0 {
+				return 0, malformed("unexpected protobuf end group at %d", i)
+			}
+			depth--
+		case protowire.Fixed32Type:
+			i += 4
+		default:
+			return 0, malformed("illegal protobuf wire type %d at %d", wire&7, i)
+		}
+		if i > limit {
+			return 0, malformed("protobuf field overruns its message")
+		}
+		if depth == 0 {
+			return i, nil
+		}
+	}
+	return 0, malformed("truncated protobuf group")
+}
+
 // pbNext reads the field at raw[i:limit] and returns it and the index after it.
 func pbNext(raw []byte, i, limit int) (pbField, int, error) {
-	num, typ, n := protowire.ConsumeTag(raw[i:limit])
-	if n < 0 {
-		return pbField{}, 0, malformed("protobuf tag at %d: %v", i, protowire.ParseError(n))
+	wire, j, err := pbVarint(raw, i, limit)
+	if err != nil {
+		return pbField{}, 0, err
 	}
-	j := i + n
-	f := pbField{num: num, typ: typ}
-	if typ != protowire.BytesType {
-		m := protowire.ConsumeFieldValue(num, typ, raw[j:limit])
-		if m < 0 {
-			return pbField{}, 0, malformed("protobuf field %d at %d: %v", num, i, protowire.ParseError(m))
-		}
-		return f, j + m, nil
+	f := pbField{num: int32(wire >> 3), typ: protowire.Type(wire & 7)}
+	if f.typ == protowire.EndGroupType || f.num <= 0 {
+		return pbField{}, 0, malformed("illegal protobuf tag %d at %d", wire, i)
 	}
-	v, m := protowire.ConsumeVarint(raw[j:limit])
-	if m < 0 {
-		return pbField{}, 0, malformed("protobuf length of field %d at %d: %v", num, i, protowire.ParseError(m))
+	if f.typ != protowire.BytesType {
+		end, err := pbSkip(raw, i, limit)
+		return f, end, err
 	}
-	if v > uint64(limit-(j+m)) {
-		return pbField{}, 0, malformed("protobuf field %d at %d overruns its message", num, i)
+	if f.len, f.start, f.end, err = pbLenField(raw, j, limit); err != nil {
+		return pbField{}, 0, err
 	}
-	f.len = pbLen{start: j, end: j + m, val: v}
-	f.start, f.end = j+m, j+m+int(v)
 	return f, f.end, nil
 }
 
-// bytesField insists that a field the schema declares length-delimited is.
+// bytesField insists that a field the schema declares length-delimited is, as the generated
+// code does for the fields it knows.
 func bytesField(f pbField, what string) error {
 	if f.typ != protowire.BytesType {
 		return malformed("protobuf %s has wire type %d", what, f.typ)
@@ -171,6 +247,9 @@ func (ps *parseState) parseProtobuf(raw []byte) error {
 		return nil
 	}
 	k := string(kind) // no allocation: only compared
+	if noMetadata(k) {
+		return nil
+	}
 	listMeta := k == "Status" || k == "Table" || strings.HasSuffix(k, "List")
 
 	// The object: every occurrence of field 1 is (part of) its metadata.
@@ -195,7 +274,7 @@ func (ps *parseState) parseProtobuf(raw []byte) error {
 // pbMetadata reads one occurrence of the object's metadata; outer are the length fields that
 // enclose it, outermost first.
 func (ps *parseState) pbMetadata(raw []byte, listMeta bool, outer [4]pbLen, m pbField) error {
-	rvField := protowire.Number(6)
+	rvField := int32(6)
 	if listMeta {
 		rvField = 2
 	}
@@ -238,25 +317,9 @@ func (ps *parseState) pbMetadata(raw []byte, listMeta bool, outer [4]pbLen, m pb
 			if err := bytesField(f, "annotations"); err != nil {
 				return err
 			}
-			var key, val []byte
-			for j := f.start; j < f.end; {
-				g, next, err := pbNext(raw, j, f.end)
-				if err != nil {
-					return err
-				}
-				switch g.num {
-				case 1:
-					if err := bytesField(g, "annotation key"); err != nil {
-						return err
-					}
-					key = raw[g.start:g.end]
-				case 2:
-					if err := bytesField(g, "annotation value"); err != nil {
-						return err
-					}
-					val = raw[g.start:g.end]
-				}
-				j = next
+			key, val, err := pbMapEntry(raw, f, m.end)
+			if err != nil {
+				return err
 			}
 			if string(key) == InitialEventsEndAnnotation {
 				ps.initialEventsEnd = string(val) == "true"
@@ -264,6 +327,47 @@ func (ps *parseState) pbMetadata(raw []byte, listMeta bool, outer [4]pbLen, m pb
 		}
 	}
 	return nil
+}
+
+// pbMapEntry reads a map<string,string> entry as the generated code does: fields 1 and 2 are
+// taken as strings whatever their wire type, and may reach past the entry up to the end of the
+// enclosing message (limit); anything else is skipped within the entry.
+func pbMapEntry(raw []byte, e pbField, limit int) (key, val []byte, err error) {
+	for j := e.start; j < e.end; {
+		wire, k, err := pbVarint(raw, j, limit)
+		if err != nil {
+			return nil, nil, err
+		}
+		switch int32(wire >> 3) {
+		case 1, 2:
+			_, start, end, err := pbLenField(raw, k, limit)
+			if err != nil {
+				return nil, nil, err
+			}
+			if int32(wire>>3) == 1 {
+				key = raw[start:end]
+			} else {
+				val = raw[start:end]
+			}
+			j = end
+		default:
+			if j, err = pbSkip(raw, j, e.end); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	return key, val, nil
+}
+
+// noMetadata lists the kinds whose field 1 is not metadata (options, discovery and
+// WatchEvent). None is ever the object of a watch event; they are here so that a frame
+// carrying one is read as apimachinery reads it.
+func noMetadata(kind string) bool {
+	switch kind {
+	case "APIVersions", "APIGroup", "APIResource", "WatchEvent", "SerializedReference":
+		return true
+	}
+	return strings.HasSuffix(kind, "Options")
 }
 
 // rewriteProtobuf appends to dst the frame raw with its resourceVersion replaced by rv and

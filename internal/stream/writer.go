@@ -3,6 +3,7 @@ package stream
 import (
 	"fmt"
 	"io"
+	"unicode/utf8"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -44,7 +45,8 @@ func (w *Writer) Write(ev *Event) error {
 // WriteWithRV writes ev with its object's metadata.resourceVersion replaced by rv, and every
 // other byte as it was (for protobuf, every length that encloses the resourceVersion is
 // re-encoded). ev must come from a Reader of the Writer's format; an event whose object has
-// no resourceVersion field cannot be rewritten (an error wrapping ErrMalformed).
+// no resourceVersion field cannot be rewritten (an error wrapping ErrMalformed), nor can a
+// JSON event or a CBOR text string take an rv that is not valid UTF-8.
 func (w *Writer) WriteWithRV(ev *Event, rv string) error {
 	loc := &ev.rv
 	if loc.format == 0 || loc.end > len(ev.Raw) || loc.start > loc.end {
@@ -57,6 +59,9 @@ func (w *Writer) WriteWithRV(ev *Event, rv string) error {
 	b := w.buf[:0]
 	switch w.format {
 	case JSON:
+		if !utf8.ValidString(rv) {
+			return fmt.Errorf("%w: resourceVersion %q is not valid UTF-8 for a JSON string", ErrMalformed, rv)
+		}
 		b = append(b, ev.Raw[:loc.start]...)
 		b = appendJSONString(b, rv)
 		b = append(b, ev.Raw[loc.end:]...)

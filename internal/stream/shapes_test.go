@@ -1,0 +1,186 @@
+package stream
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Hand-built CBOR and protobuf events in shapes the apiserver does not write but a decoder
+// accepts, each checked against the oracle.
+
+func cat(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
+
+func cbHead(major byte, n uint64) []byte { return appendCBORHead(nil, major, n) }
+func cbBytes(s string) []byte             { return cat(cbHead(2, uint64(len(s))), []byte(s)) }
+func cbText(s string) []byte              { return cat(cbHead(3, uint64(len(s))), []byte(s)) }
+func cbTag(item []byte) []byte            { return cat([]byte{0xd9, 0xd9, 0xf7}, item) }
+func cbMap(pairs ...[]byte) []byte        { return cat(cbHead(5, uint64(len(pairs)/2)), cat(pairs...)) }
+func cbIndefMap(pairs ...[]byte) []byte   { return cat([]byte{0xbf}, cat(pairs...), []byte{0xff}) }
+func cbIndef(major byte, chunks ...string) []byte {
+	b := []byte{major<<5 | 31}
+	for _, c := range chunks {
+		b = append(b, cbHead(major, uint64(len(c)))...)
+		b = append(b, c...)
+	}
+	return append(b, 0xff)
+}
+
+func cbEvent(typ []byte, object []byte) []byte {
+	return cbTag(cbMap(cbBytes("type"), typ, cbBytes("object"), object))
+}
+
+func cbConfigMap(meta []byte) []byte {
+	return cbTag(cbMap(cbBytes("apiVersion"), cbBytes("v1"), cbBytes("kind"), cbBytes("ConfigMap"), cbBytes("metadata"), meta))
+}
+
+func TestCBORShapes(t *testing.T) {
+	ok := map[string][]byte{
+		"text strings": cbEvent(cbText("ADDED"), cbTag(cbMap(cbText("apiVersion"), cbText("v1"), cbText("kind"), cbText("ConfigMap"),
+			cbText("metadata"), cbMap(cbText("name"), cbText("a"), cbText("resourceVersion"), cbText("17"), cbText("uid"), cbText("u-1"))))),
+		"indefinite strings": cbEvent(cbIndef(2, "MOD", "IFIED"), cbConfigMap(cbMap(
+			cbIndef(2, "resource", "Version"), cbIndef(2, "1", "2", "3"), cbBytes("namespace"), cbIndef(3, "te", "am"), cbBytes("name"), cbIndef(2)))),
+		"indefinite maps": cbTag(cbIndefMap(cbBytes("object"), cbTag(cbIndefMap(cbBytes("kind"), cbBytes("Pod"), cbBytes("apiVersion"), cbBytes("v1"),
+			cbBytes("metadata"), cbIndefMap(cbBytes("annotations"), cbIndefMap(cbBytes(InitialEventsEndAnnotation), cbBytes("true")),
+				cbBytes("resourceVersion"), cbBytes("99")))), cbBytes("type"), cbBytes("BOOKMARK"))),
+		"object without its tag": cbEvent(cbBytes("DELETED"), cbMap(cbBytes("apiVersion"), cbBytes("v1"), cbBytes("kind"), cbBytes("ConfigMap"),
+			cbBytes("metadata"), cbMap(cbBytes("resourceVersion"), cbBytes("5")))),
+		"nested self-described tags": cbEvent(cbBytes("ADDED"), cbTag(cbConfigMap(cbMap(cbBytes("resourceVersion"), cbBytes("6"))))),
+		"long rv head": cbEvent(cbBytes("ADDED"), cbConfigMap(cbMap(cbBytes("resourceVersion"),
+			[]byte{0x5a, 0, 0, 0, 2, '4', '2'}))), // a 2-byte string with a 4-byte length
+		"other values skipped": cbEvent(cbBytes("ADDED"), cbTag(cbMap(cbBytes("apiVersion"), cbBytes("v1"), cbBytes("kind"), cbBytes("ConfigMap"),
+			cbBytes("data"), cbMap(cbBytes("k"), cbIndef(2, "x", "y")), cbBytes("metadata"), cbMap(cbBytes("labels"), cbMap(cbBytes("a"), cbBytes("b")),
+				cbBytes("resourceVersion"), cbBytes("8"), cbBytes("generation"), []byte{0x19, 0x01, 0x00}, cbBytes("deletionGracePeriodSeconds"), []byte{0x20})))),
+	}
+	for name, s := range ok {
+		t.Run(name, func(t *testing.T) {
+			stream := cat(s, s) // two in a row
+			if got := checkHandmade(t, CBOR, stream); got == nil {
+				t.Fatal("oracle rejected a valid case")
+			}
+		})
+	}
+	// The RV's string type survives a rewrite.
+	evs, err := readAll(CBOR, bytes.NewReader(ok["text strings"]), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := NewWriter(CBOR, &out).WriteWithRV(evs[0], "1234"); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(out.Bytes(), cbText("1234")) {
+		t.Fatalf("rewritten RV is not a text string: %x", out.Bytes())
+	}
+	if err := NewWriter(CBOR, &out).WriteWithRV(evs[0], "\xff"); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("invalid UTF-8 into a text string: %v", err)
+	}
+
+	bad := map[string][]byte{
+		"duplicate type":    cbTag(cbMap(cbBytes("type"), cbBytes("ADDED"), cbBytes("type"), cbBytes("DELETED"))),
+		"duplicate rv":      cbEvent(cbBytes("ADDED"), cbConfigMap(cbMap(cbBytes("resourceVersion"), cbBytes("5"), cbBytes("resourceVersion"), cbBytes("6")))),
+		"not a map":         cbTag(cbBytes("ADDED")),
+		"rv is an integer":  cbEvent(cbBytes("ADDED"), cbConfigMap(cbMap(cbBytes("resourceVersion"), []byte{0x05}))),
+		"object is a list":  cbEvent(cbBytes("ADDED"), []byte{0x80}),
+		"other tag":         cat([]byte{0xc1}, cbMap(cbBytes("type"), cbBytes("ADDED"))),
+		"stray break":       []byte{0xff},
+		"odd indef map":     cbTag(cat([]byte{0xbf}, cbBytes("type"), []byte{0xff})),
+		"reserved info":     []byte{0x1c},
+		"bad simple":        []byte{0xf8, 0x10},
+		"bad indef chunk":   cbEvent(cat([]byte{0x5f}, cbText("A"), []byte{0xff}), cbMap()),
+		"indefinite int":    []byte{0x1f},
+		"nested indef text": cat([]byte{0x7f, 0x7f}, []byte{0xff, 0xff}),
+	}
+	for name, s := range bad {
+		t.Run(name, func(t *testing.T) {
+			_, err := readAll(CBOR, bytes.NewReader(s), 0)
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("got %v, want ErrMalformed", err)
+			}
+		})
+	}
+}
+
+func pbBytesField(num protowire.Number, v []byte) []byte {
+	b := protowire.AppendTag(nil, num, protowire.BytesType)
+	return protowire.AppendBytes(b, v)
+}
+
+// pbLongField writes a length-delimited field with a non-minimal (padded) length varint.
+func pbLongField(num protowire.Number, v []byte) []byte {
+	b := protowire.AppendTag(nil, num, protowire.BytesType)
+	n := len(v)
+	b = append(b, byte(n&0x7f|0x80), byte(n>>7&0x7f|0x80), byte(n>>14))
+	return append(b, v...)
+}
+
+func pbFrame(msg []byte) []byte {
+	return cat([]byte{byte(len(msg) >> 24), byte(len(msg) >> 16), byte(len(msg) >> 8), byte(len(msg))}, msg)
+}
+
+func pbObject(kind string, object []byte) []byte {
+	typeMeta := cat(pbBytesField(1, []byte("v1")), pbBytesField(2, []byte(kind)))
+	unknown := cat(pbBytesField(1, typeMeta), pbBytesField(2, object))
+	return cat(protobufMagic, unknown)
+}
+
+func marshal(t *testing.T, m interface{ Marshal() ([]byte, error) }) []byte {
+	b, err := m.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestProtobufShapes(t *testing.T) {
+	meta1 := marshal(t, &metav1.ObjectMeta{Name: "a", Namespace: "n"})
+	meta2 := marshal(t, &metav1.ObjectMeta{UID: "u-7", ResourceVersion: "31", Annotations: map[string]string{"x": "y"}})
+	data := pbBytesField(2, cat(pbBytesField(1, []byte("key")), pbBytesField(2, []byte("value"))))
+	cm := cat(pbBytesField(1, meta1), data, pbBytesField(1, meta2))
+	status := marshal(t, &metav1.Status{ListMeta: metav1.ListMeta{ResourceVersion: "77"}, Status: "Failure", Code: 410, Reason: metav1.StatusReasonExpired})
+	pod := marshal(t, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{ResourceVersion: "12", Name: "p"}})
+
+	ok := map[string][]byte{
+		"object before type, unknown fields": pbFrame(cat(
+			pbBytesField(2, pbBytesField(1, pbObject("ConfigMap", cm))),
+			protowire.AppendVarint(protowire.AppendTag(nil, 7, protowire.VarintType), 300),
+			pbBytesField(1, []byte("ADDED")))),
+		"padded length varints": pbFrame(cat(pbBytesField(1, []byte("MODIFIED")),
+			pbLongField(2, pbLongField(1, cat(protobufMagic, pbBytesField(1, cat(pbBytesField(1, []byte("v1")), pbBytesField(2, []byte("Pod")))),
+				pbLongField(2, pbLongField(1, marshal(t, &metav1.ObjectMeta{Name: "p", ResourceVersion: "40"})))))))),
+		"status with a list RV": pbFrame(cat(pbBytesField(1, []byte("ERROR")), pbBytesField(2, pbBytesField(1, pbObject("Status", status))))),
+		"type repeated, last wins": pbFrame(cat(pbBytesField(1, []byte("ADDED")), pbBytesField(2, pbBytesField(1, pbObject("Pod", pod))),
+			pbBytesField(1, []byte("DELETED")))),
+		"object repeated, last raw wins": pbFrame(cat(pbBytesField(1, []byte("ADDED")),
+			pbBytesField(2, pbBytesField(1, pbObject("ConfigMap", cm))),
+			pbBytesField(2, pbBytesField(1, pbObject("Pod", pod))))),
+	}
+	for name, s := range ok {
+		t.Run(name, func(t *testing.T) {
+			if got := checkHandmade(t, Protobuf, cat(s, s)); got == nil {
+				t.Fatal("oracle rejected a valid case")
+			}
+		})
+	}
+
+	bad := map[string][]byte{
+		"no k8s prefix":      pbFrame(cat(pbBytesField(1, []byte("ADDED")), pbBytesField(2, pbBytesField(1, []byte("{}"))))),
+		"type as varint":     pbFrame(protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), 1)),
+		"overrunning length": pbFrame(cat(protowire.AppendTag(nil, 1, protowire.BytesType), []byte{0x10, 'A'})),
+		"field zero":         pbFrame([]byte{0x02, 0x00}),
+		"bad rv wire type": pbFrame(cat(pbBytesField(1, []byte("ADDED")), pbBytesField(2, pbBytesField(1, pbObject("Pod",
+			pbBytesField(1, protowire.AppendVarint(protowire.AppendTag(nil, 6, protowire.VarintType), 3))))))),
+	}
+	for name, s := range bad {
+		t.Run(name, func(t *testing.T) {
+			_, err := readAll(Protobuf, bytes.NewReader(s), 0)
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("got %v, want ErrMalformed", err)
+			}
+		})
+	}
+}
