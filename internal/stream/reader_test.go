@@ -274,13 +274,13 @@ func TestJSONShapes(t *testing.T) {
 		"object before type":    `{"object":{"metadata":{"resourceVersion":"7","name":"b"},"kind":"ConfigMap","apiVersion":"v1"},"type":"MODIFIED"}`,
 		"escapes": `{"type":"\u0041DDED","object":{"kind":"ConfigMap","apiVersion":"v1","data":{"k":"}]\"{[\\"},` +
 			`"metadata":{"na\u006de":"x\"y\\z\/\u00e9\ud83d\ude00","names":"no","resourceVersion":"\u0031\u0032","annotations":{"k8s.io\/initial-events-end":"tr\u0075e"}}}}`,
-		"nested brackets in strings": `{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","data":{"a":"{{{[[[","b":"]]]}}}"},"metadata":{"resourceVersion":"9"}}}`,
-		"duplicate keys, last wins": `{"type":"ADDED","type":"MODIFIED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"resourceVersion":"1","name":"a","resourceVersion":"2"}}}`,
-		"metadata merges":           `{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"a","resourceVersion":"3"},"metadata":{"namespace":"n"}}}`,
-		"object replaces":           `{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"a","uid":"u"}},"object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"b","resourceVersion":"4"}}}`,
-		"nulls": `{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"a","resourceVersion":"5","uid":null,"annotations":null,"labels":null},"data":null}}`,
-		"numbers and literals": `{"type":"ADDED","object":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"a","resourceVersion":"5","generation":-15,"deletionGracePeriodSeconds":30},"spec":{"hostNetwork":true,"containers":[]},"status":{}}}`,
-		"bookmark annotation not true": `{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"5","annotations":{"k8s.io/initial-events-end":"false"}}}}`,
+		"nested brackets in strings":           `{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","data":{"a":"{{{[[[","b":"]]]}}}"},"metadata":{"resourceVersion":"9"}}}`,
+		"duplicate keys, last wins":            `{"type":"ADDED","type":"MODIFIED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"resourceVersion":"1","name":"a","resourceVersion":"2"}}}`,
+		"metadata merges":                      `{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"a","resourceVersion":"3"},"metadata":{"namespace":"n"}}}`,
+		"object replaces":                      `{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"a","uid":"u"}},"object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"b","resourceVersion":"4"}}}`,
+		"nulls":                                `{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"a","resourceVersion":"5","uid":null,"annotations":null,"labels":null},"data":null}}`,
+		"numbers and literals":                 `{"type":"ADDED","object":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"a","resourceVersion":"5","generation":-15,"deletionGracePeriodSeconds":30},"spec":{"hostNetwork":true,"containers":[]},"status":{}}}`,
+		"bookmark annotation not true":         `{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"5","annotations":{"k8s.io/initial-events-end":"false"}}}}`,
 		"initial-events-end on a non-bookmark": `{"type":"ADDED","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"5","annotations":{"a":"b","k8s.io/initial-events-end":"true"}}}}`,
 	}
 	for name, s := range ok {

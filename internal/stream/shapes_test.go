@@ -16,11 +16,11 @@ import (
 func cat(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
 
 func cbHead(major byte, n uint64) []byte { return appendCBORHead(nil, major, n) }
-func cbBytes(s string) []byte             { return cat(cbHead(2, uint64(len(s))), []byte(s)) }
-func cbText(s string) []byte              { return cat(cbHead(3, uint64(len(s))), []byte(s)) }
-func cbTag(item []byte) []byte            { return cat([]byte{0xd9, 0xd9, 0xf7}, item) }
-func cbMap(pairs ...[]byte) []byte        { return cat(cbHead(5, uint64(len(pairs)/2)), cat(pairs...)) }
-func cbIndefMap(pairs ...[]byte) []byte   { return cat([]byte{0xbf}, cat(pairs...), []byte{0xff}) }
+func cbBytes(s string) []byte            { return cat(cbHead(2, uint64(len(s))), []byte(s)) }
+func cbText(s string) []byte             { return cat(cbHead(3, uint64(len(s))), []byte(s)) }
+func cbTag(item []byte) []byte           { return cat([]byte{0xd9, 0xd9, 0xf7}, item) }
+func cbMap(pairs ...[]byte) []byte       { return cat(cbHead(5, uint64(len(pairs)/2)), cat(pairs...)) }
+func cbIndefMap(pairs ...[]byte) []byte  { return cat([]byte{0xbf}, cat(pairs...), []byte{0xff}) }
 func cbIndef(major byte, chunks ...string) []byte {
 	b := []byte{major<<5 | 31}
 	for _, c := range chunks {
