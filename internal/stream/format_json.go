@@ -2,6 +2,7 @@ package stream
 
 import (
 	"bytes"
+	"encoding/binary"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -19,7 +20,9 @@ func isJSONSpace(c byte) bool { return c == ' ' || c == '\n' || c == '\r' || c =
 
 // jsonScan finds where a JSON object or array ends, resumably: run can be called again with a
 // longer buffer (same prefix) and continues where it stopped. It checks that brackets match
-// and strings end, nothing more.
+// and strings end, nothing more. When record is set it also notes where each container
+// shallower than spanDepth starts and ends, so that the parser can skip those values without
+// scanning them a second time.
 type jsonScan struct {
 	pos        int
 	depth      int
@@ -27,37 +30,87 @@ type jsonScan struct {
 	// objs is a bit stack: bit d-1 is set when the container at depth d is an object.
 	objs []uint64
 	err  error
+
+	record bool
+	// spans are the containers at depths 1..spanDepth, in the order they open; open[d] is
+	// the index in spans of the one open at depth d.
+	spans []jsonSpan
+	open  [spanDepth + 1]int
 }
+
+// spanDepth: the event is depth 1, its object 2, the object's fields' values 3 (spec,
+// metadata) and metadata's fields' values 4 (labels, managedFields): the deepest values the
+// parser may skip.
+const spanDepth = 4
+
+// jsonSpan is a container's extent in the frame; end is 0 while it is open.
+type jsonSpan struct{ start, end int }
 
 func (s *jsonScan) reset(pos int) {
 	s.pos, s.depth, s.inStr, s.esc, s.err = pos, 0, false, false, nil
+	s.spans = s.spans[:0]
 }
+
+// Word-at-a-time test for a quote or a backslash among 8 bytes.
+const (
+	lsb        = 0x0101010101010101
+	msb        = 0x8080808080808080
+	quotes     = '"' * lsb
+	backslashs = '\\' * lsb
+)
+
+func hasQuoteOrBackslash(w uint64) bool {
+	q, bs := w^quotes, w^backslashs
+	return ((q-lsb)&^q|(bs-lsb)&^bs)&msb != 0
+}
+
+// skipPlain returns the index of the first '"' or '\\' in b at or after i, or len(b).
+func skipPlain(b []byte, i int) int {
+	for i+8 <= len(b) && !hasQuoteOrBackslash(binary.LittleEndian.Uint64(b[i:])) {
+		i += 8
+	}
+	for i < len(b) && b[i] != '"' && b[i] != '\\' {
+		i++
+	}
+	return i
+}
+
+// jsonStructural marks the bytes the scanner acts on outside strings.
+var jsonStructural = [256]bool{'"': true, '{': true, '}': true, '[': true, ']': true}
 
 // run returns the index just past the container that starts at the scan's first position, or
 // -1 when b ends first (or on error, in s.err).
 func (s *jsonScan) run(b []byte) int {
 	i := s.pos
+	if s.esc && i < len(b) {
+		s.esc = false
+		i++
+	}
 	for i < len(b) {
 		if s.inStr {
-			if s.esc {
-				s.esc = false
+			i = skipPlain(b, i)
+			if i >= len(b) {
+				break
+			}
+			if b[i] == '"' {
+				s.inStr = false
 				i++
 				continue
 			}
-			q := bytes.IndexByte(b[i:], '"')
-			if q < 0 {
-				// No end yet; whether the next byte is escaped depends on the backslashes
-				// that end the buffer.
-				s.esc = trailingBackslashes(b[i:])%2 == 1
+			// A backslash escapes the next byte, which may not be here yet.
+			if i+1 >= len(b) {
+				s.esc = true
 				i = len(b)
 				break
 			}
-			q += i
-			if trailingBackslashes(b[i:q])%2 == 0 {
-				s.inStr = false
-			}
-			i = q + 1
+			i += 2
 			continue
+		}
+		for i < len(b) && !jsonStructural[b[i]] {
+			i++
+		}
+		if i >= len(b) {
+			break
 		}
 		c := b[i]
 		i++
@@ -79,10 +132,17 @@ func (s *jsonScan) run(b []byte) int {
 				s.objs[w] &^= bit
 			}
 			s.depth++
+			if s.record && s.depth <= spanDepth {
+				s.open[s.depth] = len(s.spans)
+				s.spans = append(s.spans, jsonSpan{start: i - 1})
+			}
 		case '}', ']':
 			if s.depth == 0 {
 				s.err = malformed("unbalanced %q in JSON", c)
 				return -1
+			}
+			if s.record && s.depth <= spanDepth {
+				s.spans[s.open[s.depth]].end = i
 			}
 			s.depth--
 			isObj := s.objs[s.depth/64]&(1<<(s.depth%64)) != 0
@@ -100,34 +160,28 @@ func (s *jsonScan) run(b []byte) int {
 	return -1
 }
 
-func trailingBackslashes(b []byte) int {
-	n := 0
-	for n < len(b) && b[len(b)-1-n] == '\\' {
-		n++
-	}
-	return n
-}
-
 type jsonSplitter struct{ scan *jsonScan }
 
-func (s *jsonSplitter) reset() { s.scan.reset(0) }
+func (s *jsonSplitter) reset() {
+	s.scan.record = true
+	s.scan.reset(0)
+}
 
 func (s *jsonSplitter) split(b []byte, max int) (int, error) {
 	if s.scan.pos == 0 && b[0] != '{' {
 		return 0, malformed("watch event is not a JSON object (starts with %q)", b[0])
 	}
-	end := s.scan.run(b)
+	// Never look past the limit, so that the outcome does not depend on how much a read
+	// brought in.
+	end := s.scan.run(b[:min(len(b), max+1)])
 	if s.scan.err != nil {
 		return 0, s.scan.err
 	}
-	if end < 0 {
+	if end < 0 || end > max {
 		if len(b) > max {
 			return 0, ErrFrameTooLarge
 		}
 		return 0, nil
-	}
-	if end > max {
-		return 0, ErrFrameTooLarge
 	}
 	// Take the newline that ends the value along with it, when it is already here; never
 	// wait for it.
@@ -141,6 +195,9 @@ func (s *jsonSplitter) split(b []byte, max int) (int, error) {
 type jsonParser struct {
 	b  []byte
 	ps *parseState
+	// span is the next of the splitter's container spans to consider; the parser visits
+	// values in increasing order, so it only moves forward.
+	span int
 }
 
 func (p *jsonParser) ws(i int) int {
@@ -155,16 +212,15 @@ func (p *jsonParser) ws(i int) int {
 func (p *jsonParser) str(i int) (content []byte, next int, esc bool, err error) {
 	j := i + 1
 	for {
-		q := bytes.IndexByte(p.b[j:], '"')
-		if q < 0 {
+		j = skipPlain(p.b, j)
+		if j >= len(p.b) {
 			return nil, 0, false, malformed("unterminated JSON string at %d", i)
 		}
-		q += j
-		if trailingBackslashes(p.b[i+1:q])%2 == 0 {
-			c := p.b[i+1 : q]
-			return c, q + 1, bytes.IndexByte(c, '\\') >= 0, nil
+		if p.b[j] == '"' {
+			return p.b[i+1 : j], j + 1, esc, nil
 		}
-		j = q + 1
+		esc = true
+		j += 2
 	}
 }
 
@@ -244,7 +300,15 @@ func (p *jsonParser) skip(i int) (int, error) {
 	}
 	switch p.b[i] {
 	case '{', '[':
-		s := &p.ps.js
+		spans := p.ps.js.spans
+		for p.span < len(spans) && spans[p.span].start < i {
+			p.span++
+		}
+		if p.span < len(spans) && spans[p.span].start == i && spans[p.span].end > i {
+			return spans[p.span].end, nil
+		}
+		// Deeper than the splitter recorded (only in frames the apiserver does not write).
+		s := &p.ps.jsSkip
 		s.reset(i)
 		end := s.run(p.b)
 		if s.err != nil {
@@ -296,6 +360,7 @@ func (p *jsonParser) stringField(i int, name string, dst *[]byte, loc *rvLocatio
 func (ps *parseState) parseJSON(raw []byte) error {
 	p := &jsonParser{b: raw, ps: ps}
 	i := p.ws(0)
+	badObject := false
 	for first := true; ; first = false {
 		k, vi, done, _, err := p.members(i, first)
 		if err != nil {
@@ -308,14 +373,19 @@ func (ps *parseState) parseJSON(raw []byte) error {
 		case "type":
 			i, err = p.stringField(vi, "type", &ps.typ, nil)
 		case "object":
-			ps.resetObject()
+			// A RawExtension takes any value, a later one replacing it, except null,
+			// which leaves it be. Only the value that stays must be an object.
 			switch {
 			case vi < len(raw) && raw[vi] == '{':
+				ps.resetObject()
+				badObject = false
 				i, err = p.object(vi)
 			case vi < len(raw) && p.isNull(vi):
 				i = vi + 4
 			default:
-				err = malformed("JSON watch event object is not an object")
+				ps.resetObject()
+				badObject = true
+				i, err = p.skip(vi)
 			}
 		default:
 			i, err = p.skip(vi)
@@ -323,6 +393,9 @@ func (ps *parseState) parseJSON(raw []byte) error {
 		if err != nil {
 			return err
 		}
+	}
+	if badObject {
+		return malformed("JSON watch event object is not an object")
 	}
 	return nil
 }

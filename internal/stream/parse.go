@@ -18,10 +18,11 @@ type parseState struct {
 	key []byte
 	// strs builds the event's one string.
 	strs []byte
-	// js and cs are the structural scanners, shared by the splitter and the value skipper
-	// (never in use at the same time).
-	js jsonScan
-	cs cborScan
+	// js is the JSON splitter's scanner, whose container spans the parser uses; jsSkip
+	// skips what it did not record. cs is shared by the CBOR splitter and skipper (never in
+	// use at the same time).
+	js, jsSkip jsonScan
+	cs         cborScan
 }
 
 func (ps *parseState) reset(raw []byte) {
