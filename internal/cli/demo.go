@@ -21,7 +21,7 @@ import (
 func runDemo(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("watchsan demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	useReal := fs.Bool("real", false, "run against a real etcd and kube-apiserver from the test harness (binaries built by `make cluster-bins`) instead of the in-memory apiserver")
+	useReal := fs.Bool("real", false, "run against a real etcd and kube-apiserver from the test harness (binaries built by make cluster-bins) instead of the in-memory apiserver")
 	objects := fs.Int("objects", 3, "how many objects to create between a and its delete (1-200)")
 	timeout := fs.Duration("timeout", 0, "bound the whole run (default 30s, or 3m with --real)")
 	verbose := fs.Bool("verbose", false, "log what the components do (watchsan, the fault layers, client-go) to stderr")
@@ -65,14 +65,14 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if *useReal {
+		if err := demo.CheckReal(); err != nil {
+			fmt.Fprintf(stderr, "watchsan demo --real: %v\nRun `watchsan demo` without --real for the in-memory apiserver.\n", err)
+			return exitError
+		}
 		fmt.Fprintln(stdout, "Starting etcd and kube-apiserver from the test harness...")
 	}
 	res, err := demo.Run(ctx, demo.Options{Real: *useReal, Objects: *objects, Timeout: *timeout, Log: log})
 	if err != nil {
-		if errors.Is(err, demo.ErrNoBinaries) {
-			fmt.Fprintf(stderr, "watchsan demo --real: %v\nRun `watchsan demo` without --real for the in-memory apiserver.\n", err)
-			return exitError
-		}
 		fmt.Fprintf(stderr, "watchsan demo: %v\n", err)
 		return exitError
 	}

@@ -18,6 +18,15 @@ import (
 // cached; the error wrapping it says how to build them.
 var ErrNoBinaries = errors.New("the real control plane's binaries are not cached")
 
+// CheckReal reports whether Run can use the real control plane (Options.Real): an error
+// wrapping ErrNoBinaries, which says how to build them, when its binaries are not cached.
+func CheckReal() error {
+	if _, err := cluster.Binaries(); err != nil {
+		return fmt.Errorf("%w: %w", ErrNoBinaries, err)
+	}
+	return nil
+}
+
 // startEmbedded serves the in-memory apiserver on a loopback port.
 func startEmbedded(log *zap.Logger) (*upstream, error) {
 	api := memapi.New(log, memapi.Services, memapi.ConfigMaps)
@@ -39,8 +48,8 @@ func startEmbedded(log *zap.Logger) (*upstream, error) {
 // startReal starts etcd and a kube-apiserver from the harness; the fault layers reach it
 // through a reverse proxy that adds the admin token and verifies the cluster's CA.
 func startReal(ctx context.Context, log *zap.Logger) (*upstream, error) {
-	if _, err := cluster.Binaries(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrNoBinaries, err)
+	if err := CheckReal(); err != nil {
+		return nil, err
 	}
 	c, err := cluster.Start(ctx, cluster.Options{})
 	if err != nil {
