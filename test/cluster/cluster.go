@@ -104,6 +104,8 @@ type Cluster struct {
 	stopOnce sync.Once
 	// pickPorts returns n free loopback ports; nil means freePorts. A hook for tests.
 	pickPorts func(n int) ([]int, error)
+	// phases records how long each part of Start took, for reports.
+	phases []phase
 
 	mu      sync.Mutex // guards the fields below, and every APIServer's proc
 	stopped bool
@@ -157,9 +159,11 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		return nil, fmt.Errorf("token file: %w", err)
 	}
 
+	t0 := time.Now()
 	if err := c.startEtcd(ctx); err != nil {
 		return nil, err
 	}
+	c.phase("etcd", &t0)
 
 	ports, err := c.freePorts(n)
 	if err != nil {
@@ -179,9 +183,11 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	c.phase("apiservers", &t0)
 	if err := c.bootstrap(ctx); err != nil {
 		return nil, err
 	}
+	c.phase("rbac", &t0)
 	return c, nil
 }
 
@@ -201,8 +207,8 @@ func StartT(t testing.TB, o Options) *Cluster {
 		t.Fatalf("starting the test cluster: %v", err)
 	}
 	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("test cluster logs (tails):\n%s", c.LogTails(30))
+		if tails := c.LogTails(30); t.Failed() && tails != "" {
+			t.Logf("test cluster logs (tails):\n%s", tails)
 		}
 		c.Stop()
 	})
@@ -314,6 +320,27 @@ func (c *Cluster) LogTails(lines int) string {
 		}
 	}
 	return b.String()
+}
+
+type phase struct {
+	name string
+	d    time.Duration
+}
+
+// phase records the time since *since under name and resets *since.
+func (c *Cluster) phase(name string, since *time.Time) {
+	now := time.Now()
+	c.phases = append(c.phases, phase{name, now.Sub(*since)})
+	*since = now
+}
+
+// startReport says how long each part of Start took, e.g. "etcd 0.6s, apiservers 2.1s, rbac 0.3s".
+func (c *Cluster) startReport() string {
+	var parts []string
+	for _, p := range c.phases {
+		parts = append(parts, fmt.Sprintf("%s %.1fs", p.name, p.d.Seconds()))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func (c *Cluster) tokenFile() string { return filepath.Join(c.Dir, "tokens.csv") }
