@@ -70,6 +70,7 @@ func formatForAccept(accept string) wireFormat {
 // frame encodes one watch event as the apiserver puts it on the wire.
 func (f wireFormat) frame(t testing.TB, typ watch.EventType, obj runtime.Object) []byte {
 	t.Helper()
+	obj = obj.DeepCopyObject() // encoding sets the kind on the object; scripts are shared
 	gv := corev1.SchemeGroupVersion
 	var embedded bytes.Buffer
 	if err := codecs.EncoderForVersion(f.info.Serializer, gv).Encode(obj, &embedded); err != nil {
