@@ -2,6 +2,14 @@
 // apiserver speaks (JSON, protobuf, CBOR), parsing only the event envelope and the object's
 // identifying metadata, and leaving every other byte as the apiserver sent it.
 //
+// A Reader splits a response body into frames (they may arrive split at any byte), bounded
+// by a size limit, and reads each frame the way client-go's decoders would read it: for
+// every input they decode, it reports the same type, resourceVersion, uid, namespace, name
+// and initial-events-end mark (the tests hold it to that with apimachinery as the oracle).
+// It does not validate what it skips, so some frames a client would reject pass as events;
+// none of those can change what it reports. A Writer writes an event on unchanged, or with
+// only its resourceVersion replaced in place.
+//
 // It imports nothing else of watchsan's.
 package stream
 
@@ -29,7 +37,8 @@ const InitialEventsEndAnnotation = "k8s.io/initial-events-end"
 type Event struct {
 	// Type is ADDED, MODIFIED, DELETED, BOOKMARK or ERROR (or whatever the upstream sent).
 	Type string
-	// RV is the object's metadata.resourceVersion, "" when absent (ERROR events).
+	// RV is the object's metadata.resourceVersion, "" when absent. For a Status (ERROR
+	// events), a Table or a list it is the ListMeta's.
 	RV string
 	// RVInt is RV as an unsigned integer; RVIsInt says whether RV parsed as one.
 	RVInt   uint64
@@ -40,8 +49,10 @@ type Event struct {
 	Name      string
 	// InitialEventsEnd is true for a BOOKMARK annotated k8s.io/initial-events-end: "true".
 	InitialEventsEnd bool
-	// Raw is the whole frame exactly as it was on the wire, framing included (the 4-byte length
-	// prefix for protobuf; for JSON the value and the newline that followed it, if any).
+	// Raw is the whole frame exactly as it was on the wire, framing included: the 4-byte
+	// length prefix for protobuf; for JSON the value and the newline after it when that had
+	// arrived with it (the Reader never waits for it; whitespace between values is dropped,
+	// and a Writer puts the newline back).
 	Raw []byte
 
 	// rv locates the resourceVersion value inside Raw for in-place rewriting.
@@ -89,7 +100,9 @@ func (e *Event) Clone() *Event {
 }
 
 // CanRewriteRV reports whether a Writer can replace e's resourceVersion in place: the event was
-// read by a Reader and its object has a resourceVersion field.
+// read by a Reader and its object has a resourceVersion field. (In protobuf the field is
+// present even when empty, so an event with RV "" may be rewritable; in JSON and CBOR an
+// empty RV is omitted and is not.)
 func (e *Event) CanRewriteRV() bool { return e.rv.format != 0 }
 
 // SetRV sets RV and derives RVInt and RVIsInt from it. Decimal integers compare numerically;

@@ -254,7 +254,7 @@ func pod(ns, name, uid, rv string, size int) *corev1.Pod {
 		Time: &metav1.Time{Time: metav1.Unix(1700000000, 0).Time}, FieldsType: "FieldsV1",
 		FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{"f:labels":{"f:app":{}}},"f:spec":{"f:containers":{"k:{\"name\":\"main\"}":{".":{},"f:image":{}}}}}`)},
 	}}
-	for i := 0; ; i++ {
+	for i := 0; ; {
 		b, err := EncodeEvent(JSON, Added, withKind(p.DeepCopy()))
 		if err != nil {
 			panic(err)
@@ -262,9 +262,13 @@ func pod(ns, name, uid, rv string, size int) *corev1.Pod {
 		if len(b) >= size {
 			break
 		}
-		p.Spec.Containers[0].Env = append(p.Spec.Containers[0].Env, corev1.EnvVar{
-			Name: fmt.Sprintf("SETTING_%03d", i), Value: strings.Repeat("v", 40),
-		})
+		// Each variable adds about 70 bytes.
+		for range max(1, (size-len(b))/80) {
+			p.Spec.Containers[0].Env = append(p.Spec.Containers[0].Env, corev1.EnvVar{
+				Name: fmt.Sprintf("SETTING_%03d", i), Value: strings.Repeat("v", 40),
+			})
+			i++
+		}
 	}
 	return p
 }

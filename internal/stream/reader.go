@@ -20,6 +20,9 @@ const (
 	frameSlack = 16
 	// maxEmptyReads is how many (0, nil) reads in a row are taken before io.ErrNoProgress.
 	maxEmptyReads = 100
+	// shrinkAfter is how many small frames in a row let a Reader drop a buffer grown
+	// beyond four times the initial size.
+	shrinkAfter = 64
 	// maxDepth bounds nesting in JSON and CBOR, as apimachinery's decoders do.
 	maxDepth = 10000
 )
@@ -41,6 +44,9 @@ type Reader struct {
 	rerr error
 	// err is sticky: once Next fails, it fails the same way forever.
 	err error
+	// small counts the frames in a row that would have fit the initial buffer; after a run
+	// of them a buffer grown for one big frame is let go.
+	small int
 
 	split splitter
 	ev    Event
@@ -113,6 +119,11 @@ func (r *Reader) Next() (*Event, error) {
 			if n > 0 {
 				raw := b[:n:n]
 				r.start += n
+				if n <= initialBufSize/2 {
+					r.small++
+				} else {
+					r.small = 0
+				}
 				if err := r.parse(raw); err != nil {
 					return nil, r.fail(err)
 				}
@@ -146,6 +157,9 @@ func (r *Reader) fill() {
 	limit := r.max + frameSlack
 	if r.start == r.end {
 		r.start, r.end = 0, 0
+		if len(r.buf) > 4*initialBufSize && r.small >= shrinkAfter {
+			r.buf = nil
+		}
 	}
 	if r.buf == nil {
 		r.buf = make([]byte, min(initialBufSize, limit))

@@ -313,3 +313,25 @@ func TestJSONShapes(t *testing.T) {
 		})
 	}
 }
+
+// TestReaderBufferShrinks: one big frame grows the buffer; a run of small ones lets it go.
+func TestReaderBufferShrinks(t *testing.T) {
+	big := apiStream(t, Protobuf, []testEvent{{watch.Added, pod("ns", "big", "u", "1", 200<<10)}}, false)
+	small := apiStream(t, Protobuf, []testEvent{{watch.Modified, configMap("ns", "a", "u", "2")}}, false)
+	stream := append(append([]byte(nil), big...), bytes.Repeat(small, 2*shrinkAfter)...)
+	rd := NewReader(Protobuf, iotest.HalfReader(bytes.NewReader(stream)), 0)
+	if _, err := rd.Next(); err != nil {
+		t.Fatal(err)
+	}
+	if len(rd.buf) < len(big) {
+		t.Fatalf("buffer %d for a %d-byte frame", len(rd.buf), len(big))
+	}
+	for {
+		if _, err := rd.Next(); err != nil {
+			break
+		}
+	}
+	if len(rd.buf) > initialBufSize {
+		t.Fatalf("buffer still %d bytes after %d small frames", len(rd.buf), 2*shrinkAfter)
+	}
+}
