@@ -27,7 +27,7 @@ func (c *Config) Validate() error {
 			add("--%s %q: %w", l.flag, l.addr, err)
 		}
 	}
-	if c.Listen == c.AdminListen && c.Listen != "" {
+	if c.Listen == c.AdminListen && c.Listen != "" && !strings.HasSuffix(c.Listen, ":0") {
 		add("--listen and --admin-listen must differ (both %q)", c.Listen)
 	}
 	switch {

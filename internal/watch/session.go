@@ -44,9 +44,10 @@ type session struct {
 	lastRV  string
 	initial bool
 
-	events   uint64
-	resumes  int
-	counters [6][3]prometheus.Counter // by event type index and fix.Action
+	events    uint64
+	resumes   int
+	regressed bool
+	counters  [6][3]prometheus.Counter // by event type index and fix.Action
 }
 
 // endReason labels watchsan_watch_stream_ends_total.
@@ -123,6 +124,10 @@ func (s *session) deliver(ev *stream.Event) error {
 	d := fix.Decision{}
 	if s.fix != nil {
 		d = s.fix.Decide(ev)
+	}
+	if d.Would != fix.Pass && !s.regressed {
+		s.regressed = true // counted at the first regression, so a long watch shows up at once
+		s.h.Metrics.WatchRegressed.WithLabelValues(s.resource).Inc()
 	}
 	ti := typeIndex(ev.Type)
 	s.counter(ti, d.Would).Inc()
@@ -360,10 +365,9 @@ func (s *session) logEnd(reason string) {
 	if c.Rewritten == 0 && c.Dropped == 0 {
 		return
 	}
-	s.h.Metrics.WatchRegressed.WithLabelValues(s.resource).Inc()
 	details := s.fix.Regressions()
 	fields := []zap.Field{zap.String("path", s.client.URL.Path), zap.String("end", reason), zap.Uint64("events", c.Events),
-		zap.Uint64("rewritten", c.Rewritten), zap.Uint64("dropped", c.Dropped), zap.Uint64("rememberedDeletes", c.Remembered),
+		zap.Uint64("rewritten", c.Rewritten), zap.Uint64("dropped", c.Dropped), zap.Uint64("replayedDeletesDropped", c.Remembered),
 		zap.String("mode", s.h.mode.String())}
 	for i, d := range details {
 		fields = append(fields, zap.String("regression"+strconv.Itoa(i), d.Type+" "+d.Namespace+"/"+d.Name+" rv="+d.RV+
