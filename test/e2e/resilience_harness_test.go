@@ -70,8 +70,8 @@ var resilienceFlags = []string{
 	"--log-level=info", // per-event debug lines cost CPU the timings need
 }
 
-// resilienceProxyArgs are resilienceFlags plus one --upstream per apiserver given, verified with the
-// cluster's CA. watchsan lends no identity: the clients send the admin token.
+// resilienceProxyArgs are resilienceFlags plus one --upstream per apiserver given, verified
+// with the cluster's CA. watchsan lends no identity: the clients send the admin token.
 func resilienceProxyArgs(c *cluster.Cluster, apiservers ...int) []string {
 	args := append([]string{"--upstream-ca-file=" + c.CAFile}, resilienceFlags...)
 	for _, i := range apiservers {
@@ -132,8 +132,8 @@ type cmChange struct {
 
 func (o cmChange) String() string { return o.Type + " " + o.Name + "@" + o.RV }
 
-// countingInformer is one real client-go shared informer (resync 0, watch-list as client-go v0.37 does
-// by default) on the configmaps of a namespace, recording everything.
+// countingInformer is one real client-go shared informer (resync 0, watch-list as client-go
+// v0.37 does by default) on the configmaps of a namespace, recording everything.
 type countingInformer struct {
 	name     string
 	req      clientRequests
@@ -146,8 +146,8 @@ type countingInformer struct {
 	lastEr string
 }
 
-// startCountingInformer runs an informer with cfg (its transport wrapped to count) and waits until it
-// has synced; it stops in t.Cleanup.
+// startCountingInformer runs an informer with cfg (its transport wrapped to count) and waits
+// until it has synced; it stops in t.Cleanup.
 func startCountingInformer(t *testing.T, name string, cfg *rest.Config, ns string) *countingInformer {
 	t.Helper()
 	w := &countingInformer{name: name, first: map[string]time.Time{}}
@@ -276,9 +276,9 @@ func (w *countingInformer) requireDisturbed(t *testing.T) {
 
 // ---- the writer ----
 
-// recordingWriter changes configmaps in a namespace, directly on the apiservers, one change at a time:
-// each of a few objects is created, updated twice, deleted, created again, and so on. A
-// failed request is retried on the next apiserver it may use; an outcome left unknown by a
+// recordingWriter changes configmaps in a namespace, directly on the apiservers, one change at
+// a time: each of a few objects is created, updated twice, deleted, created again, and so on.
+// A failed request is retried on the next apiserver it may use; an outcome left unknown by a
 // failure (the change may have happened) is settled by reading the object. Every change is
 // recorded with the resourceVersion the apiserver gave it.
 type recordingWriter struct {
@@ -534,9 +534,10 @@ func (w *recordingWriter) markerObject(name string) *corev1.ConfigMap {
 
 // ---- the checks ----
 
-// finishAndCompare stops the writer, writes a last object and waits until every informer has it (one
-// watch stream is in RV order, so everything before it has arrived too), then checks each
-// informer's history and store against what was written and against a fresh list.
+// finishAndCompare stops the writer, writes a last object and waits until every informer in
+// check and wait has it (one watch stream is in RV order, so everything before it has arrived
+// too), then compares each informer in check, its history and its store, with what was
+// written and with a fresh list.
 func finishAndCompare(t *testing.T, wr *recordingWriter, check []*countingInformer, wait []*countingInformer) {
 	t.Helper()
 	wr.stop()
