@@ -743,10 +743,18 @@ type sanRoundTripper func(*http.Request) (*http.Response, error)
 
 func (f sanRoundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
+// watchList returns a snapshot of the watches so far: copies, safe to read while the parsers
+// go on recording.
 func (l *wireLog) watchList() []*wireWatch {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]*wireWatch(nil), l.watches...)
+	out := make([]*wireWatch, len(l.watches))
+	for i, w := range l.watches {
+		c := *w
+		c.events = append([]wireEvent(nil), w.events...)
+		out[i] = &c
+	}
+	return out
 }
 
 func (l *wireLog) requests() []string {
