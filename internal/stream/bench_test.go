@@ -66,6 +66,7 @@ func BenchmarkPass(b *testing.B) {
 				b.SetBytes(int64(per))
 				b.ReportAllocs()
 				b.ResetTimer()
+				defer reportCPU(b, cpuNanos())
 				for range b.N {
 					ev, err := rd.Next()
 					if err != nil {
@@ -89,6 +90,7 @@ func BenchmarkRewrite(b *testing.B) {
 				b.SetBytes(int64(per))
 				b.ReportAllocs()
 				b.ResetTimer()
+				defer reportCPU(b, cpuNanos())
 				for range b.N {
 					ev, err := rd.Next()
 					if err != nil {
@@ -118,6 +120,7 @@ func BenchmarkDecodeEncode(b *testing.B) {
 				b.SetBytes(int64(per))
 				b.ReportAllocs()
 				b.ResetTimer()
+				defer reportCPU(b, cpuNanos())
 				for range b.N {
 					typ, obj, err := dec.Decode()
 					if err != nil {
@@ -127,6 +130,13 @@ func BenchmarkDecodeEncode(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// reportCPU reports the process CPU time per op since start (see cpuNanos).
+func reportCPU(b *testing.B, start int64) {
+	if start > 0 && b.N > 0 {
+		b.ReportMetric(float64(cpuNanos()-start)/float64(b.N), "cpu-ns/op")
 	}
 }
 

@@ -44,8 +44,6 @@ func (f Format) ContentType() string {
 	return ""
 }
 
-func (f Format) valid() bool { return f == JSON || f == Protobuf || f == CBOR }
-
 // FormatOf reports the format of a watch response from its Content-Type. Parameters are
 // tolerated ("application/json;charset=utf-8"); "application/cbor" is accepted as well as the
 // "application/cbor-seq" the apiserver sends, since a CBOR item sequence is self-delimiting

@@ -252,7 +252,7 @@ func pod(ns, name, uid, rv string, size int) *corev1.Pod {
 	p.ManagedFields = []metav1.ManagedFieldsEntry{{
 		Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply, APIVersion: "v1",
 		Time: &metav1.Time{Time: metav1.Unix(1700000000, 0).Time}, FieldsType: "FieldsV1",
-		FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:metadata":{"f:labels":{"f:app":{}}},"f:spec":{"f:containers":{"k:{\"name\":\"main\"}":{".":{},"f:image":{}}}}}`)},
+		FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{"f:labels":{"f:app":{}}},"f:spec":{"f:containers":{"k:{\"name\":\"main\"}":{".":{},"f:image":{}}}}}`),
 	}}
 	for i := 0; ; {
 		b, err := EncodeEvent(JSON, Added, withKind(p.DeepCopy()))
