@@ -6,7 +6,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +23,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 )
 
 func TestBinariesMissingNamesTheBuild(t *testing.T) {
@@ -185,6 +188,14 @@ func TestSingleAPIServer(t *testing.T) {
 		}
 	})
 
+	t.Run("no CBOR without the feature gate", func(t *testing.T) {
+		resp := rawGet(t, ctx, c, 0, "/api/v1/namespaces/default/configmaps?watch=1", "application/cbor")
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotAcceptable {
+			t.Fatalf("CBOR watch without the gate: %s, want 406", resp.Status)
+		}
+	})
+
 	t.Run("SIGSTOP freezes, SIGCONT thaws", func(t *testing.T) {
 		a := c.APIServers[0]
 		if err := a.Signal(syscall.SIGSTOP); err != nil {
@@ -204,6 +215,10 @@ func TestSingleAPIServer(t *testing.T) {
 		}
 	})
 
+	// Stop must also end a frozen apiserver, as a fault test that fails mid-freeze leaves it.
+	if err := c.APIServers[0].Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
 	pids := []int{c.etcd.pid(), c.APIServers[0].Pid()}
 	c.Stop()
 	assertGone(t, c.Dir, pids)
@@ -212,7 +227,11 @@ func TestSingleAPIServer(t *testing.T) {
 
 func TestTwoAPIServersRestart(t *testing.T) {
 	start := time.Now()
-	c := StartT(t, Options{APIServers: 2})
+	c := StartT(t, Options{
+		APIServers:     2,
+		FeatureGates:   "CBORServingAndStorage=true",
+		APIServerFlags: []string{"--shutdown-delay-duration=1s"},
+	})
 	t.Logf("warm start, 2 apiservers (etcd + apiservers ready + RBAC in force): %v (%s)", time.Since(start), c.startReport())
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -234,6 +253,20 @@ func TestTwoAPIServersRestart(t *testing.T) {
 		}
 	}
 	sameObject(t, a1, "apiserver 1")
+
+	// FeatureGates reach every apiserver: both serve a CBOR watch.
+	for i := range c.APIServers {
+		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+		resp := rawGet(t, wctx, c, i, "/api/v1/namespaces/default/configmaps?watch=1", "application/cbor")
+		first := make([]byte, 3)
+		_, err := io.ReadFull(resp.Body, first) // the initial ADDED of "shared"
+		resp.Body.Close()
+		wcancel()
+		if ct := resp.Header.Get("Content-Type"); resp.StatusCode != http.StatusOK || ct != "application/cbor-seq" ||
+			err != nil || !bytes.Equal(first, []byte{0xd9, 0xd9, 0xf7}) {
+			t.Fatalf("apiserver %d: CBOR watch: %s, Content-Type %q, first bytes %x (%v)", i, resp.Status, ct, first, err)
+		}
+	}
 
 	// Hard kill and restart on the same port.
 	s0 := c.APIServers[0]
@@ -265,7 +298,11 @@ func TestTwoAPIServersRestart(t *testing.T) {
 	if err := s1.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("apiserver 1 exited %v after SIGTERM", time.Since(t0))
+	took := time.Since(t0)
+	t.Logf("apiserver 1 exited %v after SIGTERM (--shutdown-delay-duration=1s)", took)
+	if took < time.Second {
+		t.Errorf("apiserver 1 exited %v after SIGTERM, before its --shutdown-delay-duration=1s: APIServerFlags not applied?", took)
+	}
 	if err := s1.Signal(syscall.SIGCONT); err == nil {
 		t.Error("Signal to an exited apiserver succeeded")
 	}
@@ -360,6 +397,25 @@ func TestProcessesDieWithTheirStarter(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+}
+
+// rawGet sends a GET with the admin token to apiserver i.
+func rawGet(t *testing.T, ctx context.Context, c *Cluster, i int, path, accept string) *http.Response {
+	t.Helper()
+	hc, err := rest.HTTPClientFor(c.RESTConfig(i, c.AdminToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.APIServers[i].URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept", accept)
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
 }
 
 func clientset(t *testing.T, c *Cluster, i int, token string) *kubernetes.Clientset {
