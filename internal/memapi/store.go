@@ -238,6 +238,7 @@ func (rq *request) update() {
 		return
 	}
 	if uid := u.GetUID(); uid != "" && uid != old.u.GetUID() {
+		//lint:ignore ST1005 the apiserver's own wording, which clients may match
 		writeStatus(rq.w, apierrors.NewConflict(res.gr, rq.name, fmt.Errorf("Precondition failed: UID in precondition: %s, UID in object meta: %s", uid, old.u.GetUID())))
 		return
 	}
@@ -293,10 +294,12 @@ func (rq *request) delete() {
 	}
 	if p := opts.Preconditions; p != nil {
 		if p.UID != nil && *p.UID != old.u.GetUID() {
+			//lint:ignore ST1005 the apiserver's own wording, which clients may match
 			writeStatus(rq.w, apierrors.NewConflict(res.gr, rq.name, fmt.Errorf("Precondition failed: UID in precondition: %s, UID in object meta: %s", *p.UID, old.u.GetUID())))
 			return
 		}
 		if p.ResourceVersion != nil && *p.ResourceVersion != old.u.GetResourceVersion() {
+			//lint:ignore ST1005 the apiserver's own wording, which clients may match
 			writeStatus(rq.w, apierrors.NewConflict(res.gr, rq.name, fmt.Errorf("Precondition failed: ResourceVersion in precondition: %s, ResourceVersion in object meta: %s", *p.ResourceVersion, old.u.GetResourceVersion())))
 			return
 		}

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"time"
 
-	"golang.org/x/net/http2"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/transport"
 )
@@ -129,13 +128,9 @@ func newHTTPTransport(o TransportOptions, tlsCfg *tls.Config) (*http.Transport, 
 		// gzip (the watch path asks for identity itself, since it parses).
 		DisableCompression: true,
 	}
-	h2, err := http2.ConfigureTransports(t)
-	if err != nil {
-		return nil, fmt.Errorf("configuring HTTP/2: %w", err)
-	}
 	// Why: a dead HTTP/2 connection otherwise stays in the pool for the 13-30 minutes Linux
-	// needs to notice (DESIGN.md 1b); client-go pings with these values since 1.20.
-	h2.ReadIdleTimeout = o.HTTP2ReadIdleTimeout
-	h2.PingTimeout = o.HTTP2PingTimeout
+	// needs to notice (DESIGN.md 1b); client-go pings with these values since 1.20. net/http's
+	// own HTTP/2 settings replace golang.org/x/net/http2.ConfigureTransports (deprecated).
+	t.HTTP2 = &http.HTTP2Config{SendPingTimeout: o.HTTP2ReadIdleTimeout, PingTimeout: o.HTTP2PingTimeout}
 	return t, nil
 }
