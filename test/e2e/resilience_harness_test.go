@@ -56,9 +56,6 @@ const (
 
 // resilienceFlags are the watchsan flags of every resilience test.
 var resilienceFlags = []string{
-	// startProxy asks for 127.0.0.1:0 twice, which config.Validate refuses as "the same
-	// address"; another loopback address keeps the admin listener apart until that is fixed.
-	"--admin-listen=127.0.0.2:0",
 	"--watch-stall-timeout=" + resStallTimeout.String(),
 	"--http2-read-idle-timeout=2s",
 	"--http2-ping-timeout=2s",

@@ -353,13 +353,12 @@ func TestResilienceFaultLayer(t *testing.T) {
 	// env is one fault's setup: watchsan with resume, watchsan without, informers through
 	// each and one straight to the layer, and a writer on the apiserver behind the layer.
 	type env struct {
-		ns            string
-		p, noResume   *proxy
-		via           *countingInformer
-		ctlNoResume   *countingInformer
-		ctlDirect     *countingInformer
-		wr            *recordingWriter
-		resumesBefore float64
+		ns          string
+		p, noResume *proxy
+		via         *countingInformer
+		ctlNoResume *countingInformer
+		ctlDirect   *countingInformer
+		wr          *recordingWriter
 	}
 	setup := func(t *testing.T, ns string) *env {
 		e := &env{ns: resilienceNamespace(t, c, ns)}
