@@ -61,6 +61,7 @@ const (
 	endResumeRefused = "resume-refused"
 	endRelist        = "relist-forced"
 	endNoResume      = "upstream-broke"
+	endUpstreamError = "upstream-error-event"
 )
 
 // attemptEnd is how one upstream attempt ended.
@@ -68,6 +69,9 @@ type attemptEnd struct {
 	reason string // a resume reason (eof, reset, stall, ...) or an end reason
 	final  bool   // the client's stream ends now, reason is an end reason
 	err    error
+	// silentSince, for a stall, is when the upstream last sent anything: the client's gap
+	// began then, not when the stall was detected.
+	silentSince time.Time
 }
 
 // run pumps the first attempt and every resume until the client's stream ends; it returns the
@@ -79,6 +83,9 @@ func (s *session) run(resp *http.Response) string {
 			return end.reason
 		}
 		brokeAt := time.Now()
+		if !end.silentSince.IsZero() {
+			brokeAt = end.silentSince
+		}
 		if s.h.cfg.DisableResume || s.initial || s.lastRV == "" {
 			s.log.Info("upstream watch ended; ending the client's stream so it re-watches",
 				zap.String("path", s.client.URL.Path), zap.String("why", end.reason), zap.Bool("initialPhase", s.initial), zap.Error(end.err))
@@ -109,14 +116,36 @@ func (s *session) pump(resp *http.Response) attemptEnd {
 	for {
 		ev, err := rd.Next()
 		if err != nil {
-			return s.classify(attemptCtx, err)
+			end := s.classify(attemptCtx, err)
+			if end.reason == "stall" {
+				end.silentSince = time.Unix(0, activity.Load())
+			}
+			return end
 		}
 		activity.Store(time.Now().UnixNano())
 		s.events++
 		if werr := s.deliver(ev); werr != nil {
 			return attemptEnd{reason: endClientGone, final: true, err: werr}
 		}
+		if ev.Type == stream.Error {
+			return s.endAfterError(ev)
+		}
 	}
+}
+
+// endAfterError ends the client's stream after the upstream's ERROR event, as the apiserver
+// ends its own: resuming would only fetch the same ERROR again (a 410 on a real apiserver comes
+// as HTTP 200 and an ERROR event, not as a 410 status).
+func (s *session) endAfterError(ev *stream.Event) attemptEnd {
+	st, err := stream.DecodeStatus(s.format, ev)
+	if err == nil && st.Code == http.StatusGone {
+		s.h.Metrics.RelistsForced.Inc()
+		s.log.Info("upstream said the watch's resourceVersion is gone; the client relists",
+			zap.String("path", s.client.URL.Path), zap.String("fromRV", s.lastRV), zap.String("message", st.Message))
+		return attemptEnd{reason: endRelist, final: true}
+	}
+	s.log.Info("upstream ended the watch with an ERROR event", zap.String("path", s.client.URL.Path), zap.Error(err))
+	return attemptEnd{reason: endUpstreamError, final: true}
 }
 
 // deliver applies the policy to one event and writes it (or not).
@@ -234,6 +263,7 @@ func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, resp *ht
 		stall := s.h.cfg.StallTimeout
 		t := time.NewTimer(stall)
 		defer t.Stop()
+		var quietAt time.Time // the last probe that found the upstream answering
 		for {
 			select {
 			case <-done:
@@ -242,7 +272,11 @@ func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, resp *ht
 				return
 			case <-t.C:
 			}
-			idle := time.Since(time.Unix(0, activity.Load()))
+			last := time.Unix(0, activity.Load())
+			if quietAt.After(last) {
+				last = quietAt
+			}
+			idle := time.Since(last)
 			if idle < stall {
 				t.Reset(stall - idle)
 				continue
@@ -258,7 +292,7 @@ func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, resp *ht
 				cancel(errStalled)
 				return
 			}
-			activity.Store(time.Now().UnixNano()) // only quiet; look again after another period
+			quietAt = time.Now() // only quiet; look again after another period
 			t.Reset(stall)
 		}
 	}()

@@ -408,3 +408,21 @@ func TestUpstreamErrorStatusRelayed(t *testing.T) {
 		t.Fatalf("got %d %q", resp.StatusCode, body)
 	}
 }
+
+// A real apiserver answers a resume from an expired RV with HTTP 200 and an ERROR 410 event;
+// the client's stream must end after it (the client relists), not resume into the same ERROR.
+func TestErrorEventOnResumeEndsStream(t *testing.T) {
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){
+		events(obj("ADDED", "a", "10")),
+		events(`{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","status":"Failure","message":"too old resource version: 10 (20)","reason":"Expired","code":410}}` + "\n"),
+	}}
+	f := newFixture(t, Config{}, up)
+	gs, err := f.watch(t, "resourceVersion=5")
+	expectStream(t, gs, err, "ADDED a 10, ERROR 410")
+	if up.attempts() != 2 {
+		t.Fatalf("%d upstream attempts, want 2 (the first, one resume)", up.attempts())
+	}
+	if v := testutil.ToFloat64(f.m.RelistsForced); v != 1 {
+		t.Fatalf("relists forced = %v", v)
+	}
+}
