@@ -476,3 +476,53 @@ current-context: x
 		t.Fatal("the token appeared in the output")
 	}
 }
+
+// TestTLSListenerHTTP2: with serving certificates watchsan speaks HTTPS with HTTP/2 to clients,
+// and a watch and a list work over it.
+func TestTLSListenerHTTP2(t *testing.T) {
+	c := newCluster(t, cluster.Options{})
+	dir := t.TempDir()
+	direct := filepath.Join(dir, "direct.kubeconfig")
+	if err := c.WriteKubeconfig(direct, c.APIServers[0].URL, c.AdminToken, c.CAFile); err != nil {
+		t.Fatal(err)
+	}
+	// The harness's serving certificate is valid for 127.0.0.1 and signed by the cluster CA.
+	p := startProxy(t, "--kubeconfig="+direct, "--tls-cert-file="+filepath.Join(c.Dir, "serving.crt"),
+		"--tls-private-key-file="+filepath.Join(c.Dir, "serving.key"))
+	url := "https://" + strings.TrimPrefix(p.URL, "http://")
+	cfg := &rest.Config{Host: url, TLSClientConfig: rest.TLSClientConfig{CAFile: c.CAFile}}
+	ctx := ctxT(t, time.Minute)
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := hc.Get(url + "/api/v1/namespaces/default/configmaps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.ProtoMajor != 2 {
+		t.Fatalf("list over TLS: %d %s, want 200 over HTTP/2", resp.StatusCode, resp.Proto)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "tls"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := cs.CoreV1().ConfigMaps("default").Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	select {
+	case ev := <-w.ResultChan(): // the initial ADDED for "tls": the watch streams
+		if cm, ok := ev.Object.(*corev1.ConfigMap); ev.Type != watch.Added || !ok || cm.Name != "tls" {
+			t.Fatalf("first event %s %v", ev.Type, ev.Object)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no event over the TLS watch")
+	}
+	p.requireProxied(1, map[string]string{"verb": "list", "resource": "configmaps", "code": "200"})
+}
