@@ -138,7 +138,7 @@ func TestSanitizeThroughWatchsan(t *testing.T) {
 				enableCBORClients(t)
 			}
 			layer, layerURL := e.faultFront(t, incidentFaults)
-			p := startSanProxy(t, append([]string{"--upstream=" + layerURL}, leg.args...)...)
+			p := startProxy(t, append([]string{"--upstream=" + layerURL}, leg.args...)...)
 			inc := e.runIncident(t, p.URL, leg.cd, layer)
 
 			if st := layer.Stats(); st.DeletesRewritten < 1 || st.EndedAfterDelete != 1 {
@@ -211,7 +211,7 @@ func TestSanitizeWatchListSyncs(t *testing.T) {
 	if err := e.c.WriteKubeconfig(kubeconfig, e.c.APIServers[0].URL, e.c.AdminToken, e.c.CAFile); err != nil {
 		t.Fatal(err)
 	}
-	p := startSanProxy(t, "--kubeconfig="+kubeconfig)
+	p := startProxy(t, "--kubeconfig="+kubeconfig)
 	for _, cd := range []sanCodec{sanCodecJSON, sanCodecProtobuf} {
 		t.Run(cd.name, func(t *testing.T) {
 			ctx := ctxT(t, 2*time.Minute)
@@ -257,13 +257,6 @@ func TestSanitizeWatchListSyncs(t *testing.T) {
 	}
 }
 
-// startSanProxy is startProxy with the admin listener spelled differently from the main one:
-// both default to 127.0.0.1:0 there, which watchsan's config check refuses as the same
-// address. localhost:0 is still a free loopback port.
-func startSanProxy(t *testing.T, args ...string) *proxy {
-	t.Helper()
-	return startProxy(t, append([]string{"--admin-listen=localhost:0"}, args...)...)
-}
 
 // ---------------------------------------------------------------------------------------------
 // The environment: a cluster, an admin client, fault layers in front of the apiserver.
