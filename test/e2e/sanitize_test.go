@@ -257,7 +257,6 @@ func TestSanitizeWatchListSyncs(t *testing.T) {
 	}
 }
 
-
 // ---------------------------------------------------------------------------------------------
 // The environment: a cluster, an admin client, fault layers in front of the apiserver.
 
