@@ -23,13 +23,14 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/watchsan/watchsan/test/cluster"
+	"github.com/watchsan/watchsan/test/cluster/clustertest"
 )
 
 // These tests run the layer in front of a real kube-apiserver from the harness and show that
 // it is faithful: a real client-go informer through it suffers exactly what informers
 // suffered from the 1.7-1.9 apiservers.
 func TestRealAPIServer(t *testing.T) {
-	c := cluster.StartT(t, cluster.Options{FeatureGates: "CBORServingAndStorage=true"})
+	c := clustertest.Start(t, cluster.Options{FeatureGates: "CBORServingAndStorage=true"})
 	direct := kubernetes.NewForConfigOrDie(c.RESTConfig(0, c.AdminToken))
 
 	for _, faulty := range []bool{true, false} {

@@ -23,7 +23,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -189,30 +188,6 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	}
 	c.phase("rbac", &t0)
 	return c, nil
-}
-
-// StartT starts a cluster for a test: it fails the test (with the log tail) if the cluster does
-// not start, stops the cluster in t.Cleanup, and logs every process's log tail first if the test
-// failed. Missing binaries fail the test too, with how to build them; in -short mode the test is
-// skipped instead.
-func StartT(t testing.TB, o Options) *Cluster {
-	t.Helper()
-	if testing.Short() {
-		t.Skip("needs a real control plane; skipped in -short mode")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), DefaultStartTimeout)
-	defer cancel()
-	c, err := Start(ctx, o)
-	if err != nil {
-		t.Fatalf("starting the test cluster: %v", err)
-	}
-	t.Cleanup(func() {
-		if tails := c.LogTails(30); t.Failed() && tails != "" {
-			t.Logf("test cluster logs (tails):\n%s", tails)
-		}
-		c.Stop()
-	})
-	return c
 }
 
 // Stop kills the apiservers, then etcd, waits for them to exit and removes Dir. It is

@@ -117,7 +117,7 @@ func TestEtcdMovesOffATakenPort(t *testing.T) {
 
 func TestSingleAPIServer(t *testing.T) {
 	start := time.Now()
-	c := StartT(t, Options{})
+	c := startT(t, Options{})
 	t.Logf("warm start, 1 apiserver (etcd + apiserver ready + RBAC in force): %v (%s)", time.Since(start), c.startReport())
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -227,7 +227,7 @@ func TestSingleAPIServer(t *testing.T) {
 
 func TestTwoAPIServersRestart(t *testing.T) {
 	start := time.Now()
-	c := StartT(t, Options{
+	c := startT(t, Options{
 		APIServers:     2,
 		FeatureGates:   "CBORServingAndStorage=true",
 		APIServerFlags: []string{"--shutdown-delay-duration=1s"},
@@ -464,4 +464,19 @@ func alive(pid int) bool {
 	// pid (comm) state ...: comm may hold spaces and parentheses; the state follows the last ')'.
 	i := bytes.LastIndexByte(stat, ')')
 	return i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
+}
+
+// startT is clustertest.Start for this package's own tests (which cannot import clustertest:
+// it imports this package).
+func startT(t *testing.T, o Options) *Cluster {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs a real control plane; skipped in -short mode")
+	}
+	c, err := Start(context.Background(), o)
+	if err != nil {
+		t.Fatalf("starting the test cluster: %v", err)
+	}
+	t.Cleanup(c.Stop)
+	return c
 }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/watchsan/watchsan/test/cluster"
+	"github.com/watchsan/watchsan/test/cluster/clustertest"
 )
 
 // watchsanBin is the binary under test, built once by TestMain.
@@ -210,7 +211,7 @@ func eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 // t.Cleanup; in -short mode the test is skipped.
 func newCluster(t *testing.T, o cluster.Options) *cluster.Cluster {
 	t.Helper()
-	return cluster.StartT(t, o)
+	return clustertest.Start(t, o)
 }
 
 func ctxT(t *testing.T, d time.Duration) context.Context {
