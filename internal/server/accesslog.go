@@ -2,9 +2,11 @@ package server
 
 import (
 	"bufio"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -85,6 +87,25 @@ func (s *Server) instrument(next http.Handler) http.Handler {
 				)
 			}
 		}()
+		if r.Body != nil && r.Body != http.NoBody {
+			body := &countingBody{ReadCloser: r.Body}
+			r = r.WithContext(r.Context()) // a shallow copy: the incoming request stays as it came
+			r.Body = body
+			defer func() { s.metrics.Bytes.WithLabelValues("client_to_upstream").Add(float64(body.n.Load())) }()
+		}
 		next.ServeHTTP(rec, r)
 	})
+}
+
+// countingBody counts the request body bytes read (by the proxy, towards the upstream).
+// The transport reads it from its own goroutine, hence the atomic.
+type countingBody struct {
+	io.ReadCloser
+	n atomic.Int64
+}
+
+func (c *countingBody) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	c.n.Add(int64(n))
+	return n, err
 }

@@ -1,0 +1,117 @@
+package server
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/watchsan/watchsan/internal/config"
+)
+
+func newTestServer(t *testing.T, upstream string) (*Server, *observer.ObservedLogs) {
+	t.Helper()
+	c, err := config.Load([]string{"--upstream=" + upstream, "--listen=127.0.0.1:0", "--admin-listen=127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, err := c.Complete()
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.DebugLevel)
+	s, err := New(done, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, logs
+}
+
+func TestProxyCountsBothDirectionsAndNeverLogsTokens(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if r.Header.Get("Authorization") != "Bearer s3cret" || r.Header.Get("X-Forwarded-For") == "" {
+			http.Error(w, "headers not forwarded", 400)
+			return
+		}
+		w.WriteHeader(201)
+		w.Write(append(b, b...))
+	}))
+	defer up.Close()
+	s, logs := newTestServer(t, up.URL)
+	front := httptest.NewServer(s.Handler())
+	defer front.Close()
+	req, _ := http.NewRequest("POST", front.URL+"/api/v1/namespaces/d/configmaps", strings.NewReader("0123456789"))
+	req.Header.Set("Authorization", "Bearer s3cret")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 201 || len(body) != 20 {
+		t.Fatalf("got %d %q", resp.StatusCode, body)
+	}
+	m := s.Metrics()
+	if v := testutil.ToFloat64(m.Bytes.WithLabelValues("client_to_upstream")); v != 10 {
+		t.Fatalf("client_to_upstream bytes %v, want 10", v)
+	}
+	if v := testutil.ToFloat64(m.Bytes.WithLabelValues("upstream_to_client")); v != 20 {
+		t.Fatalf("upstream_to_client bytes %v, want 20", v)
+	}
+	if v := testutil.ToFloat64(m.Requests.WithLabelValues("create", "configmaps", "201")); v != 1 {
+		t.Fatalf("requests{create,configmaps,201} = %v", v)
+	}
+	lines := logs.FilterMessage("request").All()
+	if len(lines) != 1 || lines[0].ContextMap()["verb"] != "create" {
+		t.Fatalf("access log: %+v", lines)
+	}
+	for _, e := range logs.All() {
+		for k, v := range e.ContextMap() {
+			if strings.Contains(k+"="+stringOf(v), "s3cret") {
+				t.Fatalf("a token reached the log: %s %v", e.Message, e.ContextMap())
+			}
+		}
+	}
+}
+
+func stringOf(v any) string {
+	if s, ok := v.(string); ok {
+		return s
+	}
+	return ""
+}
+
+func TestReadyzFollowsUpstreamsAndShutdown(t *testing.T) {
+	s, _ := newTestServer(t, "http://127.0.0.1:1")
+	admin := httptest.NewServer(s.AdminHandler())
+	defer admin.Close()
+	get := func(path string) int {
+		resp, err := http.Get(admin.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if get("/readyz") != 200 || get("/healthz") != 200 {
+		t.Fatal("a fresh server is ready and healthy")
+	}
+	for _, b := range s.pool.Backends() {
+		if err := b.Probe(t.Context(), 0); err == nil {
+			t.Fatal("probe of a closed port succeeded")
+		}
+	}
+	s.stopping.Store(true)
+	if get("/readyz") != 503 || get("/healthz") != 200 {
+		t.Fatal("while stopping: readyz must fail, healthz pass")
+	}
+	if get("/metrics") != 200 || get("/debug/pprof/") != 404 {
+		t.Fatal("metrics served; pprof only with --enable-pprof")
+	}
+}
