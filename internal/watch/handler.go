@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/watchsan/watchsan/internal/apistatus"
 	"github.com/watchsan/watchsan/internal/fix"
@@ -209,6 +210,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer h.Metrics.OpenWatches.WithLabelValues(resource).Dec()
 	reason := s.run(first)
 	h.Metrics.StreamEnds.WithLabelValues(reason).Inc()
+	if ce := s.log.Check(zapcore.DebugLevel, "watch ended"); ce != nil {
+		ce.Write(zap.String("path", r.URL.Path), zap.String("reason", reason), zap.Uint64("events", s.events),
+			zap.Int("resumes", s.resumes), zap.String("lastRV", s.lastRV))
+	}
 	s.logEnd(reason)
 }
 
