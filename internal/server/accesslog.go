@@ -51,50 +51,48 @@ func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
-// instrument wraps next with the access log line and the request metrics. The log never
-// carries a header value: tokens live there.
-func (s *Server) instrument(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := time.Now()
-		info := reqinfo.Parse(r, s.isWatch(r))
-		rec := &recorder{ResponseWriter: w}
-		s.metrics.InFlight.Inc()
-		defer func() {
-			s.metrics.InFlight.Dec()
-			code := rec.code
-			if code == 0 {
-				code = http.StatusOK
-			}
-			d := time.Since(start)
-			res := s.metrics.Resource(info.Resource)
-			s.metrics.Requests.WithLabelValues(info.Verb, res, strconv.Itoa(code)).Inc()
-			if info.Verb != "watch" && code != http.StatusSwitchingProtocols {
-				s.metrics.RequestSeconds.WithLabelValues(info.Verb, res).Observe(d.Seconds())
-			}
-			s.metrics.Bytes.WithLabelValues("upstream_to_client").Add(float64(rec.bytes))
-			if ce := s.accessLog.Check(zapcore.InfoLevel, "request"); ce != nil {
-				ce.Write(
-					zap.String("verb", info.Verb),
-					zap.String("resource", info.Resource),
-					zap.String("namespace", info.Namespace),
-					zap.String("name", info.Name),
-					zap.String("path", r.URL.Path),
-					zap.Int("code", code),
-					zap.Duration("duration", d),
-					zap.Int64("bytes", rec.bytes),
-					zap.String("remote", r.RemoteAddr),
-					zap.String("userAgent", r.UserAgent()),
-				)
-			}
-		}()
-		if r.Body != nil && r.Body != http.NoBody {
-			body := &countingBody{ReadCloser: r.Body}
-			r = r.WithContext(r.Context()) // a shallow copy: the incoming request stays as it came
-			r.Body = body
-			defer func() { s.metrics.Bytes.WithLabelValues("client_to_upstream").Add(float64(body.n.Load())) }()
+// serveInstrumented serves r with next, then writes the access log line and the request
+// metrics. The log never carries a header value: tokens live there.
+func (s *Server) serveInstrumented(w http.ResponseWriter, r *http.Request, isWatch bool, next http.Handler) {
+	start := time.Now()
+	info := reqinfo.Parse(r, isWatch)
+	rec := &recorder{ResponseWriter: w}
+	s.metrics.InFlight.Inc()
+	defer func() {
+		s.metrics.InFlight.Dec()
+		code := rec.code
+		if code == 0 {
+			code = http.StatusOK
 		}
-		next.ServeHTTP(rec, r)
-	})
+		d := time.Since(start)
+		res := s.metrics.Resource(info.Resource)
+		s.metrics.Requests.WithLabelValues(info.Verb, res, strconv.Itoa(code)).Inc()
+		if info.Verb != "watch" && code != http.StatusSwitchingProtocols {
+			s.metrics.RequestSeconds.WithLabelValues(info.Verb, res).Observe(d.Seconds())
+		}
+		s.metrics.Bytes.WithLabelValues("upstream_to_client").Add(float64(rec.bytes))
+		if ce := s.accessLog.Check(zapcore.InfoLevel, "request"); ce != nil {
+			ce.Write(
+				zap.String("verb", info.Verb),
+				zap.String("resource", info.Resource),
+				zap.String("namespace", info.Namespace),
+				zap.String("name", info.Name),
+				zap.String("path", r.URL.Path),
+				zap.Int("code", code),
+				zap.Duration("duration", d),
+				zap.Int64("bytes", rec.bytes),
+				zap.String("remote", r.RemoteAddr),
+				zap.String("userAgent", r.UserAgent()),
+			)
+		}
+	}()
+	if r.Body != nil && r.Body != http.NoBody {
+		body := &countingBody{ReadCloser: r.Body}
+		r = r.WithContext(r.Context()) // a shallow copy: the incoming request stays as it came
+		r.Body = body
+		defer func() { s.metrics.Bytes.WithLabelValues("client_to_upstream").Add(float64(body.n.Load())) }()
+	}
+	next.ServeHTTP(rec, r)
 }
 
 // countingBody counts the request body bytes read (by the proxy, towards the upstream).

@@ -96,18 +96,16 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 // Metrics exposes the server's metrics (tests and the demo read them).
 func (s *Server) Metrics() *metrics.Metrics { return s.metrics }
 
-func (s *Server) isWatch(r *http.Request) bool { return stream.IsWatchRequest(r) }
-
 // Handler is the main listener's handler.
 func (s *Server) Handler() http.Handler {
-	route := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.isWatch(r) {
-			s.watch.ServeHTTP(w, r)
-			return
+	return refuseForeign(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		isWatch := stream.IsWatchRequest(r) // once per request: the log, the metrics and the route share it
+		var next http.Handler = s.proxy
+		if isWatch {
+			next = s.watch
 		}
-		s.proxy.ServeHTTP(w, r)
-	})
-	return refuseForeign(s.instrument(route))
+		s.serveInstrumented(w, r, isWatch, next)
+	}))
 }
 
 // AdminHandler serves watchsan's own endpoints.

@@ -58,11 +58,6 @@ func (c *countingBody) Close() error { return nil }
 
 // RoundTrip implements http.RoundTripper.
 func (rt *Retrier) RoundTrip(req *http.Request) (*http.Response, error) {
-	return rt.Do(req, nil)
-}
-
-// Do is RoundTrip with a preferred first backend (nil: the pool's pick).
-func (rt *Retrier) Do(req *http.Request, first *Backend) (*http.Response, error) {
 	var body *countingBody
 	if req.Body != nil && req.Body != http.NoBody {
 		body = &countingBody{r: req.Body}
@@ -72,10 +67,7 @@ func (rt *Retrier) Do(req *http.Request, first *Backend) (*http.Response, error)
 	deadline := time.Now().Add(rt.Budget)
 	var last *Backend
 	for attempt := 0; ; attempt++ {
-		b := first
-		if b == nil || attempt > 0 {
-			b = rt.Pool.PickExcept(last)
-		}
+		b := rt.Pool.PickExcept(last)
 		last = b
 		out := req.Clone(context.WithValue(req.Context(), backendKey{}, b))
 		out.URL = b.Target(req.URL)

@@ -171,7 +171,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h: h, w: w, rc: http.NewResponseController(w), client: r, ctx: ctx, params: p,
 		resource: resource, deadline: deadline, log: h.log,
 	}
-	first, err := h.Upstream.Do(s.upstreamRequest(p.rv, true), nil)
+	first, err := h.Upstream.RoundTrip(s.upstreamRequest(p.rv, true))
 	if err != nil {
 		if r.Context().Err() != nil {
 			return

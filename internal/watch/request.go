@@ -40,7 +40,8 @@ func (s *session) upstreamRequest(rv string, first bool) *http.Request {
 	out.Host = ""
 	out.Body = nil
 	out.ContentLength = 0
-	copyHeaderInto(out.Header, s.client.Header)
+	out.Header = make(http.Header, len(s.client.Header))
+	copyHeader(out.Header, s.client.Header)
 	out.Header.Del("Accept-Encoding")
 	prior := s.client.Header.Values("X-Forwarded-For")
 	out.Header.Del("X-Forwarded-For")
@@ -49,11 +50,4 @@ func (s *session) upstreamRequest(rv string, first bool) *http.Request {
 	}
 	out.Header.Add("X-Forwarded-For", forwardedFor(s.client))
 	return out
-}
-
-func copyHeaderInto(dst, src http.Header) {
-	for k := range dst {
-		delete(dst, k)
-	}
-	copyHeader(dst, src)
 }

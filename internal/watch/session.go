@@ -182,17 +182,18 @@ func (s *session) deliver(ev *stream.Event) error {
 	if err == nil && d.Action != fix.Drop && !hidden {
 		err = s.rc.Flush()
 	}
+	if s.fix != nil {
+		s.initial = s.fix.InInitialPhase()
+		s.lastRV = s.fix.LastDelivered()
+		return err
+	}
+	// An exempt resource: the same phase rule as fix's, and every RV delivered is the resume
+	// point (the Event's strings are its own, safe to keep).
 	if s.initial && (ev.InitialEventsEnd || (ev.Type != stream.Added && ev.Type != stream.Bookmark && ev.Type != stream.Error)) {
 		s.initial = false
 	}
-	switch {
-	case s.fix != nil:
-		if !s.fix.InInitialPhase() {
-			s.initial = false
-		}
-		s.lastRV = s.fix.LastDelivered()
-	case ev.RV != "" && ev.Type != stream.Error && d.Action != fix.Drop:
-		s.lastRV = string([]byte(ev.RV)) // ev aliases the reader's buffer
+	if ev.RV != "" && ev.Type != stream.Error {
+		s.lastRV = ev.RV
 	}
 	return err
 }

@@ -167,6 +167,18 @@ func (f *fixture) watch(t *testing.T, query string) ([]got, error) {
 	}
 }
 
+// waitUntil polls cond until it holds or timeout passes; it reports which.
+func waitUntil(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
+}
+
 func gotString(gs []got) string {
 	var b []string
 	for _, g := range gs {
@@ -287,9 +299,7 @@ func TestStalledUpstreamIsResumed(t *testing.T) {
 	}
 	f := newFixture(t, Config{StallTimeout: 300 * time.Millisecond, ProbeTimeout: 200 * time.Millisecond}, up)
 	go func() { // the apiserver comes back after the stall was noticed
-		for testutil.ToFloat64(f.m.Stalls) == 0 {
-			time.Sleep(10 * time.Millisecond)
-		}
+		waitUntil(10*time.Second, func() bool { return testutil.ToFloat64(f.m.Stalls) > 0 })
 		up.frozen.Store(false)
 	}()
 	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=3")
@@ -355,10 +365,8 @@ func TestShutdownEndsCleanly(t *testing.T) {
 	up := &upstreamScript{}
 	up.steps = []func(http.ResponseWriter, *http.Request){thenHang(up, obj("ADDED", "a", "10"))}
 	f := newFixture(t, Config{}, up)
-	go func() {
-		for testutil.ToFloat64(f.m.OpenWatches.WithLabelValues("configmaps")) == 0 {
-			time.Sleep(10 * time.Millisecond)
-		}
+	go func() { // shut down once the watch is open (or after the deadline: the test then fails)
+		waitUntil(10*time.Second, func() bool { return testutil.ToFloat64(f.m.OpenWatches.WithLabelValues("configmaps")) > 0 })
 		close(f.done)
 	}()
 	gs, err := f.watch(t, "resourceVersion=5")
