@@ -31,6 +31,11 @@ const (
 	// Observe changes nothing: every Decision's Action is Pass, and Would tells what Repair
 	// would have done, for counting and logging.
 	Observe
+	// PassAll is for resources exempt from sanitizing: every event passes (Action and Would
+	// are Pass, with ReasonExempt once the initial phase is over), nothing is judged, counted
+	// as a regression or remembered; the stream still keeps the initial phase and the resume
+	// point (LastDelivered), by the same rules as the other modes.
+	PassAll
 )
 
 // ParseMode parses "repair" or "observe" (the --fix-mode values).
@@ -50,6 +55,8 @@ func (m Mode) String() string {
 		return "repair"
 	case Observe:
 		return "observe"
+	case PassAll:
+		return "pass-all"
 	}
 	return "Mode(" + strconv.Itoa(int(m)) + ")"
 }
@@ -119,6 +126,8 @@ const (
 	// ReasonOverflow: a DELETED that would need a rewrite above the largest uint64; passed
 	// untouched (no real apiserver gets there).
 	ReasonOverflow
+	// ReasonExempt: a steady-phase event of a PassAll stream; passed unjudged.
+	ReasonExempt
 
 	numReasons
 )
@@ -138,6 +147,7 @@ var reasonNames = [numReasons]string{
 	ReasonDeleteDelivered:           "delete-already-delivered",
 	ReasonDeleteRemembered:          "delete-remembered",
 	ReasonOverflow:                  "rv-overflow",
+	ReasonExempt:                    "exempt",
 }
 
 func (r Reason) String() string {
@@ -185,7 +195,7 @@ type Options struct {
 	// SendInitialEvents is the client's sendInitialEvents=true: the watch starts with the
 	// initial phase whatever StartRV is. False: the phase follows StartRV alone.
 	SendInitialEvents bool
-	// Mode is Repair (the zero value) or Observe.
+	// Mode is Repair (the zero value), Observe or PassAll.
 	Mode Mode
 	// Memory carries rewritten deletes across re-watches. Nil: no memory; a re-watch from a
 	// rewritten RV may see the delete once more.
@@ -373,6 +383,10 @@ func (s *Stream) Decide(ev *stream.Event) Decision {
 			return Decision{Reason: ReasonNotInteger}
 		}
 		s.endInitial()
+	}
+	if s.mode == PassAll {
+		s.setLast(ev.RVInt, ev.RVIsInt, ev.RV)
+		return Decision{Reason: ReasonExempt}
 	}
 
 	d := s.judge(ev, k)

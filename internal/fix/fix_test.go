@@ -458,3 +458,33 @@ func TestDecidePassAllocs(t *testing.T) {
 }
 
 var ev0 = &stream.Event{Type: stream.Error}
+
+// TestPassAllTracksPhaseAndResumePointOnly: an exempt resource's stream passes everything,
+// judges and counts nothing, and still owns the initial phase and the resume point.
+func TestPassAllTracksPhaseAndResumePointOnly(t *testing.T) {
+	mem := NewDeleteMemory(10, 0, nil)
+	s := NewStream(Options{Scope: "s", StartRV: "0", Mode: PassAll, Memory: mem})
+	steps := []struct {
+		e       *stream.Event
+		initial bool
+		last    string
+	}{
+		{ev(stream.Added, "12", "a", "d", "a"), true, "0"},
+		{ev(stream.Added, "10", "b", "d", "b"), true, "0"},
+		{ev(stream.Modified, "13", "a", "d", "a"), false, "13"},
+		{ev(stream.Deleted, "12", "a", "d", "a"), false, "12"}, // a regression: passed as sent
+		{ev(stream.Modified, "11", "b", "d", "b"), false, "11"},
+	}
+	for i, st := range steps {
+		d := s.Decide(st.e)
+		if d.Action != Pass || d.Would != Pass {
+			t.Fatalf("step %d: %+v, want Pass", i, d)
+		}
+		if s.InInitialPhase() != st.initial || s.LastDelivered() != st.last {
+			t.Fatalf("step %d: initial %v last %q, want %v %q", i, s.InInitialPhase(), s.LastDelivered(), st.initial, st.last)
+		}
+	}
+	if c := s.Counts(); c.Rewritten+c.Dropped != 0 || len(s.Regressions()) != 0 || mem.Len() != 0 {
+		t.Fatalf("PassAll judged something: %+v, %d details, %d remembered", c, len(s.Regressions()), mem.Len())
+	}
+}

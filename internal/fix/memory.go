@@ -7,12 +7,14 @@ import (
 
 // Defaults for NewDeleteMemory's arguments.
 const (
-	// DefaultMemoryEntries bounds a DeleteMemory when maxEntries <= 0.
-	DefaultMemoryEntries = 65536
-	// DefaultMemoryAge is how long a remembered delete lives when maxAge <= 0: longer than a
+	// DefaultMemoryEntries bounds a DeleteMemory when maxEntries <= 0: about 21 MB at the
+	// measured 212 bytes an entry (BenchmarkMemoryBytesPerDelete). The --delete-memory-entries
+	// default.
+	DefaultMemoryEntries = 100000
+	// DefaultMemoryAge is how long a remembered delete lives when maxAge <= 0: well beyond a
 	// reflector's watch (5-10 min) plus its re-watch, the window in which the client comes
-	// back from the rewritten RV.
-	DefaultMemoryAge = 15 * time.Minute
+	// back from the rewritten RV. The --delete-memory-ttl default.
+	DefaultMemoryAge = 30 * time.Minute
 )
 
 // DeleteMemory remembers, process-wide, the deletes that streams rewrote, so that a client
