@@ -13,6 +13,8 @@ import (
 	"syscall"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/watchsan/watchsan/internal/upstream"
 )
 
 // New builds a Failure status.
@@ -28,29 +30,31 @@ func New(code int32, reason metav1.StatusReason, msg string) *metav1.Status {
 
 // ForUpstreamError maps a failure to reach or hear from an upstream, before any response byte
 // went to the client, to the status the client gets. It is the one place this mapping lives:
+//   - no upstream is usable (upstream.ErrNoBackend): 503 ServiceUnavailable with Retry-After 1,
+//     at once; client-go and kubectl retry such an answer on their own;
 //   - the upstream refused or reset the connection, or is not reachable: 503 ServiceUnavailable
 //     (the client's retry logic treats it as "try again");
 //   - a timeout (dial, TLS handshake, response headers): 504 Timeout;
 //   - anything else (bad TLS, protocol garbage): 502 with reason InternalError.
-func ForUpstreamError(upstream string, err error) *metav1.Status {
+func ForUpstreamError(name string, err error) *metav1.Status {
 	var ne net.Error
 	switch {
+	case errors.Is(err, upstream.ErrNoBackend):
+		st := New(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
+			"watchsan: "+err.Error())
+		st.Details = &metav1.StatusDetails{RetryAfterSeconds: 1}
+		return st
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
 		return New(http.StatusGatewayTimeout, metav1.StatusReasonTimeout,
-			fmt.Sprintf("watchsan: upstream %s did not answer in time: %v", upstream, err))
+			fmt.Sprintf("watchsan: upstream %s did not answer in time: %v", name, err))
 	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.ECONNRESET),
-		errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH), isDialError(err):
+		errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH), upstream.IsDialError(err):
 		return New(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
-			fmt.Sprintf("watchsan: upstream %s is unavailable: %v", upstream, err))
+			fmt.Sprintf("watchsan: upstream %s is unavailable: %v", name, err))
 	default:
 		return New(http.StatusBadGateway, metav1.StatusReasonInternalError,
-			fmt.Sprintf("watchsan: error talking to upstream %s: %v", upstream, err))
+			fmt.Sprintf("watchsan: error talking to upstream %s: %v", name, err))
 	}
-}
-
-func isDialError(err error) bool {
-	var oe *net.OpError
-	return errors.As(err, &oe) && oe.Op == "dial"
 }
 
 // Write sends st as the whole response. The caller must not have written anything yet.

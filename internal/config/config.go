@@ -4,6 +4,11 @@ package config
 
 import (
 	"time"
+
+	"github.com/watchsan/watchsan/internal/fix"
+	"github.com/watchsan/watchsan/internal/stream"
+	"github.com/watchsan/watchsan/internal/upstream"
+	"github.com/watchsan/watchsan/internal/watch"
 )
 
 // Config is what the operator asked for, as given. Flags and the --config file share their
@@ -56,12 +61,15 @@ type Config struct {
 	DisableResume      bool
 	RetryBudget        time.Duration
 
+	// ShutdownDelay is how long readiness fails before the listeners close at shutdown.
+	ShutdownDelay   time.Duration
 	ShutdownTimeout time.Duration
 	LogLevel        string
 	LogFormat       string
 }
 
-// Default returns the configuration with every default filled in.
+// Default returns the configuration with every default filled in. Where a package owns a
+// setting, its default is that package's constant: one home per default.
 func Default() Config {
 	return Config{
 		Listen:                "127.0.0.1:8001",
@@ -72,14 +80,14 @@ func Default() Config {
 		HTTP2ReadIdleTimeout:  30 * time.Second,
 		HTTP2PingTimeout:      15 * time.Second,
 		ResponseHeaderTimeout: 60 * time.Second,
-		HealthInterval:        5 * time.Second,
-		FixMode:               "repair",
-		MaxFrameSize:          16 << 20,
-		DeleteMemoryEntries:   100000,
-		DeleteMemoryTTL:       30 * time.Minute,
-		WatchResumeTimeout:    60 * time.Second,
-		WatchStallTimeout:     90 * time.Second,
-		RetryBudget:           30 * time.Second,
+		HealthInterval:        upstream.DefaultHealthInterval,
+		FixMode:               fix.Repair.String(),
+		MaxFrameSize:          stream.DefaultMaxFrameSize,
+		DeleteMemoryEntries:   fix.DefaultMemoryEntries,
+		DeleteMemoryTTL:       fix.DefaultMemoryAge,
+		WatchResumeTimeout:    watch.DefaultResumeTimeout,
+		WatchStallTimeout:     watch.DefaultStallTimeout,
+		RetryBudget:           upstream.DefaultRetryBudget,
 		ShutdownTimeout:       30 * time.Second,
 		LogLevel:              "info",
 		LogFormat:             "json",

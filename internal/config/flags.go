@@ -69,8 +69,9 @@ func FlagSet(c *Config) *flag.FlagSet {
 	fs.DurationVar(&c.WatchResumeTimeout, "watch-resume-timeout", c.WatchResumeTimeout, "how long a broken upstream watch is retried before the client's stream is ended")
 	fs.DurationVar(&c.WatchStallTimeout, "watch-stall-timeout", c.WatchStallTimeout, "silence on a watch after which its upstream is probed")
 	fs.BoolVar(&c.DisableResume, "disable-watch-resume", c.DisableResume, "end the client's watch when the upstream's breaks, instead of resuming it")
-	fs.DurationVar(&c.RetryBudget, "retry-budget", c.RetryBudget, "how long a request that failed before its response started is retried")
-	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long shutdown waits for requests to finish")
+	fs.DurationVar(&c.RetryBudget, "retry-budget", c.RetryBudget, "how long a request that failed before its response started is retried, and how long after an upstream was last healthy requests wait for it; 0: no retries")
+	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", c.ShutdownDelay, "on SIGTERM, how long /readyz fails while the listeners keep serving (so load balancers stop sending) before they close")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "after the shutdown delay, how long shutdown waits for requests to finish")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "json or console")
 	return fs

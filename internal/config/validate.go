@@ -14,6 +14,8 @@ import (
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/watchsan/watchsan/internal/fix"
 )
 
 // Validate checks c on its own (files named must exist and parse) and returns every problem
@@ -56,7 +58,7 @@ func (c *Config) Validate() error {
 			add("--kubeconfig: %w", err)
 		}
 	}
-	if c.FixMode != "repair" && c.FixMode != "observe" {
+	if m, err := fix.ParseMode(c.FixMode); err != nil || m == fix.PassAll {
 		add("--fix-mode %q: want repair or observe", c.FixMode)
 	}
 	for _, r := range c.FixExemptResources {
@@ -67,8 +69,8 @@ func (c *Config) Validate() error {
 	if c.MaxFrameSize < 1024 || c.MaxFrameSize > 1<<30 {
 		add("--max-frame-size %d: want 1024 to 1073741824 bytes", c.MaxFrameSize)
 	}
-	if c.DeleteMemoryEntries < 0 {
-		add("--delete-memory-entries %d: must not be negative", c.DeleteMemoryEntries)
+	if c.DeleteMemoryEntries < 1 {
+		add("--delete-memory-entries %d: must be positive", c.DeleteMemoryEntries)
 	}
 	for _, d := range []struct {
 		flag string
@@ -89,6 +91,9 @@ func (c *Config) Validate() error {
 	}
 	if c.RetryBudget < 0 {
 		add("--retry-budget %s: must not be negative", c.RetryBudget)
+	}
+	if c.ShutdownDelay < 0 {
+		add("--shutdown-delay %s: must not be negative", c.ShutdownDelay)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
@@ -168,6 +173,8 @@ type Completed struct {
 	// UpstreamCA verifies upstream serving certificates; nil means Credentials' CA or the
 	// system roots.
 	UpstreamCA *x509.CertPool
+	// Fix is Config.FixMode parsed.
+	Fix fix.Mode
 }
 
 // Complete validates c and resolves the kubeconfig, returning every problem at once.
@@ -176,6 +183,7 @@ func (c Config) Complete() (*Completed, error) {
 		return nil, err
 	}
 	out := &Completed{Config: c}
+	out.Fix, _ = fix.ParseMode(c.FixMode) // validated above
 	var errs []error
 	for _, s := range c.Upstreams {
 		u, _ := parseUpstream(s) // validated above

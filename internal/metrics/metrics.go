@@ -19,6 +19,7 @@ type Metrics struct {
 	OpenWatches    *prometheus.GaugeVec   // resource
 	Bytes          *prometheus.CounterVec // direction: upstream_to_client | client_to_upstream
 	UpstreamUp     *prometheus.GaugeVec   // upstream
+	UpstreamDials  *prometheus.CounterVec // upstream, result: ok | error
 
 	WatchEvents    *prometheus.CounterVec // resource, type, action (passed|rewritten|dropped)
 	WatchRegressed *prometheus.CounterVec // resource: streams that saw at least one regression
@@ -47,7 +48,8 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	m.InFlight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "watchsan_requests_in_flight", Help: "Requests being served now, watches included."})
 	m.OpenWatches = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_open_watches", Help: "Client watches open now, by resource."}, []string{"resource"})
 	m.Bytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_bytes_total", Help: "Body bytes proxied, by direction."}, []string{"direction"})
-	m.UpstreamUp = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_upstream_up", Help: "1 while the upstream's health check passes."}, []string{"upstream"})
+	m.UpstreamUp = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_upstream_up", Help: "1 while the upstream's health check passes; 0 while it fails or before its first answer."}, []string{"upstream"})
+	m.UpstreamDials = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_upstream_dials_total", Help: "TCP connections watchsan opened (or failed to open) to each upstream, by result."}, []string{"upstream", "result"})
 	m.WatchEvents = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_events_total", Help: "Watch events by resource, type and action (passed, rewritten, dropped)."}, []string{"resource", "type", "action"})
 	m.WatchRegressed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_streams_regressed_total", Help: "Watch streams in which the upstream sent at least one regressing or replayed event."}, []string{"resource"})
 	m.NonIntegerRVs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_non_integer_rv_total", Help: "Watch events whose resourceVersion is not an integer (passed untouched)."}, []string{"resource"})
@@ -57,7 +59,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	m.ResumeSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "watchsan_watch_resume_duration_seconds", Help: "Time from an upstream watch breaking to its resumption.", Buckets: prometheus.ExponentialBuckets(0.005, 3, 10)})
 	m.RelistsForced = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_relists_forced_total", Help: "410 Expired ERROR events sent to clients (each makes the client relist)."})
 	m.Retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_request_retries_total", Help: "Retries of requests that failed before their response started, by outcome."}, []string{"outcome"})
-	for _, c := range []prometheus.Collector{m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.ResumeSeconds, m.RelistsForced, m.Retries} {
+	for _, c := range []prometheus.Collector{m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.ResumeSeconds, m.RelistsForced, m.Retries} {
 		f(c)
 	}
 	if deleteMemoryLen != nil {

@@ -14,17 +14,14 @@ import (
 // request and response bodies streamed, each write flushed at once (logs?follow), protocol
 // upgrades (exec, attach, port-forward over SPDY or WebSocket) spliced, hop-by-hop headers
 // dropped, X-Forwarded-For appended.
-func newProxy(rt *upstream.Retrier, log *zap.Logger) *httputil.ReverseProxy {
+func newProxy(attempts *upstream.Attempter, log *zap.Logger) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			// The Retrier re-targets each attempt at a backend; here only the forwarding headers.
+			// The Attempter targets each attempt at a backend; here only the forwarding headers.
 			pr.Out.Host = ""
-			if xff := pr.In.Header.Values("X-Forwarded-For"); len(xff) > 0 {
-				pr.Out.Header["X-Forwarded-For"] = xff // keep the chain of proxies before us
-			}
-			pr.SetXForwarded()
+			upstream.SetForwarded(pr.Out, pr.In)
 		},
-		Transport:     rt,
+		Transport:     attempts,
 		FlushInterval: -1,
 		ErrorLog:      zap.NewStdLog(log.Named("reverseproxy")),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {

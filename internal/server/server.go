@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/watchsan/watchsan/internal/config"
+	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/metrics"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/upstream"
@@ -42,54 +43,81 @@ type Server struct {
 	Listening func(main, admin net.Addr)
 }
 
-// New builds a server from a completed config.
+// New builds a server from a completed config. Every part gets what it works with at
+// construction: the delete memory first (the metrics report its size), then the metrics, the
+// pool and its attempt loop, then the watch handler and the pass-through that use them.
 func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	s := &Server{cfg: cfg, log: log.Named("server"), accessLog: log.Named("access"), watchesDone: make(chan struct{})}
-	pool, err := upstream.NewPool(cfg.Upstreams, upstream.TransportOptions{
-		DialTimeout:           cfg.DialTimeout,
-		TLSHandshakeTimeout:   cfg.TLSHandshakeTimeout,
-		KeepAlive:             cfg.KeepAlive,
-		HTTP2ReadIdleTimeout:  cfg.HTTP2ReadIdleTimeout,
-		HTTP2PingTimeout:      cfg.HTTP2PingTimeout,
-		ResponseHeaderTimeout: cfg.ResponseHeaderTimeout,
-		RootCAs:               cfg.UpstreamCA,
-		Insecure:              cfg.InsecureSkipTLSVerify,
-		Credentials:           cfg.Credentials,
-		Lend:                  cfg.Lend,
-	}, log)
+	memory := fix.NewDeleteMemory(cfg.DeleteMemoryEntries, cfg.DeleteMemoryTTL, nil)
+	s.metrics = metrics.New(func() float64 { return float64(memory.Len()) })
+	pool, err := upstream.NewPool(cfg.Upstreams, upstream.PoolOptions{
+		Transport: upstream.TransportOptions{
+			DialTimeout:           cfg.DialTimeout,
+			TLSHandshakeTimeout:   cfg.TLSHandshakeTimeout,
+			KeepAlive:             cfg.KeepAlive,
+			HTTP2ReadIdleTimeout:  cfg.HTTP2ReadIdleTimeout,
+			HTTP2PingTimeout:      cfg.HTTP2PingTimeout,
+			ResponseHeaderTimeout: cfg.ResponseHeaderTimeout,
+			RootCAs:               cfg.UpstreamCA,
+			Insecure:              cfg.InsecureSkipTLSVerify,
+			Credentials:           cfg.Credentials,
+			Lend:                  cfg.Lend,
+		},
+		HealthInterval: cfg.HealthInterval,
+		Logger:         log,
+		OnState: func(b *upstream.Backend, st upstream.State) {
+			v := 0.0
+			if st == upstream.Healthy {
+				v = 1
+			}
+			s.metrics.UpstreamUp.WithLabelValues(b.String()).Set(v)
+		},
+		OnDial: func(b *upstream.Backend, err error) {
+			result := "ok"
+			if err != nil {
+				result = "error"
+			}
+			s.metrics.UpstreamDials.WithLabelValues(b.String(), result).Inc()
+		},
+	})
 	if err != nil {
 		return nil, err
 	}
-	pool.Interval = cfg.HealthInterval
 	s.pool = pool
-	wh, err := watch.New(watch.Config{
-		FixMode:             cfg.FixMode,
-		Exempt:              cfg.FixExemptResources,
-		MaxFrameSize:        cfg.MaxFrameSize,
-		DeleteMemoryEntries: cfg.DeleteMemoryEntries,
-		DeleteMemoryTTL:     cfg.DeleteMemoryTTL,
-		ResumeTimeout:       cfg.WatchResumeTimeout,
-		StallTimeout:        cfg.WatchStallTimeout,
-		DisableResume:       cfg.DisableResume,
-	}, log)
+	for _, b := range pool.Backends() { // every series from the start: alerts see 0, not "no data"
+		s.metrics.UpstreamUp.WithLabelValues(b.String()).Set(0)
+		s.metrics.UpstreamDials.WithLabelValues(b.String(), "ok")
+		s.metrics.UpstreamDials.WithLabelValues(b.String(), "error")
+	}
+	budget := cfg.RetryBudget
+	if budget == 0 {
+		budget = -1 // --retry-budget 0: no retries
+	}
+	attempts := upstream.NewAttempter(pool, upstream.AttempterOptions{
+		Budget:  budget,
+		OnRetry: func(o string) { s.metrics.Retries.WithLabelValues(o).Inc() },
+	})
+	s.watch, err = watch.New(watch.Config{
+		Mode:          cfg.Fix,
+		Exempt:        cfg.FixExemptResources,
+		MaxFrameSize:  cfg.MaxFrameSize,
+		ResumeTimeout: cfg.WatchResumeTimeout,
+		StallTimeout:  cfg.WatchStallTimeout,
+		DisableResume: cfg.DisableResume,
+	}, watch.Deps{Attempts: attempts, Metrics: s.metrics, Memory: memory, Done: s.watchesDone, Logger: log})
 	if err != nil {
 		return nil, err
 	}
-	s.metrics = metrics.New(wh.DeleteMemoryLen)
-	pool.OnHealth = func(b *upstream.Backend, ok bool) {
-		v := 0.0
-		if ok {
-			v = 1
-		}
-		s.metrics.UpstreamUp.WithLabelValues(b.String()).Set(v)
+	for _, r := range watch.EndReasons() {
+		s.metrics.StreamEnds.WithLabelValues(r.String())
 	}
-	rt := &upstream.Retrier{Pool: pool, Budget: cfg.RetryBudget, OnRetry: func(o string) { s.metrics.Retries.WithLabelValues(o).Inc() }}
-	wh.Upstream = rt
-	wh.Pool = pool
-	wh.Metrics = s.metrics
-	wh.Done = s.watchesDone
-	s.watch = wh
-	s.proxy = newProxy(rt, log)
+	for _, r := range watch.ResumeReasons() {
+		s.metrics.Resumes.WithLabelValues(r.String())
+	}
+	for _, o := range []string{"retried", "recovered", "exhausted"} {
+		s.metrics.Retries.WithLabelValues(o)
+	}
+	s.proxy = newProxy(attempts, log)
 	return s, nil
 }
 
@@ -174,7 +202,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.log.Info("listening", zap.String("listen", mainLn.Addr().String()), zap.String("admin", adminLn.Addr().String()),
 		zap.Bool("tls", s.cfg.TLSCertFile != ""), zap.Strings("upstreams", upstreams), zap.Bool("lendCredentials", s.cfg.Lend),
-		zap.String("fixMode", s.cfg.FixMode))
+		zap.Stringer("fixMode", s.cfg.Fix))
 	if s.Listening != nil {
 		s.Listening(mainLn.Addr(), adminLn.Addr())
 	}
@@ -186,8 +214,19 @@ func (s *Server) Run(ctx context.Context) error {
 		runErr = fmt.Errorf("listener failed: %w", err)
 	}
 
+	// Readiness fails first; the listeners keep serving through the delay, so that a Service or
+	// load balancer that polls readyz stops sending before anything is refused (issue #7).
 	s.stopping.Store(true)
-	s.log.Info("shutting down", zap.Duration("timeout", s.cfg.ShutdownTimeout))
+	s.log.Info("shutting down", zap.Duration("delay", s.cfg.ShutdownDelay), zap.Duration("timeout", s.cfg.ShutdownTimeout))
+	if runErr == nil && s.cfg.ShutdownDelay > 0 {
+		t := time.NewTimer(s.cfg.ShutdownDelay)
+		select {
+		case <-t.C:
+		case err := <-errc:
+			runErr = fmt.Errorf("listener failed: %w", err)
+		}
+		t.Stop()
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
 	defer cancel()
 	shutDone := make(chan error, 1)

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
@@ -99,11 +100,11 @@ func TestReadyzFollowsUpstreamsAndShutdown(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	if get("/readyz") != 200 || get("/healthz") != 200 {
-		t.Fatal("a fresh server is ready and healthy")
+	if get("/readyz") != 503 || get("/healthz") != 200 {
+		t.Fatal("a fresh server is healthy, and not ready before an upstream answered a probe")
 	}
 	for _, b := range s.pool.Backends() {
-		if err := b.Probe(t.Context(), 0); err == nil {
+		if _, err := b.Probe(t.Context(), time.Second); err == nil {
 			t.Fatal("probe of a closed port succeeded")
 		}
 	}

@@ -5,46 +5,77 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httputil"
 	"net/url"
 	"sync/atomic"
 	"syscall"
 	"time"
 )
 
-// Backend is one apiserver.
+// State is a backend's health verdict.
+type State int32
+
+const (
+	// Unknown: no probe has answered yet. An unknown backend is tried (it is not known to be
+	// bad), but it does not make watchsan ready.
+	Unknown State = iota
+	// Healthy: the last probe answered, and no connection has been refused since.
+	Healthy
+	// Unhealthy: the last probe failed, or a connection to it was refused since. Requests do not
+	// go to it; only the health checker dials it, with backoff, until it answers again.
+	Unhealthy
+)
+
+var stateNames = [...]string{Unknown: "unknown", Healthy: "healthy", Unhealthy: "unhealthy"}
+
+func (s State) String() string {
+	if int(s) < len(stateNames) && s >= 0 {
+		return stateNames[s]
+	}
+	return fmt.Sprintf("State(%d)", int32(s))
+}
+
+// Backend is one apiserver. Its health is kept by the Pool that made it.
 type Backend struct {
 	// URL is the apiserver's base URL (scheme, host, optional path prefix).
-	URL *url.URL
-	t   *transports
+	URL  *url.URL
+	t    *transports
+	pool *Pool
 
-	healthy atomic.Bool
-	// checkNow wakes the health loop early (passive failure signal).
-	checkNow chan struct{}
+	state       atomic.Int32
+	healthyAt   atomic.Int64 // the last time it was known healthy, Unix nanoseconds; 0: never
+	kickedAt    atomic.Int64 // the last early re-check asked for, Unix nanoseconds
+	probeStatus atomic.Int32 // the last probe's HTTP status, to log a 401/403 once
+	// kick wakes the health loop for an early re-check (a passive failure signal).
+	kick chan struct{}
 }
 
 // String names the backend in logs and metrics (scheme://host[/prefix], no credentials).
 func (b *Backend) String() string { return b.URL.String() }
 
-// Healthy reports the last health verdict.
-func (b *Backend) Healthy() bool { return b.healthy.Load() }
+// State reports the backend's health verdict.
+func (b *Backend) State() State { return State(b.state.Load()) }
+
+// usable says whether requests may be sent to it.
+func (b *Backend) usable() bool { return b.State() != Unhealthy }
 
 // RoundTrip sends req (whose URL must already point at this backend) with the client's own
 // Authorization when it has one, and with watchsan's lent identity otherwise (when lending is
-// configured; else without credentials). A dial failure marks the backend for an immediate
-// health check.
-func (b *Backend) RoundTrip(req *http.Request) (*http.Response, error) {
+// configured; else without credentials). A failed dial marks the backend unhealthy at once.
+func (b *Backend) RoundTrip(req *http.Request) (*http.Response, error) { return b.send(req, true) }
+
+// send is RoundTrip; passive says whether a failed dial is a health verdict (not for the
+// health checker's own probes: it judges those itself).
+func (b *Backend) send(req *http.Request, passive bool) (*http.Response, error) {
 	rt := b.t.forward
 	if b.t.lend != nil && req.Header.Get("Authorization") == "" {
 		rt = b.t.lend
 	}
 	resp, err := rt.RoundTrip(req)
-	if err != nil && errors.Is(err, syscall.ECONNREFUSED) {
-		b.healthy.Store(false)
-		select {
-		case b.checkNow <- struct{}{}:
-		default:
-		}
+	if passive && err != nil && IsDialError(err) && req.Context().Err() == nil {
+		b.pool.passiveFailure(b, err)
 	}
 	return resp, err
 }
@@ -62,23 +93,50 @@ func (b *Backend) Target(u *url.URL) *url.URL {
 	return &out
 }
 
-// Probe asks the backend's /readyz whether it serves, within timeout. Any answer but a 5xx means
-// the server is there (401/403: it answers, we just may not read readyz).
-func (b *Backend) Probe(ctx context.Context, timeout time.Duration) error {
+// Probe asks the backend's /readyz whether it serves, within timeout, with the lent identity
+// when there is one. Any answer but a 5xx means the server is there (401/403: it answers, we
+// just may not read readyz); the status code is returned with the verdict.
+func (b *Backend) Probe(ctx context.Context, timeout time.Duration) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.Target(&url.URL{Path: "/readyz"}).String(), nil)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	resp, err := b.RoundTrip(req)
+	resp, err := b.send(req, false)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	if resp.StatusCode >= 500 {
-		return fmt.Errorf("%s/readyz answered %d", b, resp.StatusCode)
+		return resp.StatusCode, fmt.Errorf("%s/readyz answered %d", b, resp.StatusCode)
 	}
-	return nil
+	return resp.StatusCode, nil
+}
+
+// IsDialError reports a failure to connect: nothing of the request reached the upstream.
+func IsDialError(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
+}
+
+func isConnectionError(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.EPIPE)
+}
+
+// SetForwarded sets the X-Forwarded-* headers of out, a request to an upstream, from in, the
+// client's request: the one way every path (pass-through and watch) builds them. The client's
+// X-Forwarded-For chain is kept and its address appended; X-Forwarded-Host and -Proto are what
+// watchsan saw, never what the client sent.
+func SetForwarded(out, in *http.Request) {
+	prior := in.Header.Values("X-Forwarded-For")
+	for _, k := range []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
+		out.Header.Del(k)
+	}
+	if len(prior) > 0 {
+		out.Header["X-Forwarded-For"] = append([]string(nil), prior...)
+	}
+	(&httputil.ProxyRequest{In: in, Out: out}).SetXForwarded()
 }

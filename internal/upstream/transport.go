@@ -4,6 +4,7 @@
 package upstream
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -34,6 +35,9 @@ type TransportOptions struct {
 	// Lend enables lending Credentials' identity. Without it requests are forwarded with only
 	// the Authorization header they carry.
 	Lend bool
+
+	// onDial, if set, is told the outcome of every dial (the Pool's per-backend hook).
+	onDial func(error)
 }
 
 func (o *TransportOptions) defaults() {
@@ -113,9 +117,17 @@ func newTransports(o TransportOptions) (*transports, error) {
 
 func newHTTPTransport(o TransportOptions, tlsCfg *tls.Config) (*http.Transport, error) {
 	d := &net.Dialer{Timeout: o.DialTimeout, KeepAlive: o.KeepAlive}
+	dial := d.DialContext
+	if o.onDial != nil {
+		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, network, addr)
+			o.onDial(err)
+			return c, err
+		}
+	}
 	t := &http.Transport{
 		Proxy:                 nil, // never through $HTTPS_PROXY: watchsan is the proxy
-		DialContext:           d.DialContext,
+		DialContext:           dial,
 		TLSClientConfig:       tlsCfg,
 		TLSHandshakeTimeout:   o.TLSHandshakeTimeout,
 		ResponseHeaderTimeout: o.ResponseHeaderTimeout,

@@ -1,7 +1,8 @@
 // Package watch serves one client watch from top to bottom: it owns the upstream side (the
-// first attempt, and every resume after the upstream breaks), reads the upstream's events with
-// internal/stream, lets internal/fix decide each one, and writes the result into the one client
-// response, flushed per event. How a client watch may end (DESIGN.md section 5):
+// first attempt, and every resume after the upstream breaks, both through upstream.Attempter),
+// reads the upstream's events with internal/stream, lets internal/fix decide each one, and
+// writes the result into the one client response, flushed per event. How a client watch may
+// end (docs/design.md section 5):
 //   - cleanly (the client re-watches from its last RV): shutdown, the client's timeoutSeconds,
 //     resume given up, garbage from upstream;
 //   - with a well-formed ERROR 410 event (the client relists): the resume point is gone;
@@ -13,8 +14,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -31,83 +30,86 @@ import (
 	"github.com/watchsan/watchsan/internal/upstream"
 )
 
-// Config tunes every watch. Zero values take the defaults noted.
+// Defaults of Config, the flags' defaults.
+const (
+	DefaultResumeTimeout = 60 * time.Second
+	DefaultStallTimeout  = 90 * time.Second
+	DefaultProbeTimeout  = 5 * time.Second
+)
+
+// Config tunes every watch. Every field's zero value is usable.
 type Config struct {
-	// FixMode is "repair" (default) or "observe".
-	FixMode string
+	// Mode is fix.Repair (the zero value) or fix.Observe; exempt resources use fix.PassAll.
+	Mode fix.Mode
 	// Exempt lists resources ("pods", "apps/deployments") whose events pass unsanitized.
 	Exempt []string
 	// MaxFrameSize bounds one upstream event; 0: stream.DefaultMaxFrameSize.
 	MaxFrameSize int
-	// DeleteMemoryEntries and DeleteMemoryTTL bound the rewritten-delete memory; 0: 100000 and 30m.
-	DeleteMemoryEntries int
-	DeleteMemoryTTL     time.Duration
-	// ResumeTimeout bounds the resume attempts after one break; 0: 60s.
+	// ResumeTimeout bounds how long a watch is resumed without progress (no event, no
+	// bookmark) before the client's stream ends; 0: DefaultResumeTimeout.
 	ResumeTimeout time.Duration
-	// StallTimeout is the silence after which the upstream is probed; 0: 90s.
+	// StallTimeout is the silence after which the upstream is probed; 0: DefaultStallTimeout.
 	StallTimeout time.Duration
-	// ProbeTimeout bounds the stall probe; 0: 5s.
+	// ProbeTimeout bounds the stall probe; 0: DefaultProbeTimeout.
 	ProbeTimeout time.Duration
 	// DisableResume ends the client's watch when the upstream's breaks.
 	DisableResume bool
 }
 
-// Handler serves watch requests. Set the exported fields before the first request.
-type Handler struct {
-	// Upstream sends the first attempt of every watch, with its pre-response retries.
-	Upstream *upstream.Retrier
-	// Pool picks the backend of a resume attempt (another one than the broken one when it can).
-	Pool *upstream.Pool
+// Deps are what a Handler works with, given at construction.
+type Deps struct {
+	// Attempts sends the first attempt and every resume of each watch; required.
+	Attempts *upstream.Attempter
 	// Metrics counts events, resumes and endings; required.
 	Metrics *metrics.Metrics
-	// Done, when closed, ends every watch cleanly (shutdown). Nil: never.
+	// Memory carries rewritten deletes across a client's re-watches; nil: none.
+	Memory *fix.DeleteMemory
+	// Done, when closed, ends every watch cleanly (shutdown); nil: never.
 	Done <-chan struct{}
-	// Sleep waits between resume attempts; nil: a timer honouring ctx (tests may shorten it).
-	Sleep func(ctx context.Context, d time.Duration) error
-
-	cfg    Config
-	mode   fix.Mode
-	memory *fix.DeleteMemory
-	exempt map[string]bool
-	log    *zap.Logger
+	// Logger is named "watch" below; nil: no logging.
+	Logger *zap.Logger
 }
 
-// New validates cfg and builds a Handler.
-func New(cfg Config, log *zap.Logger) (*Handler, error) {
-	if cfg.FixMode == "" {
-		cfg.FixMode = "repair"
+// Handler serves watch requests.
+type Handler struct {
+	cfg    Config
+	deps   Deps
+	exempt map[string]bool
+	log    *zap.Logger
+	// sleep waits between resumes without progress; tests may replace it.
+	sleep func(ctx context.Context, d time.Duration) error
+}
+
+// New builds a Handler.
+func New(cfg Config, d Deps) (*Handler, error) {
+	if d.Attempts == nil || d.Metrics == nil {
+		return nil, errors.New("watch.New: Attempts and Metrics are required")
 	}
-	mode, err := fix.ParseMode(cfg.FixMode)
-	if err != nil {
-		return nil, err
+	if cfg.Mode != fix.Repair && cfg.Mode != fix.Observe {
+		return nil, errors.New("watch.New: Mode must be Repair or Observe")
 	}
-	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
+	def := func(v *time.Duration, dv time.Duration) {
+		if *v <= 0 {
+			*v = dv
 		}
 	}
-	def(&cfg.DeleteMemoryTTL, 30*time.Minute)
-	def(&cfg.ResumeTimeout, 60*time.Second)
-	def(&cfg.StallTimeout, 90*time.Second)
-	def(&cfg.ProbeTimeout, 5*time.Second)
-	if cfg.DeleteMemoryEntries == 0 {
-		cfg.DeleteMemoryEntries = 100000
-	}
+	def(&cfg.ResumeTimeout, DefaultResumeTimeout)
+	def(&cfg.StallTimeout, DefaultStallTimeout)
+	def(&cfg.ProbeTimeout, DefaultProbeTimeout)
 	if cfg.MaxFrameSize <= 0 {
 		cfg.MaxFrameSize = stream.DefaultMaxFrameSize
 	}
-	h := &Handler{cfg: cfg, mode: mode, log: log.Named("watch"), exempt: map[string]bool{}}
-	h.memory = fix.NewDeleteMemory(cfg.DeleteMemoryEntries, cfg.DeleteMemoryTTL, nil)
+	if d.Logger == nil {
+		d.Logger = zap.NewNop()
+	}
+	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, sleep: sleepCtx}
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
 	}
 	return h, nil
 }
 
-// DeleteMemoryLen reports the remembered deletes (a metrics gauge).
-func (h *Handler) DeleteMemoryLen() float64 { return float64(h.memory.Len()) }
-
-// Causes that end an attempt's context; the session sorts endings by them.
+// Causes that end a watch's context; the session sorts endings by them.
 var (
 	errShutdown       = errors.New("watchsan is shutting down")
 	errClientDeadline = errors.New("the client's timeoutSeconds passed")
@@ -119,7 +121,9 @@ type params struct {
 	rv                string
 	sendInitialEvents bool
 	allowBookmarks    bool
-	timeout           time.Duration // 0: none given
+	// timeout is the client's timeoutSeconds: 0 none given (or 0, which the apiserver takes
+	// as none), negative: already over (the apiserver ends such a watch at once).
+	timeout time.Duration
 }
 
 func parseParams(r *http.Request) params {
@@ -127,8 +131,8 @@ func parseParams(r *http.Request) params {
 	p := params{rv: q.Get("resourceVersion")}
 	p.sendInitialEvents, _ = strconv.ParseBool(q.Get("sendInitialEvents"))
 	p.allowBookmarks, _ = strconv.ParseBool(q.Get("allowWatchBookmarks"))
-	if s, err := strconv.ParseInt(q.Get("timeoutSeconds"), 10, 64); err == nil && s > 0 {
-		p.timeout = time.Duration(s) * time.Second
+	if s, err := strconv.ParseInt(q.Get("timeoutSeconds"), 10, 64); err == nil && s != 0 {
+		p.timeout = time.Duration(max(min(s, 1<<31), -1)) * time.Second
 	}
 	return p
 }
@@ -147,20 +151,24 @@ func scopeOf(r *http.Request) string {
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p := parseParams(r)
 	info := reqinfo.Parse(r, true)
-	resource := h.Metrics.Resource(info.Resource)
+	m := h.deps.Metrics
+	resource := m.Resource(info.Resource)
 
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
 	var deadline time.Time
-	if p.timeout > 0 {
+	switch {
+	case p.timeout > 0:
 		deadline = time.Now().Add(p.timeout)
 		t := time.AfterFunc(p.timeout, func() { cancel(errClientDeadline) })
 		defer t.Stop()
+	case p.timeout < 0:
+		deadline = time.Now() // over already: the first attempt is the only one
 	}
-	if h.Done != nil {
+	if h.deps.Done != nil {
 		go func() { // exits when the watch ends: ctx is cancelled on return
 			select {
-			case <-h.Done:
+			case <-h.deps.Done:
 				cancel(errShutdown)
 			case <-ctx.Done():
 			}
@@ -169,9 +177,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	s := &session{
 		h: h, w: w, rc: http.NewResponseController(w), client: r, ctx: ctx, params: p,
-		resource: resource, deadline: deadline, log: h.log,
+		resource: resource, deadline: deadline, log: h.log, backoff: upstream.ResumeBackoff,
 	}
-	first, err := h.Upstream.RoundTrip(s.upstreamRequest(p.rv, true))
+	first, err := h.deps.Attempts.Do(ctx, s.upstreamRequest(true), upstream.Plan{})
 	if err != nil {
 		if r.Context().Err() != nil {
 			return
@@ -180,39 +188,39 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if errors.Is(context.Cause(ctx), errShutdown) {
 			st = apistatus.New(http.StatusServiceUnavailable, "ServiceUnavailable", "watchsan is shutting down")
 		}
-		h.log.Warn("watch: upstream failed before the response started", zap.String("path", r.URL.Path), zap.Error(err))
+		h.log.Warn("watch: upstream failed before the response started", zap.String("path", r.URL.Path), zap.Int32("code", st.Code), zap.Error(err))
 		apistatus.Write(w, st)
 		return
 	}
-	s.backend = upstream.BackendOf(first.Request)
-	format, ok := stream.FormatOf(first.Header.Get("Content-Type"))
-	if first.StatusCode != http.StatusOK || !ok || !identity(first.Header) {
+	s.backend = first.Backend
+	format, ok := stream.FormatOf(first.Resp.Header.Get("Content-Type"))
+	if first.Resp.StatusCode != http.StatusOK || !ok || !identity(first.Resp.Header) {
 		// Not a stream we can read (an error status, a content type we do not parse): relay.
 		relay(w, s.rc, first)
 		return
 	}
-	if !h.exempt[info.Resource] {
-		s.fix = fix.NewStream(fix.Options{
-			Scope: scopeOf(r), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
-			Mode: h.mode, Memory: h.memory,
-		})
+	mode := h.cfg.Mode
+	if h.exempt[info.Resource] {
+		mode = fix.PassAll
 	}
+	s.fix = fix.NewStream(fix.Options{
+		Scope: scopeOf(r), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
+		Mode: mode, Memory: h.deps.Memory,
+	})
 	s.format = format
-	s.lastRV = p.rv
-	s.initial = p.rv == "" || p.rv == "0" || p.sendInitialEvents
-	copyHeader(w.Header(), first.Header)
+	copyHeader(w.Header(), first.Resp.Header)
 	w.Header().Del("Content-Length")
 	w.WriteHeader(http.StatusOK)
 	_ = s.rc.Flush()
 	s.writer = stream.NewWriter(format, w)
 
-	h.Metrics.OpenWatches.WithLabelValues(resource).Inc()
-	defer h.Metrics.OpenWatches.WithLabelValues(resource).Dec()
+	m.OpenWatches.WithLabelValues(resource).Inc()
+	defer m.OpenWatches.WithLabelValues(resource).Dec()
 	reason := s.run(first)
-	h.Metrics.StreamEnds.WithLabelValues(reason).Inc()
+	m.StreamEnds.WithLabelValues(reason.String()).Inc()
 	if ce := s.log.Check(zapcore.DebugLevel, "watch ended"); ce != nil {
-		ce.Write(zap.String("path", r.URL.Path), zap.String("reason", reason), zap.Uint64("events", s.events),
-			zap.Int("resumes", s.resumes), zap.String("lastRV", s.lastRV))
+		ce.Write(zap.String("path", r.URL.Path), zap.Stringer("reason", reason), zap.Uint64("events", s.events),
+			zap.Int("resumes", s.resumes), zap.String("lastRV", s.fix.LastDelivered()))
 	}
 	s.logEnd(reason)
 }
@@ -240,8 +248,10 @@ func copyHeader(dst, src http.Header) {
 	}
 }
 
-// relay copies a response as it is, flushing each read.
-func relay(w http.ResponseWriter, rc *http.ResponseController, resp *http.Response) {
+// relay copies a response as it is, flushing each read, and ends the attempt.
+func relay(w http.ResponseWriter, rc *http.ResponseController, at upstream.Attempt) {
+	resp := at.Resp
+	defer at.Cancel(nil)
 	defer resp.Body.Close()
 	copyHeader(w.Header(), resp.Header)
 	w.WriteHeader(resp.StatusCode)
@@ -260,24 +270,12 @@ func relay(w http.ResponseWriter, rc *http.ResponseController, resp *http.Respon
 	}
 }
 
-// forwardedFor is the client's address for X-Forwarded-For.
-func forwardedFor(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return r.RemoteAddr
-	}
-	return host
-}
-
-func (h *Handler) sleep(ctx context.Context, d time.Duration) error {
-	if h.Sleep != nil {
-		return h.Sleep(ctx, d)
-	}
+func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-		return fmt.Errorf("waiting to resume: %w", context.Cause(ctx))
+		return context.Cause(ctx)
 	case <-t.C:
 		return nil
 	}

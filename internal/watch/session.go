@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"math/rand/v2"
 	"net/http"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -21,7 +19,8 @@ import (
 	"github.com/watchsan/watchsan/internal/upstream"
 )
 
-// session is one client watch.
+// session is one client watch. fix owns the initial phase and the resume point
+// (fix.Stream.InInitialPhase, LastDelivered), for exempt resources too (fix.PassAll).
 type session struct {
 	h        *Handler
 	w        http.ResponseWriter
@@ -35,89 +34,90 @@ type session struct {
 
 	format  stream.Format
 	writer  *stream.Writer
-	fix     *fix.Stream // nil for exempt resources
+	fix     *fix.Stream
 	backend *upstream.Backend
 
-	// lastRV is the resume point: the last RV delivered to the client, or a later one a
-	// bookmark vouched for. initial is true until the initial phase of a ""/"0" or
-	// sendInitialEvents watch has ended (a break then cannot be resumed).
-	lastRV  string
-	initial bool
+	// backoff paces resumes that make no progress; brokeAt is when the upstream last broke
+	// after progress (zero: not broken): resuming gives up ResumeTimeout after it.
+	backoff upstream.Backoff
+	brokeAt time.Time
 
 	events    uint64
+	progress  uint64 // events written to the client, and bookmarks (shown or not)
 	resumes   int
 	regressed bool
 	counters  [6][3]prometheus.Counter // by event type index and fix.Action
 }
 
-// endReason labels watchsan_watch_stream_ends_total.
-const (
-	endUpstream      = "upstream-ended"
-	endClientGone    = "client-gone"
-	endDeadline      = "client-deadline"
-	endShutdown      = "shutdown"
-	endMalformed     = "upstream-malformed"
-	endResumeTimeout = "resume-timeout"
-	endResumeRefused = "resume-refused"
-	endRelist        = "relist-forced"
-	endNoResume      = "upstream-broke"
-	endUpstreamError = "upstream-error-event"
-)
-
 // attemptEnd is how one upstream attempt ended.
 type attemptEnd struct {
-	reason string // a resume reason (eof, reset, stall, ...) or an end reason
-	final  bool   // the client's stream ends now, reason is an end reason
+	end    EndReason    // not endNone: the client's stream ends now
+	resume ResumeReason // otherwise: why the upstream broke
 	err    error
+	// progress: the attempt delivered an event or a bookmark.
+	progress bool
 	// silentSince, for a stall, is when the upstream last sent anything: the client's gap
 	// began then, not when the stall was detected.
 	silentSince time.Time
 }
 
-// run pumps the first attempt and every resume until the client's stream ends; it returns the
-// end reason.
-func (s *session) run(resp *http.Response) string {
+// run pumps the first attempt and every resume until the client's stream ends.
+func (s *session) run(at upstream.Attempt) EndReason {
 	for {
-		end := s.pump(resp)
-		if end.final {
-			return end.reason
+		end := s.pump(at)
+		if end.end != endNone {
+			return end.end
 		}
 		brokeAt := time.Now()
 		if !end.silentSince.IsZero() {
 			brokeAt = end.silentSince
 		}
-		if s.h.cfg.DisableResume || s.initial || s.lastRV == "" {
+		if s.h.cfg.DisableResume || s.fix.InInitialPhase() || s.fix.LastDelivered() == "" {
 			s.log.Info("upstream watch ended; ending the client's stream so it re-watches",
-				zap.String("path", s.client.URL.Path), zap.String("why", end.reason), zap.Bool("initialPhase", s.initial), zap.Error(end.err))
-			return endNoResume
+				zap.String("path", s.client.URL.Path), zap.Stringer("why", end.resume), zap.Bool("initialPhase", s.fix.InInitialPhase()), zap.Error(end.err))
+			return EndNoResume
 		}
-		var final string
-		resp, final = s.resume(end, brokeAt)
-		if resp == nil {
+		if !s.deadline.IsZero() && !time.Now().Before(s.deadline) {
+			return EndDeadline
+		}
+		// Why: a resume that delivers nothing is a failure, whatever its status line said: an
+		// upstream that ends every watch at once would otherwise be asked again at once,
+		// forever (issue #7: 15,209 requests in 10 s from one client watch).
+		if end.progress || s.brokeAt.IsZero() {
+			s.brokeAt = brokeAt
+		}
+		if end.progress {
+			s.backoff.Reset()
+		}
+		next, final := s.resume(end)
+		if final != endNone {
 			return final
 		}
+		at = next
 	}
 }
 
-// pump reads one upstream response until it ends, writing what the policy lets through.
-func (s *session) pump(resp *http.Response) attemptEnd {
+// pump reads one upstream response until it ends, writing what the policy lets through, and
+// ends the attempt.
+func (s *session) pump(at upstream.Attempt) attemptEnd {
+	resp := at.Resp
 	attemptCtx := resp.Request.Context()
+	defer at.Cancel(nil)
 	defer resp.Body.Close()
-	if cancel := cancelOf(resp); cancel != nil {
-		defer cancel(nil)
-	}
 
 	var activity atomic.Int64
 	activity.Store(time.Now().UnixNano())
-	stopWatchdog := s.watchdog(attemptCtx, &activity, resp)
+	stopWatchdog := s.watchdog(attemptCtx, &activity, at)
 	defer stopWatchdog()
 
+	start := s.progress
 	rd := stream.NewReader(s.format, resp.Body, s.h.cfg.MaxFrameSize)
 	for {
 		ev, err := rd.Next()
 		if err != nil {
 			end := s.classify(attemptCtx, err)
-			if end.reason == "stall" {
+			end.progress = s.progress > start
+			if end.resume == ResumeStall {
 				end.silentSince = time.Unix(0, activity.Load())
 			}
 			return end
@@ -125,7 +125,7 @@ func (s *session) pump(resp *http.Response) attemptEnd {
 		activity.Store(time.Now().UnixNano())
 		s.events++
 		if werr := s.deliver(ev); werr != nil {
-			return attemptEnd{reason: endClientGone, final: true, err: werr}
+			return attemptEnd{end: EndClientGone, err: werr}
 		}
 		if ev.Type == stream.Error {
 			return s.endAfterError(ev)
@@ -139,61 +139,49 @@ func (s *session) pump(resp *http.Response) attemptEnd {
 func (s *session) endAfterError(ev *stream.Event) attemptEnd {
 	st, err := stream.DecodeStatus(s.format, ev)
 	if err == nil && st.Code == http.StatusGone {
-		s.h.Metrics.RelistsForced.Inc()
+		s.h.deps.Metrics.RelistsForced.Inc()
 		s.log.Info("upstream said the watch's resourceVersion is gone; the client relists",
-			zap.String("path", s.client.URL.Path), zap.String("fromRV", s.lastRV), zap.String("message", st.Message))
-		return attemptEnd{reason: endRelist, final: true}
+			zap.String("path", s.client.URL.Path), zap.String("fromRV", s.fix.LastDelivered()), zap.String("message", st.Message))
+		return attemptEnd{end: EndRelist}
 	}
 	s.log.Info("upstream ended the watch with an ERROR event", zap.String("path", s.client.URL.Path), zap.Error(err))
-	return attemptEnd{reason: endUpstreamError, final: true}
+	return attemptEnd{end: EndUpstreamError}
 }
 
 // deliver applies the policy to one event and writes it (or not).
 func (s *session) deliver(ev *stream.Event) error {
-	d := fix.Decision{}
-	if s.fix != nil {
-		d = s.fix.Decide(ev)
-	}
+	d := s.fix.Decide(ev)
+	m := s.h.deps.Metrics
 	if d.Would != fix.Pass && !s.regressed {
 		s.regressed = true // counted at the first regression, so a long watch shows up at once
-		s.h.Metrics.WatchRegressed.WithLabelValues(s.resource).Inc()
+		m.WatchRegressed.WithLabelValues(s.resource).Inc()
 	}
 	ti := typeIndex(ev.Type)
 	s.counter(ti, d.Would).Inc()
 	if d.Reason == fix.ReasonNotInteger {
-		s.h.Metrics.NonIntegerRVs.WithLabelValues(s.resource).Inc()
+		m.NonIntegerRVs.WithLabelValues(s.resource).Inc()
 	}
 	if ce := s.log.Check(zapcore.DebugLevel, "event"); ce != nil {
 		ce.Write(zap.String("type", ev.Type), zap.String("rv", ev.RV), zap.String("name", ev.Name),
-			zap.String("action", d.Would.String()), zap.String("reason", d.Reason.String()), zap.String("newRV", d.RV))
+			zap.Stringer("action", d.Would), zap.Stringer("reason", d.Reason), zap.String("newRV", d.RV))
 	}
+	if d.Action == fix.Drop {
+		return nil
+	}
+	s.progress++
 	// Bookmarks go only to clients that asked for them (watchsan asks upstream always, to see
-	// progress on quiet watches); they still advance the resume point.
-	hidden := ev.Type == stream.Bookmark && !s.params.allowBookmarks
+	// progress on quiet watches); they still advance the resume point (fix.LastDelivered).
+	if ev.Type == stream.Bookmark && !s.params.allowBookmarks {
+		return nil
+	}
 	var err error
-	switch {
-	case d.Action == fix.Drop:
-	case hidden:
-	case d.Action == fix.Rewrite:
+	if d.Action == fix.Rewrite {
 		err = s.writer.WriteWithRV(ev, d.RV)
-	default:
+	} else {
 		err = s.writer.Write(ev)
 	}
-	if err == nil && d.Action != fix.Drop && !hidden {
+	if err == nil {
 		err = s.rc.Flush()
-	}
-	if s.fix != nil {
-		s.initial = s.fix.InInitialPhase()
-		s.lastRV = s.fix.LastDelivered()
-		return err
-	}
-	// An exempt resource: the same phase rule as fix's, and every RV delivered is the resume
-	// point (the Event's strings are its own, safe to keep).
-	if s.initial && (ev.InitialEventsEnd || (ev.Type != stream.Added && ev.Type != stream.Bookmark && ev.Type != stream.Error)) {
-		s.initial = false
-	}
-	if ev.RV != "" && ev.Type != stream.Error {
-		s.lastRV = ev.RV
 	}
 	return err
 }
@@ -215,7 +203,7 @@ func (s *session) counter(ti int, a fix.Action) prometheus.Counter {
 	}
 	c := s.counters[ti][a]
 	if c == nil {
-		c = s.h.Metrics.WatchEvents.WithLabelValues(s.resource, typeNames[ti], a.String())
+		c = s.h.deps.Metrics.WatchEvents.WithLabelValues(s.resource, typeNames[ti], a.String())
 		s.counters[ti][a] = c
 	}
 	return c
@@ -225,40 +213,37 @@ func (s *session) counter(ti int, a fix.Action) prometheus.Counter {
 // stall), then the read error (clean EOF, a broken connection, garbage).
 func (s *session) classify(attemptCtx context.Context, err error) attemptEnd {
 	if s.client.Context().Err() != nil {
-		return attemptEnd{reason: endClientGone, final: true}
+		return attemptEnd{end: EndClientGone}
 	}
 	switch cause := context.Cause(attemptCtx); {
 	case errors.Is(cause, errShutdown):
-		return attemptEnd{reason: endShutdown, final: true}
+		return attemptEnd{end: EndShutdown}
 	case errors.Is(cause, errClientDeadline):
-		return attemptEnd{reason: endDeadline, final: true}
+		return attemptEnd{end: EndDeadline}
 	case errors.Is(cause, errStalled):
-		return attemptEnd{reason: "stall", err: err}
+		return attemptEnd{resume: ResumeStall, err: err}
 	}
 	switch {
 	case errors.Is(err, io.EOF):
 		if !s.deadline.IsZero() && time.Until(s.deadline) < time.Second {
-			return attemptEnd{reason: endDeadline, final: true}
+			return attemptEnd{end: EndDeadline}
 		}
-		return attemptEnd{reason: "eof"}
+		return attemptEnd{resume: ResumeEOF}
 	case errors.Is(err, stream.ErrFrameTooLarge), errors.Is(err, stream.ErrMalformed):
 		s.log.Warn("garbage from upstream; ending the client's stream cleanly",
 			zap.String("path", s.client.URL.Path), zap.Stringer("upstream", s.backend), zap.Error(err))
-		return attemptEnd{reason: endMalformed, final: true, err: err}
+		return attemptEnd{end: EndMalformed, err: err}
 	case errors.Is(err, io.ErrUnexpectedEOF):
-		return attemptEnd{reason: "truncated", err: err}
+		return attemptEnd{resume: ResumeTruncated, err: err}
 	default:
-		return attemptEnd{reason: "reset", err: err}
+		return attemptEnd{resume: ResumeReset, err: err}
 	}
 }
 
 // watchdog probes the upstream when its watch has been silent for the stall timeout; a failed
-// probe cancels the attempt (cause errStalled), an answer means the watch is only quiet.
-func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, resp *http.Response) (stop func()) {
-	cancel := cancelOf(resp)
-	if cancel == nil {
-		return func() {}
-	}
+// probe cancels the attempt (cause errStalled), an answer means the watch is only quiet. The
+// goroutine exits when stop is called or the attempt ends.
+func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, at upstream.Attempt) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		stall := s.h.cfg.StallTimeout
@@ -282,15 +267,11 @@ func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, resp *ht
 				t.Reset(stall - idle)
 				continue
 			}
-			b := upstream.BackendOf(resp.Request)
-			if b == nil {
-				b = s.backend
-			}
-			if err := b.Probe(ctx, s.h.cfg.ProbeTimeout); err != nil && ctx.Err() == nil {
-				s.h.Metrics.Stalls.Inc()
+			if _, err := at.Backend.Probe(ctx, s.h.cfg.ProbeTimeout); err != nil && ctx.Err() == nil {
+				s.h.deps.Metrics.Stalls.Inc()
 				s.log.Warn("upstream watch stalled: no event and the upstream does not answer a probe",
-					zap.String("path", s.client.URL.Path), zap.Stringer("upstream", b), zap.Duration("silent", idle), zap.Error(err))
-				cancel(errStalled)
+					zap.String("path", s.client.URL.Path), zap.Stringer("upstream", at.Backend), zap.Duration("silent", idle), zap.Error(err))
+				at.Cancel(errStalled)
 				return
 			}
 			quietAt = time.Now() // only quiet; look again after another period
@@ -300,122 +281,131 @@ func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, resp *ht
 	return func() { close(done) }
 }
 
-// resume opens the watch again from the last delivered RV, on another backend when there is
-// one, until it succeeds, the resume timeout passes, or the client's stream must end. It
-// returns the new response, or nil and the end reason.
-func (s *session) resume(end attemptEnd, brokeAt time.Time) (*http.Response, string) {
-	deadline := brokeAt.Add(s.h.cfg.ResumeTimeout)
-	failed := s.backend
-	for attempt := 0; ; attempt++ {
-		if attempt > 0 || end.reason != "eof" {
-			wait := resumeBackoff(attempt)
-			if time.Now().Add(wait).After(deadline) {
-				s.log.Warn("could not resume the upstream watch in time; ending the client's stream cleanly",
-					zap.String("path", s.client.URL.Path), zap.String("fromRV", s.lastRV), zap.Duration("after", time.Since(brokeAt)))
-				return nil, endResumeTimeout
-			}
-			if err := s.h.sleep(s.ctx, wait); err != nil {
-				return nil, s.endFromContext()
-			}
+// resume opens the watch again from the resume point, through the Attempter (another backend
+// than the broken one when there is one), after a backoff when the last attempt made no
+// progress. It gives up ResumeTimeout after the upstream broke. It returns the new attempt, or
+// the end reason.
+func (s *session) resume(end attemptEnd) (upstream.Attempt, EndReason) {
+	deadline := s.brokeAt.Add(s.h.cfg.ResumeTimeout)
+	if !end.progress {
+		wait := s.backoff.Next()
+		if time.Now().Add(wait).After(deadline) {
+			return upstream.Attempt{}, s.giveUp(end)
 		}
+		if err := s.h.sleep(s.ctx, wait); err != nil {
+			return upstream.Attempt{}, s.endFromContext()
+		}
+	}
+	var avoid *upstream.Backend
+	if end.resume != ResumeEOF || !end.progress {
+		avoid = s.backend
+	}
+	fromRV := s.fix.LastDelivered()
+	at, err := s.h.deps.Attempts.Do(s.ctx, s.upstreamRequest(false), upstream.Plan{
+		Avoid: avoid, Deadline: deadline, Backoff: &s.backoff, WaitForBackend: true,
+	})
+	if err != nil {
 		if s.ctx.Err() != nil {
-			return nil, s.endFromContext()
+			return upstream.Attempt{}, s.endFromContext()
 		}
-		b := s.h.Pool.PickExcept(failed)
-		req := s.upstreamRequest(s.lastRV, false)
-		cancel, _ := req.Context().Value(cancelKey{}).(context.CancelCauseFunc)
-		req.URL = b.Target(req.URL)
-		req.Host = ""
-		resp, err := b.RoundTrip(req)
-		if err != nil {
-			cancel(nil)
-			if s.ctx.Err() != nil {
-				return nil, s.endFromContext()
-			}
-			failed = b
-			s.log.Debug("resume attempt failed", zap.Stringer("upstream", b), zap.Error(err))
-			continue
-		}
-		format, ok := stream.FormatOf(resp.Header.Get("Content-Type"))
-		switch {
-		case resp.StatusCode == http.StatusOK && ok && format == s.format && identity(resp.Header):
-			gap := time.Since(brokeAt)
-			s.resumes++
-			s.backend = b
-			s.h.Metrics.Resumes.WithLabelValues(end.reason).Inc()
-			s.h.Metrics.ResumeSeconds.Observe(gap.Seconds())
-			s.log.Info("resumed upstream watch", zap.String("path", s.client.URL.Path), zap.String("reason", end.reason),
-				zap.String("fromRV", s.lastRV), zap.Duration("gap", gap), zap.Stringer("upstream", b), zap.Int("attempts", attempt+1))
-			return resp, ""
-		case resp.StatusCode == http.StatusGone:
-			st := readStatus(resp)
-			cancel(nil)
-			return nil, s.forceRelist(st)
-		case resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests:
-			drain(resp)
-			cancel(nil)
-			failed = b
-			continue
-		default:
-			s.log.Warn("upstream refused the resumed watch; ending the client's stream cleanly",
-				zap.String("path", s.client.URL.Path), zap.Int("code", resp.StatusCode), zap.Stringer("upstream", b))
-			drain(resp)
-			cancel(nil)
-			return nil, endResumeRefused
-		}
+		end.err = err
+		return upstream.Attempt{}, s.giveUp(end)
+	}
+	resp := at.Resp
+	format, ok := stream.FormatOf(resp.Header.Get("Content-Type"))
+	switch {
+	case resp.StatusCode == http.StatusOK && ok && format == s.format && identity(resp.Header):
+		gap := time.Since(s.brokeAt)
+		s.resumes++
+		s.backend = at.Backend
+		s.h.deps.Metrics.Resumes.WithLabelValues(end.resume.String()).Inc()
+		s.h.deps.Metrics.ResumeSeconds.Observe(gap.Seconds())
+		s.log.Info("resumed upstream watch", zap.String("path", s.client.URL.Path), zap.Stringer("reason", end.resume),
+			zap.Bool("progress", end.progress), zap.String("fromRV", fromRV), zap.Duration("gap", gap), zap.Stringer("upstream", at.Backend),
+			zap.Int("failures", s.backoff.Failures()))
+		return at, endNone
+	case resp.StatusCode == http.StatusGone:
+		st := readStatus(resp)
+		at.Cancel(nil)
+		return upstream.Attempt{}, s.forceRelist(st)
+	case resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests:
+		drain(resp) // the Attempter ran out of time retrying these
+		at.Cancel(nil)
+		end.err = errors.New("upstream answered " + resp.Status)
+		return upstream.Attempt{}, s.giveUp(end)
+	default:
+		s.log.Warn("upstream refused the resumed watch; ending the client's stream cleanly",
+			zap.String("path", s.client.URL.Path), zap.Int("code", resp.StatusCode), zap.Stringer("upstream", at.Backend))
+		drain(resp)
+		at.Cancel(nil)
+		return upstream.Attempt{}, EndResumeRefused
 	}
 }
 
+func (s *session) giveUp(end attemptEnd) EndReason {
+	s.log.Warn("could not resume the upstream watch with progress in time; ending the client's stream cleanly",
+		zap.String("path", s.client.URL.Path), zap.String("fromRV", s.fix.LastDelivered()),
+		zap.Duration("after", time.Since(s.brokeAt)), zap.Int("failures", s.backoff.Failures()), zap.Error(end.err))
+	return EndResumeTimeout
+}
+
 // forceRelist tells the client its resume point is gone: a well-formed ERROR 410 in its format.
-func (s *session) forceRelist(st *metav1.Status) string {
+func (s *session) forceRelist(st *metav1.Status) EndReason {
 	if st == nil || st.Code != http.StatusGone {
 		st = &metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
-			Code: http.StatusGone, Reason: metav1.StatusReasonExpired, Message: "too old resource version: " + s.lastRV}
+			Code: http.StatusGone, Reason: metav1.StatusReasonExpired, Message: "too old resource version: " + s.fix.LastDelivered()}
 	}
 	if err := s.writer.WriteStatus(st); err == nil {
 		_ = s.rc.Flush()
 	}
-	s.h.Metrics.RelistsForced.Inc()
-	s.log.Info("resume point expired upstream; told the client to relist", zap.String("path", s.client.URL.Path), zap.String("fromRV", s.lastRV))
-	return endRelist
+	s.h.deps.Metrics.RelistsForced.Inc()
+	s.log.Info("resume point expired upstream; told the client to relist", zap.String("path", s.client.URL.Path), zap.String("fromRV", s.fix.LastDelivered()))
+	return EndRelist
 }
 
-func (s *session) endFromContext() string {
+func (s *session) endFromContext() EndReason {
 	switch cause := context.Cause(s.ctx); {
 	case s.client.Context().Err() != nil:
-		return endClientGone
+		return EndClientGone
 	case errors.Is(cause, errShutdown):
-		return endShutdown
+		return EndShutdown
 	case errors.Is(cause, errClientDeadline):
-		return endDeadline
+		return EndDeadline
 	}
-	return endClientGone
+	return EndClientGone
 }
 
-func (s *session) logEnd(reason string) {
-	if s.fix == nil {
-		return
-	}
+// logEnd writes one line for a stream that needed repairs, with its regressions as a list.
+func (s *session) logEnd(reason EndReason) {
 	c := s.fix.Counts()
 	if c.Rewritten == 0 && c.Dropped == 0 {
 		return
 	}
-	details := s.fix.Regressions()
-	fields := []zap.Field{zap.String("path", s.client.URL.Path), zap.String("end", reason), zap.Uint64("events", c.Events),
-		zap.Uint64("rewritten", c.Rewritten), zap.Uint64("dropped", c.Dropped), zap.Uint64("replayedDeletesDropped", c.Remembered),
-		zap.String("mode", s.h.mode.String())}
-	for i, d := range details {
-		fields = append(fields, zap.String("regression"+strconv.Itoa(i), d.Type+" "+d.Namespace+"/"+d.Name+" rv="+d.RV+
-			" last="+d.Last+" -> "+d.Would.String()+"("+d.Reason.String()+")"+newRV(d.NewRV)))
-	}
-	s.log.Warn("upstream watch regressed", fields...)
+	s.log.Warn("upstream watch regressed", zap.String("path", s.client.URL.Path), zap.Stringer("end", reason),
+		zap.Uint64("events", c.Events), zap.Uint64("rewritten", c.Rewritten), zap.Uint64("dropped", c.Dropped),
+		zap.Uint64("replayedDeletesDropped", c.Remembered), zap.Stringer("mode", s.h.cfg.Mode),
+		zap.Array("regressions", regressions(s.fix.Regressions())))
 }
 
-func newRV(rv string) string {
-	if rv == "" {
-		return ""
+type regressions []fix.RegressionDetail
+
+func (rs regressions) MarshalLogArray(enc zapcore.ArrayEncoder) error {
+	for _, d := range rs {
+		_ = enc.AppendObject(zapcore.ObjectMarshalerFunc(func(o zapcore.ObjectEncoder) error {
+			o.AddString("type", d.Type)
+			o.AddString("namespace", d.Namespace)
+			o.AddString("name", d.Name)
+			o.AddString("rv", d.RV)
+			o.AddString("last", d.Last)
+			o.AddString("action", d.Would.String())
+			o.AddString("reason", d.Reason.String())
+			if d.NewRV != "" {
+				o.AddString("newRV", d.NewRV)
+			}
+			return nil
+		}))
 	}
-	return " rv=" + rv
+	return nil
 }
 
 func readStatus(resp *http.Response) *metav1.Status {
@@ -430,13 +420,4 @@ func readStatus(resp *http.Response) *metav1.Status {
 func drain(resp *http.Response) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
-}
-
-// resumeBackoff: 50ms doubling to 2s, +-25% jitter.
-func resumeBackoff(attempt int) time.Duration {
-	d := 50 * time.Millisecond << min(attempt, 6)
-	if d > 2*time.Second {
-		d = 2 * time.Second
-	}
-	return d*3/4 + time.Duration(rand.Int64N(int64(d/2)+1))
 }

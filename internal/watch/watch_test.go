@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/metrics"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -109,21 +110,19 @@ func newFixture(t *testing.T, cfg Config, up *upstreamScript) *fixture {
 	t.Cleanup(upSrv.Close)
 	u, _ := url.Parse(upSrv.URL)
 	log := zaptest.NewLogger(t)
-	pool, err := upstream.NewPool([]*url.URL{u}, upstream.TransportOptions{}, log)
+	pool, err := upstream.NewPool([]*url.URL{u}, upstream.PoolOptions{Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := New(cfg, log)
+	f := &fixture{up: up, done: make(chan struct{}), upURL: upSrv.URL, m: metrics.New(nil)}
+	f.h, err = New(cfg, Deps{
+		Attempts: upstream.NewAttempter(pool, upstream.AttempterOptions{}), Metrics: f.m,
+		Memory: fix.NewDeleteMemory(0, 0, nil), Done: f.done, Logger: log,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{h: h, up: up, done: make(chan struct{}), upURL: upSrv.URL}
-	h.Upstream = &upstream.Retrier{Pool: pool}
-	h.Pool = pool
-	h.Metrics = metrics.New(h.DeleteMemoryLen)
-	h.Done = f.done
-	f.m = h.Metrics
-	f.srv = httptest.NewServer(h)
+	f.srv = httptest.NewServer(f.h)
 	t.Cleanup(f.srv.Close)
 	return f
 }
@@ -221,7 +220,7 @@ func TestRegressingDeleteRewrittenReplayDropped(t *testing.T) {
 func TestObserveModeChangesNothing(t *testing.T) {
 	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){events(
 		obj("ADDED", "a", "10"), obj("DELETED", "a", "10"), obj("MODIFIED", "a", "10"))}}
-	f := newFixture(t, Config{DisableResume: true, FixMode: "observe"}, up)
+	f := newFixture(t, Config{DisableResume: true, Mode: fix.Observe}, up)
 	gs, err := f.watch(t, "resourceVersion=5")
 	expectStream(t, gs, err, "ADDED a 10, DELETED a 10, MODIFIED a 10")
 	if v := testutil.ToFloat64(f.m.WatchEvents.WithLabelValues("configmaps", "DELETED", "rewritten")); v != 1 {
@@ -253,7 +252,7 @@ func TestResumeAfterEOFIsSeamless(t *testing.T) {
 	if v := testutil.ToFloat64(f.m.Resumes.WithLabelValues("eof")); v != 1 {
 		t.Fatalf("resumes{eof} = %v", v)
 	}
-	if v := testutil.ToFloat64(f.m.StreamEnds.WithLabelValues(endDeadline)); v != 1 {
+	if v := testutil.ToFloat64(f.m.StreamEnds.WithLabelValues(EndDeadline.String())); v != 1 {
 		t.Fatalf("the client's timeoutSeconds must end the stream; ends{deadline} = %v", v)
 	}
 }
@@ -329,7 +328,7 @@ func TestGarbageEndsCleanlyWithNothingPartial(t *testing.T) {
 	f := newFixture(t, Config{}, up)
 	gs, err := f.watch(t, "resourceVersion=5")
 	expectStream(t, gs, err, "ADDED a 10")
-	if v := testutil.ToFloat64(f.m.StreamEnds.WithLabelValues(endMalformed)); v != 1 {
+	if v := testutil.ToFloat64(f.m.StreamEnds.WithLabelValues(EndMalformed.String())); v != 1 {
 		t.Fatalf("ends{malformed} = %v", v)
 	}
 }
@@ -371,7 +370,7 @@ func TestShutdownEndsCleanly(t *testing.T) {
 	}()
 	gs, err := f.watch(t, "resourceVersion=5")
 	expectStream(t, gs, err, "ADDED a 10")
-	if v := testutil.ToFloat64(f.m.StreamEnds.WithLabelValues(endShutdown)); v != 1 {
+	if v := testutil.ToFloat64(f.m.StreamEnds.WithLabelValues(EndShutdown.String())); v != 1 {
 		t.Fatalf("ends{shutdown} = %v", v)
 	}
 }
@@ -432,5 +431,107 @@ func TestErrorEventOnResumeEndsStream(t *testing.T) {
 	}
 	if v := testutil.ToFloat64(f.m.RelistsForced); v != 1 {
 		t.Fatalf("relists forced = %v", v)
+	}
+}
+
+// An upstream that ends every watch at once (issue #7's resume storm: 15,209 requests in 10 s)
+// gets resumes paced by the reflector-like backoff, and the client's stream ends cleanly once
+// the resume timeout passes without progress.
+func TestResumeWithoutProgressBacksOffAndGivesUp(t *testing.T) {
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){
+		events(obj("ADDED", "a", "10")), // progress, then EOF
+		events(),                        // every resume: 200, no event, EOF
+	}}
+	f := newFixture(t, Config{ResumeTimeout: 3 * time.Second}, up)
+	var mu sync.Mutex
+	var waits []time.Duration
+	f.h.sleep = func(ctx context.Context, d time.Duration) error {
+		mu.Lock()
+		waits = append(waits, d)
+		mu.Unlock()
+		return sleepCtx(ctx, d)
+	}
+	start := time.Now()
+	gs, err := f.watch(t, "resourceVersion=5")
+	took := time.Since(start)
+	expectStream(t, gs, err, "ADDED a 10")
+	if v := testutil.ToFloat64(f.m.StreamEnds.WithLabelValues(EndResumeTimeout.String())); v != 1 {
+		t.Fatalf("ends{resume-timeout} = %v", v)
+	}
+	// 0 s: the first attempt; at once: a resume after progress; then waits of 0.8 s and 1.6 s
+	// (+-25%); the next, 3.2 s, would pass the 3 s timeout.
+	mu.Lock()
+	defer mu.Unlock()
+	if n := up.attempts(); n < 3 || n > 5 {
+		t.Fatalf("%d upstream attempts in %v, waits %v: want 3-5 (backed off, not a storm)", n, took, waits)
+	}
+	for i := 1; i < len(waits); i++ {
+		if waits[i] <= waits[i-1] {
+			t.Fatalf("waits %v do not grow", waits)
+		}
+	}
+	if len(waits) == 0 || waits[0] < 600*time.Millisecond {
+		t.Fatalf("waits %v: the first resume without progress must wait ~800ms", waits)
+	}
+	if took > 5*time.Second {
+		t.Fatalf("gave up after %v, want about the 3s resume timeout", took)
+	}
+}
+
+// Progress resets the backoff: a watch whose upstream ends after every event, each carrying
+// a new RV, is resumed at once each time, without waits.
+func TestResumeAfterProgressIsImmediate(t *testing.T) {
+	var n atomic.Int32
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){func(w http.ResponseWriter, r *http.Request) {
+		i := n.Add(1)
+		if i > 5 {
+			<-r.Context().Done()
+			return
+		}
+		send(w, obj("ADDED", fmt.Sprint("o", i), fmt.Sprint(10+i)))
+	}}}
+	f := newFixture(t, Config{}, up)
+	f.h.sleep = func(ctx context.Context, d time.Duration) error {
+		t.Errorf("waited %v between resumes that made progress", d)
+		return sleepCtx(ctx, d)
+	}
+	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2")
+	expectStream(t, gs, err, "ADDED o1 11, ADDED o2 12, ADDED o3 13, ADDED o4 14, ADDED o5 15")
+}
+
+// A negative timeoutSeconds is over before it starts: the apiserver ends such a watch at once,
+// and so does watchsan, without a resume.
+func TestNegativeTimeoutSecondsIsNotResumed(t *testing.T) {
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){events()}}
+	f := newFixture(t, Config{}, up)
+	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=-1")
+	expectStream(t, gs, err, "")
+	if up.attempts() != 1 || up.query(0).Get("timeoutSeconds") != "-1" {
+		t.Fatalf("%d attempts, first with timeoutSeconds=%q: want one, as the client sent it", up.attempts(), up.query(0).Get("timeoutSeconds"))
+	}
+	if v := testutil.ToFloat64(f.m.StreamEnds.WithLabelValues(EndDeadline.String())); v != 1 {
+		t.Fatalf("ends{client-deadline} = %v", v)
+	}
+}
+
+// A throttled upstream (429 with Retry-After) and a client that leaves during the wait: the
+// handler returns quietly (issue #7: this panicked in net/http).
+func TestClientLeavesDuringRetryAfterWait(t *testing.T) {
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "5")
+		http.Error(w, "throttled", http.StatusTooManyRequests)
+	}}}
+	f := newFixture(t, Config{}, up)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	req := httptest.NewRequestWithContext(ctx, "GET", "/api/v1/namespaces/d/configmaps?watch=1&resourceVersion=5", nil)
+	rec := httptest.NewRecorder()
+	start := time.Now()
+	f.h.ServeHTTP(rec, req) // a panic here fails the test
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("the handler returned %v after its client left, want at once", took)
+	}
+	if up.attempts() != 1 {
+		t.Fatalf("%d attempts: Retry-After 5 must hold the retry", up.attempts())
 	}
 }

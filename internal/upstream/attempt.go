@@ -1,0 +1,331 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+)
+
+// DefaultRetryBudget bounds the retries of one request when AttempterOptions.Budget is zero.
+// It is chosen for a sidecar whose single apiserver restarts: a restart takes seconds, so a
+// request that was in flight or arrives just as it goes away waits for it, up to this long
+// after the apiserver was last seen healthy; later requests are answered 503 at once, with
+// Retry-After, and client-go and kubectl retry those on their own.
+const DefaultRetryBudget = 10 * time.Second
+
+// ErrNoBackend is the failure when no backend is usable: all are failing their health checks
+// or refusing connections. The client is told to retry after a second (apistatus maps it).
+var ErrNoBackend = errors.New("no upstream apiserver is available")
+
+// AttempterOptions configure an Attempter. Every field's zero value is usable.
+type AttempterOptions struct {
+	// Budget bounds the time one request spends in retries; 0: DefaultRetryBudget. A negative
+	// budget disables retries (one attempt).
+	Budget time.Duration
+	// OnRetry, if set, is told "retried", "recovered" (success after a retry) or "exhausted"
+	// (budget spent; the last failure returned).
+	OnRetry func(outcome string)
+}
+
+// Attempter is the one loop that sends a request upstream (issue #7): the first attempt of
+// every request and of every watch resume goes through Do. It picks a usable backend (another
+// one than the one that just failed, when there is one), retries what may be retried with
+// exponential backoff and jitter, honours Retry-After, and stops within a deadline. When no
+// backend is usable it fails fast with ErrNoBackend, unless waiting is worth it: a backend was
+// healthy a moment ago (within the budget), or the caller asked to wait.
+//
+// What is retried, before any response reached the client:
+//   - idempotent requests (GET, HEAD, OPTIONS; watches are GETs) after a connection failure, a
+//     503 (an apiserver shutting down answers so) or a 429;
+//   - any other request only when it provably never reached an upstream: the dial failed and
+//     not one byte of its body was read.
+type Attempter struct {
+	pool *Pool
+	opts AttempterOptions
+	// sleep waits d or until ctx ends; tests may replace it.
+	sleep func(ctx context.Context, d time.Duration) error
+}
+
+// NewAttempter returns the attempt loop over pool.
+func NewAttempter(pool *Pool, o AttempterOptions) *Attempter {
+	if o.Budget == 0 {
+		o.Budget = DefaultRetryBudget
+	}
+	return &Attempter{pool: pool, opts: o, sleep: sleepCtx}
+}
+
+// Plan is what one call of Do may do beyond the defaults. The zero value is a request's plan.
+type Plan struct {
+	// Avoid is tried only when no other backend is usable (it just failed). Nil: none.
+	Avoid *Backend
+	// Deadline: no attempt starts after it. Zero: now + the budget.
+	Deadline time.Time
+	// Backoff paces the attempts; the caller may keep it across calls (a watch's resumes).
+	// Nil: a fresh RequestBackoff.
+	Backoff *Backoff
+	// WaitForBackend waits for a usable backend until Deadline even when none was healthy a
+	// moment ago (a watch's resume: the client's stream is held open anyway). False: fail fast.
+	WaitForBackend bool
+}
+
+// Attempt is a response obtained by Do and what it came from.
+type Attempt struct {
+	Resp    *http.Response
+	Backend *Backend
+	// Cancel ends the attempt's context (with a cause, read by context.Cause); call it when done
+	// with Resp. It is never nil in an Attempt returned with a nil error.
+	Cancel context.CancelCauseFunc
+}
+
+// Error is a failure to get a response from Backend.
+type Error struct {
+	Backend *Backend
+	Err     error
+}
+
+func (e *Error) Error() string { return e.Backend.String() + ": " + e.Err.Error() }
+func (e *Error) Unwrap() error { return e.Err }
+
+// Name returns the backend named by an *Error in err's chain, or "upstream".
+func Name(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Backend.String()
+	}
+	return "upstream"
+}
+
+// Do sends req (whose URL holds only the client's path and query; it is not modified) to a
+// backend, retrying as the Attempter's rules and plan allow. It returns either an Attempt with a
+// response (any status: the last one when retries ran out), or an error (a *Error, ErrNoBackend
+// wrapped, or the context's cause): never neither, never both. The request's body, if any, is
+// read at most by the attempts that reached an upstream.
+func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attempt, error) {
+	now := time.Now()
+	deadline := plan.Deadline
+	if deadline.IsZero() {
+		deadline = now.Add(max(a.opts.Budget, 0))
+	}
+	bo := plan.Backoff
+	if bo == nil {
+		b := RequestBackoff
+		bo = &b
+	}
+	var body *countingBody
+	if req.Body != nil && req.Body != http.NoBody {
+		body = &countingBody{r: req.Body}
+	}
+	idempotent := req.Method == http.MethodGet || req.Method == http.MethodHead || req.Method == http.MethodOptions
+	avoid := plan.Avoid
+	var lastErr error
+	for attempt := 0; ; attempt++ {
+		b := a.pool.pick(avoid)
+		if b == nil {
+			if err := a.waitUsable(ctx, plan, deadline); err != nil {
+				if ctx.Err() == nil && lastErr != nil {
+					err = fmt.Errorf("%w (last: %w)", err, lastErr)
+				}
+				a.outcome(attempt, "exhausted")
+				return Attempt{}, err
+			}
+			continue
+		}
+		at, err := a.send(ctx, req, b, body)
+		wait, retry := retryable(ctx, idempotent, body, at.Resp, err)
+		if !retry {
+			if err != nil {
+				return Attempt{}, err
+			}
+			a.outcome(attempt, "recovered")
+			return at, nil
+		}
+		wait = max(wait, bo.Next())
+		if ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
+			a.outcome(attempt+1, "exhausted")
+			if err != nil {
+				return Attempt{}, err
+			}
+			return at, nil // the last answer, a 429 or 503 with its Retry-After, is the client's
+		}
+		if at.Resp != nil {
+			drain(at.Resp)
+			at.Cancel(nil)
+			lastErr = fmt.Errorf("%s answered %d", b, at.Resp.StatusCode)
+		} else {
+			lastErr = err
+		}
+		a.outcome(1, "retried")
+		avoid = b
+		if serr := a.sleep(ctx, wait); serr != nil {
+			return Attempt{}, fmt.Errorf("%w (last: %w)", serr, lastErr)
+		}
+	}
+}
+
+// waitUsable waits until some backend is usable. It fails with ErrNoBackend at once unless the
+// plan waits for backends, or a backend was healthy less than the budget ago (then it waits at
+// most until the budget after that moment); it always stops at deadline.
+func (a *Attempter) waitUsable(ctx context.Context, plan Plan, deadline time.Time) error {
+	until := deadline
+	if !plan.WaitForBackend {
+		since := a.pool.healthySince()
+		if since.IsZero() || a.opts.Budget <= 0 {
+			return ErrNoBackend
+		}
+		until = minTime(until, since.Add(a.opts.Budget))
+	}
+	for {
+		changed := a.pool.changes()
+		if a.pool.pick(nil) != nil {
+			return nil
+		}
+		left := time.Until(until)
+		if left <= 0 {
+			return ErrNoBackend
+		}
+		t := time.NewTimer(left)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return context.Cause(ctx)
+		case <-changed:
+			t.Stop()
+		case <-t.C:
+			return ErrNoBackend
+		}
+	}
+}
+
+func (a *Attempter) send(ctx context.Context, req *http.Request, b *Backend, body *countingBody) (Attempt, error) {
+	actx, cancel := context.WithCancelCause(ctx)
+	out := req.Clone(actx)
+	out.URL = b.Target(req.URL)
+	out.Host = ""
+	out.RequestURI = ""
+	if body != nil {
+		out.Body = body
+		out.GetBody = nil
+	}
+	resp, err := b.RoundTrip(out)
+	if err != nil {
+		cancel(err)
+		return Attempt{}, &Error{Backend: b, Err: err}
+	}
+	return Attempt{Resp: resp, Backend: b, Cancel: cancel}, nil
+}
+
+func (a *Attempter) outcome(attempt int, what string) {
+	if attempt > 0 && a.opts.OnRetry != nil {
+		a.opts.OnRetry(what)
+	}
+}
+
+// RoundTrip is Do with a request's plan, as an http.RoundTripper (for httputil.ReverseProxy):
+// closing the response body ends the attempt.
+func (a *Attempter) RoundTrip(req *http.Request) (*http.Response, error) {
+	at, err := a.Do(req.Context(), req, Plan{})
+	if err != nil {
+		return nil, err
+	}
+	if rwc, ok := at.Resp.Body.(io.ReadWriteCloser); ok { // a 101 Switching Protocols
+		at.Resp.Body = &cancelRWC{ReadWriteCloser: rwc, cancel: at.Cancel}
+	} else {
+		at.Resp.Body = &cancelBody{ReadCloser: at.Resp.Body, cancel: at.Cancel}
+	}
+	return at.Resp, nil
+}
+
+type cancelBody struct {
+	io.ReadCloser
+	cancel context.CancelCauseFunc
+}
+
+func (c *cancelBody) Close() error {
+	err := c.ReadCloser.Close()
+	c.cancel(nil)
+	return err
+}
+
+type cancelRWC struct {
+	io.ReadWriteCloser
+	cancel context.CancelCauseFunc
+}
+
+func (c *cancelRWC) Close() error {
+	err := c.ReadWriteCloser.Close()
+	c.cancel(nil)
+	return err
+}
+
+// retryable decides whether an attempt's outcome may be retried, and the least wait first.
+func retryable(ctx context.Context, idempotent bool, body *countingBody, resp *http.Response, err error) (time.Duration, bool) {
+	if ctx.Err() != nil {
+		return 0, false
+	}
+	unread := body == nil || body.read.Load() == 0
+	if err != nil {
+		if IsDialError(err) {
+			return 0, unread
+		}
+		return 0, idempotent && unread && isConnectionError(err)
+	}
+	if !idempotent || !unread {
+		return 0, false
+	}
+	switch resp.StatusCode {
+	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
+		return retryAfter(resp), true
+	}
+	return 0, false
+}
+
+// countingBody tracks whether the transport read anything of a request body, and keeps the
+// transport from closing it, so a request that never left can be sent again.
+type countingBody struct {
+	r    io.ReadCloser
+	read atomic.Int64
+}
+
+func (c *countingBody) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.read.Add(int64(n))
+	return n, err
+}
+func (c *countingBody) Close() error { return nil }
+
+// retryAfter reads a Retry-After in seconds (the form the apiserver sends), capped at a minute.
+func retryAfter(resp *http.Response) time.Duration {
+	n, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if err != nil || n < 0 {
+		return 0
+	}
+	return time.Duration(min(n, 60)) * time.Second
+}
+
+func drain(resp *http.Response) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}

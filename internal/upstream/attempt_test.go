@@ -1,0 +1,377 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+func newPool(t *testing.T, o PoolOptions, urls ...string) *Pool {
+	t.Helper()
+	var us []*url.URL
+	for _, s := range urls {
+		u, err := url.Parse(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		us = append(us, u)
+	}
+	p, err := NewPool(us, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// deadURL is a loopback address nothing listens on: connections are refused.
+func deadURL(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return "http://" + ln.Addr().String()
+}
+
+// sleeps records the waits of an Attempter instead of sleeping (ctx still ends them).
+type sleeps struct {
+	mu  sync.Mutex
+	got []time.Duration
+}
+
+func (s *sleeps) sleep(ctx context.Context, d time.Duration) error {
+	s.mu.Lock()
+	s.got = append(s.got, d)
+	s.mu.Unlock()
+	return context.Cause(ctx)
+}
+
+func attempter(p *Pool, o AttempterOptions, sl *sleeps) *Attempter {
+	a := NewAttempter(p, o)
+	if sl != nil {
+		a.sleep = sl.sleep
+	}
+	return a
+}
+
+// do runs one request through RoundTrip and checks the contract: a response or an error.
+func do(t *testing.T, a *Attempter, req *http.Request) (*http.Response, error) {
+	t.Helper()
+	resp, err := a.RoundTrip(req)
+	if (resp == nil) == (err == nil) {
+		t.Fatalf("RoundTrip returned response %v and error %v: want exactly one", resp, err)
+	}
+	return resp, err
+}
+
+func TestRetryIdempotentOn503HonoursRetryAfter(t *testing.T) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) <= 2 {
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "apiserver is shutting down", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	var sl sleeps
+	var outcomes []string
+	a := attempter(newPool(t, PoolOptions{}, srv.URL), AttempterOptions{Budget: 10 * time.Second, OnRetry: func(o string) { outcomes = append(outcomes, o) }}, &sl)
+	req, _ := http.NewRequest("GET", "/api/v1/pods", nil)
+	resp, err := do(t, a, req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("got %v %v", resp, err)
+	}
+	resp.Body.Close()
+	if n.Load() != 3 || len(sl.got) != 2 || sl.got[0] < time.Second || sl.got[1] < time.Second {
+		t.Fatalf("attempts %d, sleeps %v: want 3 attempts, two waits of at least 1s (Retry-After)", n.Load(), sl.got)
+	}
+	if strings.Join(outcomes, ",") != "retried,retried,recovered" {
+		t.Fatalf("outcomes %v", outcomes)
+	}
+}
+
+func TestNoRetryOfPostAfterItReachedUpstream(t *testing.T) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		io.Copy(io.Discard, r.Body)
+		http.Error(w, "busy", http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	a := attempter(newPool(t, PoolOptions{}, srv.URL), AttempterOptions{Budget: 10 * time.Second}, &sleeps{})
+	req, _ := http.NewRequest("POST", "/api/v1/namespaces/d/configmaps", strings.NewReader(`{"a":1}`))
+	resp, err := do(t, a, req)
+	if err != nil || resp.StatusCode != 503 || n.Load() != 1 {
+		t.Fatalf("got %v %v after %d attempts; a POST that reached the upstream must not be retried", resp, err, n.Load())
+	}
+	resp.Body.Close()
+}
+
+func TestPostRetriedOnAnotherBackendWhenDialFailed(t *testing.T) {
+	var body atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		body.Store(string(b))
+		w.WriteHeader(201)
+	}))
+	defer srv.Close()
+	p := newPool(t, PoolOptions{}, deadURL(t), srv.URL)
+	a := attempter(p, AttempterOptions{Budget: 10 * time.Second}, &sleeps{})
+	for i := 0; i < 4; i++ { // whichever backend the turn starts with
+		req, _ := http.NewRequest("POST", "/x", strings.NewReader(`{"a":1}`))
+		resp, err := do(t, a, req)
+		if err != nil || resp.StatusCode != 201 {
+			t.Fatalf("got %v %v", resp, err)
+		}
+		resp.Body.Close()
+		if body.Load() != `{"a":1}` {
+			t.Fatalf("body at upstream %q", body.Load())
+		}
+	}
+	if s := p.backends[0].State(); s != Unhealthy {
+		t.Fatalf("a refused backend is %v, want unhealthy", s)
+	}
+}
+
+func TestBudgetSpentReturnsLastAnswer(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "no", http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	var outcomes []string
+	a := NewAttempter(newPool(t, PoolOptions{}, srv.URL), AttempterOptions{Budget: 300 * time.Millisecond, OnRetry: func(o string) { outcomes = append(outcomes, o) }})
+	req, _ := http.NewRequest("GET", "/x", nil)
+	start := time.Now()
+	resp, err := do(t, a, req)
+	if err != nil || resp.StatusCode != 503 {
+		t.Fatalf("got %v %v", resp, err)
+	}
+	resp.Body.Close()
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("took %v with a 300ms budget", d)
+	}
+	if len(outcomes) == 0 || outcomes[len(outcomes)-1] != "exhausted" {
+		t.Fatalf("outcomes %v", outcomes)
+	}
+}
+
+// Issue #7: a client that leaves (or a shutdown) during the wait between attempts gets an
+// error back, never a nil response with a nil error (net/http then panicked).
+func TestCancelDuringWaitIsAnError(t *testing.T) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		w.Header().Set("Retry-After", "5")
+		http.Error(w, "slow down", http.StatusTooManyRequests)
+	}))
+	defer srv.Close()
+	a := NewAttempter(newPool(t, PoolOptions{}, srv.URL), AttempterOptions{Budget: time.Minute})
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", "/x", nil)
+	start := time.Now()
+	_, err := do(t, a, req)
+	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 2*time.Second || n.Load() != 1 {
+		t.Fatalf("err %v after %v and %d attempts: want the context's error at once, one attempt", err, time.Since(start), n.Load())
+	}
+}
+
+// Issue #7: with every backend down, a request is answered at once with ErrNoBackend, and
+// dials nothing (only the health checker dials a down backend).
+func TestNoUsableBackendFailsFastWithoutDialling(t *testing.T) {
+	var dials atomic.Int32
+	p := newPool(t, PoolOptions{OnDial: func(*Backend, error) { dials.Add(1) }}, deadURL(t))
+	a := NewAttempter(p, AttempterOptions{Budget: 30 * time.Second})
+	req, _ := http.NewRequest("GET", "/x", nil)
+	start := time.Now()
+	_, err := do(t, a, req) // unknown backend: tried, refused, never healthy: no wait
+	if !errors.Is(err, ErrNoBackend) || Name(err) == "upstream" && !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("first request: %v, want ErrNoBackend naming the refusal", err)
+	}
+	if dials.Load() != 1 {
+		t.Fatalf("%d dials for the first request, want 1", dials.Load())
+	}
+	for i := 0; i < 20; i++ {
+		if _, err := do(t, a, req); !errors.Is(err, ErrNoBackend) {
+			t.Fatalf("request %d: %v, want ErrNoBackend", i, err)
+		}
+	}
+	if d := time.Since(start); d > time.Second || dials.Load() != 1 {
+		t.Fatalf("21 requests took %v and %d dials: want well under a second and no dial after the first", d, dials.Load())
+	}
+}
+
+// A backend that was healthy a moment ago is waited for (within the budget): a sidecar's one
+// apiserver restarting. The request goes through once the health checker sees it again.
+func TestWaitsForABackendHealthyAMomentAgo(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	srv := &http.Server{Handler: ok}
+	go srv.Serve(ln)
+	p := newPool(t, PoolOptions{HealthInterval: 100 * time.Millisecond}, "http://"+addr)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go p.Run(ctx)
+	waitFor(t, 5*time.Second, "the backend healthy", p.Ready)
+	srv.Close() // the apiserver goes away ...
+	a := NewAttempter(p, AttempterOptions{Budget: 10 * time.Second})
+	go func() { // ... and comes back on the same port a little later
+		time.Sleep(300 * time.Millisecond)
+		ln2, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		srv2 := &http.Server{Handler: ok}
+		go srv2.Serve(ln2)
+		t.Cleanup(func() { srv2.Close() })
+	}()
+	req, _ := http.NewRequest("GET", "/x", nil)
+	resp, err := do(t, a, req)
+	if err != nil {
+		t.Fatalf("a restarting backend must be waited for within the budget: %v", err)
+	}
+	resp.Body.Close()
+}
+
+// Issue #7: a health checker with manners. An upstream that refuses connections costs about
+// one dial per interval (not a hot loop), the backend starts unknown (not ready), and the
+// transition is logged once.
+func TestHealthCheckerManners(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	var dials atomic.Int32
+	interval := 200 * time.Millisecond
+	p := newPool(t, PoolOptions{HealthInterval: interval, Logger: zap.New(core), OnDial: func(*Backend, error) { dials.Add(1) }}, deadURL(t))
+	b := p.backends[0]
+	if b.State() != Unknown || p.Ready() {
+		t.Fatalf("a new backend is %v, ready %v: want unknown, not ready", b.State(), p.Ready())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	// Real traffic keeps failing too: passive failures ask for early re-checks.
+	a := NewAttempter(p, AttempterOptions{})
+	window := 2 * time.Second
+	end := time.Now().Add(window)
+	for time.Now().Before(end) {
+		req, _ := http.NewRequest("GET", "/x", nil)
+		_, _ = a.RoundTrip(req)
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	// The checker: probes at 0, then 200ms-capped backoff from 200ms: ~10 in 2s; plus at most
+	// one early re-check per interval and the first request's dial.
+	if n := dials.Load(); n > int32(2*window/interval)+3 {
+		t.Fatalf("%d dials in %v with a %v interval: want about one per interval", n, window, interval)
+	}
+	if n := logs.FilterMessage("upstream unhealthy").Len(); n != 1 {
+		t.Fatalf("%d 'upstream unhealthy' lines, want exactly 1", n)
+	}
+	if b.State() != Unhealthy || p.Ready() {
+		t.Fatalf("state %v ready %v", b.State(), p.Ready())
+	}
+}
+
+func TestHealthTransitionsLoggedOnce(t *testing.T) {
+	var up atomic.Bool
+	up.Store(true)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !up.Load() {
+			http.Error(w, "not ready", 500)
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	core, logs := observer.New(zapcore.InfoLevel)
+	var states []State
+	var mu sync.Mutex
+	p := newPool(t, PoolOptions{HealthInterval: 50 * time.Millisecond, Logger: zap.New(core), OnState: func(_ *Backend, s State) {
+		mu.Lock()
+		states = append(states, s)
+		mu.Unlock()
+	}}, srv.URL)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go p.Run(ctx)
+	waitFor(t, 5*time.Second, "healthy", p.Ready)
+	up.Store(false)
+	waitFor(t, 5*time.Second, "unhealthy", func() bool { return p.backends[0].State() == Unhealthy })
+	up.Store(true)
+	waitFor(t, 5*time.Second, "healthy again", p.Ready)
+	time.Sleep(300 * time.Millisecond) // several more probes: none may log again
+	mu.Lock()
+	defer mu.Unlock()
+	if len(states) != 3 || states[0] != Healthy || states[1] != Unhealthy || states[2] != Healthy {
+		t.Fatalf("transitions %v, want healthy, unhealthy, healthy", states)
+	}
+	if h, u := logs.FilterMessage("upstream healthy").Len(), logs.FilterMessage("upstream unhealthy").Len(); h != 2 || u != 1 {
+		t.Fatalf("logged healthy %d, unhealthy %d times; want 2 and 1", h, u)
+	}
+}
+
+func TestPickAvoidsAndSkipsUnhealthy(t *testing.T) {
+	p := newPool(t, PoolOptions{}, "http://a", "http://b", "http://c")
+	a, b, c := p.backends[0], p.backends[1], p.backends[2]
+	p.setState(b, Unhealthy, errors.New("down"))
+	for i := 0; i < 10; i++ {
+		if got := p.pick(a); got != c {
+			t.Fatalf("pick(avoid a) with b down = %v, want c", got)
+		}
+	}
+	p.setState(c, Unhealthy, errors.New("down"))
+	if got := p.pick(a); got != a {
+		t.Fatalf("pick(avoid a) with only a usable = %v, want a", got)
+	}
+	p.setState(a, Unhealthy, errors.New("down"))
+	if got := p.pick(nil); got != nil {
+		t.Fatalf("every backend down: pick = %v, want none", got)
+	}
+}
+
+func TestBackoffGrowsWithJitterAndResets(t *testing.T) {
+	b := ResumeBackoff
+	want := []time.Duration{800 * time.Millisecond, 1600 * time.Millisecond, 3200 * time.Millisecond, 6400 * time.Millisecond,
+		12800 * time.Millisecond, 25600 * time.Millisecond, 30 * time.Second, 30 * time.Second}
+	for i, w := range want {
+		d := b.Next()
+		if d < w*3/4 || d > w*5/4 {
+			t.Fatalf("delay %d = %v, want %v +-25%%", i, d, w)
+		}
+	}
+	b.Reset()
+	if d := b.Next(); d > time.Second {
+		t.Fatalf("after Reset: %v", d)
+	}
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

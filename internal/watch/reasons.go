@@ -1,0 +1,101 @@
+package watch
+
+import "strconv"
+
+// EndReason is why a client's watch stream ended; its String is the stable value of
+// watchsan_watch_stream_ends_total's reason label.
+type EndReason uint8
+
+const (
+	endNone EndReason = iota // the stream goes on
+	// EndClientGone: the client went away.
+	EndClientGone
+	// EndDeadline: the client's timeoutSeconds passed (ended cleanly, as the apiserver does).
+	EndDeadline
+	// EndShutdown: watchsan is shutting down (ended cleanly; the client re-watches elsewhere).
+	EndShutdown
+	// EndMalformed: the upstream sent garbage (ended cleanly).
+	EndMalformed
+	// EndResumeTimeout: resuming made no progress within the resume timeout (ended cleanly).
+	EndResumeTimeout
+	// EndResumeRefused: the upstream refused the resumed watch with a client error.
+	EndResumeRefused
+	// EndRelist: the resume point is gone (410); the client got an ERROR 410 and relists.
+	EndRelist
+	// EndNoResume: the upstream broke where no resume is possible (initial phase, resume
+	// disabled, no resume point); ended cleanly.
+	EndNoResume
+	// EndUpstreamError: the upstream sent an ERROR event, passed on; the stream ends with it.
+	EndUpstreamError
+
+	numEndReasons
+)
+
+var endNames = [numEndReasons]string{
+	endNone:          "none",
+	EndClientGone:    "client-gone",
+	EndDeadline:      "client-deadline",
+	EndShutdown:      "shutdown",
+	EndMalformed:     "upstream-malformed",
+	EndResumeTimeout: "resume-timeout",
+	EndResumeRefused: "resume-refused",
+	EndRelist:        "relist-forced",
+	EndNoResume:      "upstream-broke",
+	EndUpstreamError: "upstream-error-event",
+}
+
+func (r EndReason) String() string {
+	if r < numEndReasons {
+		return endNames[r]
+	}
+	return "EndReason(" + strconv.Itoa(int(r)) + ")"
+}
+
+// EndReasons lists every reason a stream can end with (to initialise metric series).
+func EndReasons() []EndReason {
+	out := make([]EndReason, 0, numEndReasons-1)
+	for r := EndClientGone; r < numEndReasons; r++ {
+		out = append(out, r)
+	}
+	return out
+}
+
+// ResumeReason is why an upstream watch broke and was resumed; its String is the stable value
+// of watchsan_watch_resumes_total's reason label.
+type ResumeReason uint8
+
+const (
+	// ResumeEOF: the upstream ended the watch cleanly (its own timeout, a restart).
+	ResumeEOF ResumeReason = iota
+	// ResumeReset: the connection broke (reset, GOAWAY, a failed ping).
+	ResumeReset
+	// ResumeTruncated: the stream ended inside an event.
+	ResumeTruncated
+	// ResumeStall: the upstream went silent and did not answer a probe.
+	ResumeStall
+
+	numResumeReasons
+)
+
+var resumeNames = [numResumeReasons]string{
+	ResumeEOF:       "eof",
+	ResumeReset:     "reset",
+	ResumeTruncated: "truncated",
+	ResumeStall:     "stall",
+}
+
+func (r ResumeReason) String() string {
+	if r < numResumeReasons {
+		return resumeNames[r]
+	}
+	return "ResumeReason(" + strconv.Itoa(int(r)) + ")"
+}
+
+// ResumeReasons lists every resume reason (to initialise metric series).
+func ResumeReasons() []ResumeReason {
+	out := make([]ResumeReason, 0, numResumeReasons)
+	for r := ResumeReason(0); r < numResumeReasons; r++ {
+		out = append(out, r)
+	}
+	return out
+}
