@@ -1,10 +1,12 @@
 package server
 
 import (
+	"errors"
 	"net/http"
 	"net/http/httputil"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/watchsan/watchsan/internal/apistatus"
 	"github.com/watchsan/watchsan/internal/upstream"
@@ -29,7 +31,13 @@ func newProxy(attempts *upstream.Attempter, log *zap.Logger) *httputil.ReversePr
 				return // the client went away; nobody to answer
 			}
 			st := apistatus.ForUpstreamError(upstream.Name(err), err)
-			log.Warn("upstream failed before the response started", zap.String("path", r.URL.Path), zap.Int32("code", st.Code), zap.Error(err))
+			lvl := zapcore.WarnLevel
+			if errors.Is(err, upstream.ErrNoBackend) {
+				lvl = zapcore.DebugLevel // the outage is logged once, at its transition; not per request
+			}
+			if ce := log.Check(lvl, "upstream failed before the response started"); ce != nil {
+				ce.Write(zap.String("path", r.URL.Path), zap.Int32("code", st.Code), zap.Error(err))
+			}
 			apistatus.Write(w, st)
 		},
 	}

@@ -117,7 +117,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	for _, o := range []string{"retried", "recovered", "exhausted"} {
 		s.metrics.Retries.WithLabelValues(o)
 	}
-	s.proxy = newProxy(attempts, log)
+	s.proxy = newProxy(attempts, log.Named("proxy"))
 	return s, nil
 }
 

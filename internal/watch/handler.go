@@ -188,7 +188,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if errors.Is(context.Cause(ctx), errShutdown) {
 			st = apistatus.New(http.StatusServiceUnavailable, "ServiceUnavailable", "watchsan is shutting down")
 		}
-		h.log.Warn("watch: upstream failed before the response started", zap.String("path", r.URL.Path), zap.Int32("code", st.Code), zap.Error(err))
+		lvl := zapcore.WarnLevel
+		if errors.Is(err, upstream.ErrNoBackend) {
+			lvl = zapcore.DebugLevel // the outage is logged once, at its transition; not per request
+		}
+		if ce := h.log.Check(lvl, "upstream failed before the response started"); ce != nil {
+			ce.Write(zap.String("path", r.URL.Path), zap.Int32("code", st.Code), zap.Error(err))
+		}
 		apistatus.Write(w, st)
 		return
 	}
