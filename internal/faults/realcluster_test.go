@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/watchsan/watchsan/internal/testutil"
 	"github.com/watchsan/watchsan/test/cluster"
 	"github.com/watchsan/watchsan/test/cluster/clustertest"
 )
@@ -155,7 +156,7 @@ func testInformerReplay(t *testing.T, c *cluster.Cluster, direct kubernetes.Inte
 		t.Fatal(err)
 	}
 	if faulty {
-		waitFor(t, "the replay to reach the informer", func() bool {
+		testutil.Eventually(t, 10*time.Second, "the replay to reach the informer", func() bool {
 			return h.get("delete/a") >= 2 && h.get("update/b") >= 1 && h.get("update/c") >= 1
 		})
 	}
@@ -163,7 +164,7 @@ func testInformerReplay(t *testing.T, c *cluster.Cluster, direct kubernetes.Inte
 	if _, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "d"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "d to reach the informer", func() bool { return h.get("add/d") == 1 })
+	testutil.Eventually(t, 10*time.Second, "d to reach the informer", func() bool { return h.get("add/d") == 1 })
 	want := "add/a=1 add/b=1 add/c=1 add/d=1 delete/a=1"
 	if faulty {
 		want = "add/a=1 add/b=1 add/c=1 add/d=1 delete/a=2 update/b=1 update/c=1"

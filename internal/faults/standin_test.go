@@ -341,18 +341,6 @@ func nextErr(d *restclientwatch.Decoder) error {
 	return err
 }
 
-// waitFor waits until cond holds, failing the test after a deadline.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // receive waits for one value on ch, failing the test after a deadline.
 func receive(t *testing.T, what string, ch <-chan struct{}) {
 	t.Helper()

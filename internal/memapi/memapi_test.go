@@ -24,6 +24,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/watchsan/watchsan/internal/testutil"
 )
 
 const ns = "demo"
@@ -84,18 +86,6 @@ func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 type seen struct{ typ, name, rv string }
@@ -171,7 +161,7 @@ func TestInformerSyncsWithWatchListAndSeesChanges(t *testing.T) {
 		{"update", "a", a2.ResourceVersion},
 		{"delete", "a", delRV}, // the delete's own revision
 	}
-	waitFor(t, "the informer's handlers to see every change", func() bool { return len(rec.snapshot()) >= len(want) })
+	testutil.Eventually(t, 10*time.Second, "the informer's handlers to see every change", func() bool { return len(rec.snapshot()) >= len(want) })
 	if got := rec.snapshot(); !slices.Equal(got, want) {
 		t.Fatalf("handlers saw %v, want %v", got, want)
 	}
@@ -459,13 +449,13 @@ func TestWatchEndsOnTimeoutDisconnectAndClose(t *testing.T) {
 	// A client that goes away: the handler returns.
 	wctx, cancel := context.WithCancel(ctx)
 	rawWatch(t, wctx, ts.URL, "/api/v1/namespaces/"+ns+"/services", url.Values{"watch": {"true"}})
-	waitFor(t, "the watch to open", func() bool { return ts.OpenWatches() == 1 })
+	testutil.Eventually(t, 10*time.Second, "the watch to open", func() bool { return ts.OpenWatches() == 1 })
 	cancel()
-	waitFor(t, "the watch to end after the client left", func() bool { return ts.OpenWatches() == 0 })
+	testutil.Eventually(t, 10*time.Second, "the watch to end after the client left", func() bool { return ts.OpenWatches() == 0 })
 
 	// Close ends open watches cleanly.
 	next = rawWatch(t, ctx, ts.URL, "/api/v1/namespaces/"+ns+"/configmaps", url.Values{"watch": {"true"}})
-	waitFor(t, "the watch to open", func() bool { return ts.OpenWatches() == 1 })
+	testutil.Eventually(t, 10*time.Second, "the watch to open", func() bool { return ts.OpenWatches() == 1 })
 	ts.Close()
 	if typ, _ := next(); typ != "EOF" {
 		t.Fatalf("got %s after Close", typ)

@@ -17,6 +17,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/watchsan/watchsan/internal/testutil"
 )
 
 func newPool(t *testing.T, o PoolOptions, urls ...string) *Pool {
@@ -231,7 +233,7 @@ func TestWaitsForABackendHealthyAMomentAgo(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go p.Run(ctx)
-	waitFor(t, 5*time.Second, "the backend healthy", p.Ready)
+	testutil.Eventually(t, 5*time.Second, "the backend healthy", p.Ready)
 	srv.Close() // the apiserver goes away ...
 	a := NewAttempter(p, AttempterOptions{Budget: 10 * time.Second})
 	go func() { // ... and comes back on the same port a little later
@@ -314,11 +316,11 @@ func TestHealthTransitionsLoggedOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go p.Run(ctx)
-	waitFor(t, 5*time.Second, "healthy", p.Ready)
+	testutil.Eventually(t, 5*time.Second, "healthy", p.Ready)
 	up.Store(false)
-	waitFor(t, 5*time.Second, "unhealthy", func() bool { return p.backends[0].State() == Unhealthy })
+	testutil.Eventually(t, 5*time.Second, "unhealthy", func() bool { return p.backends[0].State() == Unhealthy })
 	up.Store(true)
-	waitFor(t, 5*time.Second, "healthy again", p.Ready)
+	testutil.Eventually(t, 5*time.Second, "healthy again", p.Ready)
 	time.Sleep(300 * time.Millisecond) // several more probes: none may log again
 	mu.Lock()
 	defer mu.Unlock()
@@ -362,16 +364,5 @@ func TestBackoffGrowsWithJitterAndResets(t *testing.T) {
 	b.Reset()
 	if d := b.Next(); d > time.Second {
 		t.Fatalf("after Reset: %v", d)
-	}
-}
-
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }

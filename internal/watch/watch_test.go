@@ -14,11 +14,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/metrics"
+	"github.com/watchsan/watchsan/internal/testutil"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
 
@@ -166,18 +167,6 @@ func (f *fixture) watch(t *testing.T, query string) ([]got, error) {
 	}
 }
 
-// waitUntil polls cond until it holds or timeout passes; it reports which.
-func waitUntil(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return true
-}
-
 func gotString(gs []got) string {
 	var b []string
 	for _, g := range gs {
@@ -209,10 +198,10 @@ func TestRegressingDeleteRewrittenReplayDropped(t *testing.T) {
 	f := newFixture(t, Config{DisableResume: true}, up)
 	gs, err := f.watch(t, "resourceVersion=5")
 	expectStream(t, gs, err, "ADDED a 10, ADDED b 11, DELETED a 12, ADDED c 13")
-	if v := testutil.ToFloat64(f.m.WatchEvents.WithLabelValues("configmaps", "DELETED", "rewritten")); v != 1 {
+	if v := promtest.ToFloat64(f.m.WatchEvents.WithLabelValues("configmaps", "DELETED", "rewritten")); v != 1 {
 		t.Fatalf("rewritten deletes counted %v", v)
 	}
-	if v := testutil.ToFloat64(f.m.WatchEvents.WithLabelValues("configmaps", "MODIFIED", "dropped")); v != 1 {
+	if v := promtest.ToFloat64(f.m.WatchEvents.WithLabelValues("configmaps", "MODIFIED", "dropped")); v != 1 {
 		t.Fatalf("dropped replays counted %v", v)
 	}
 }
@@ -223,7 +212,7 @@ func TestObserveModeChangesNothing(t *testing.T) {
 	f := newFixture(t, Config{DisableResume: true, Mode: fix.Observe}, up)
 	gs, err := f.watch(t, "resourceVersion=5")
 	expectStream(t, gs, err, "ADDED a 10, DELETED a 10, MODIFIED a 10")
-	if v := testutil.ToFloat64(f.m.WatchEvents.WithLabelValues("configmaps", "DELETED", "rewritten")); v != 1 {
+	if v := promtest.ToFloat64(f.m.WatchEvents.WithLabelValues("configmaps", "DELETED", "rewritten")); v != 1 {
 		t.Fatalf("observe mode must count what repair would do; rewritten = %v", v)
 	}
 }
@@ -249,10 +238,10 @@ func TestResumeAfterEOFIsSeamless(t *testing.T) {
 	if q.Get("resourceVersion") != "11" || q.Get("allowWatchBookmarks") != "true" || q.Get("watch") != "true" {
 		t.Fatalf("resume query %v: want a watch from 11 with bookmarks", q)
 	}
-	if v := testutil.ToFloat64(f.m.Resumes.WithLabelValues("eof")); v != 1 {
+	if v := promtest.ToFloat64(f.m.Resumes.WithLabelValues("eof")); v != 1 {
 		t.Fatalf("resumes{eof} = %v", v)
 	}
-	if v := testutil.ToFloat64(f.m.StreamEnds.WithLabelValues(EndDeadline.String())); v != 1 {
+	if v := promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndDeadline.String())); v != 1 {
 		t.Fatalf("the client's timeoutSeconds must end the stream; ends{deadline} = %v", v)
 	}
 }
@@ -279,7 +268,7 @@ func TestGoneOnResumeForcesRelist(t *testing.T) {
 	f := newFixture(t, Config{}, up)
 	gs, err := f.watch(t, "resourceVersion=5")
 	expectStream(t, gs, err, "ADDED a 10, ERROR 410")
-	if v := testutil.ToFloat64(f.m.RelistsForced); v != 1 {
+	if v := promtest.ToFloat64(f.m.RelistsForced); v != 1 {
 		t.Fatalf("relists forced = %v", v)
 	}
 }
@@ -298,12 +287,12 @@ func TestStalledUpstreamIsResumed(t *testing.T) {
 	}
 	f := newFixture(t, Config{StallTimeout: 300 * time.Millisecond, ProbeTimeout: 200 * time.Millisecond}, up)
 	go func() { // the apiserver comes back after the stall was noticed
-		waitUntil(10*time.Second, func() bool { return testutil.ToFloat64(f.m.Stalls) > 0 })
+		testutil.Until(10*time.Second, func() bool { return promtest.ToFloat64(f.m.Stalls) > 0 })
 		up.frozen.Store(false)
 	}()
 	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=3")
 	expectStream(t, gs, err, "ADDED a 10, ADDED b 11")
-	if v := testutil.ToFloat64(f.m.Resumes.WithLabelValues("stall")); v != 1 {
+	if v := promtest.ToFloat64(f.m.Resumes.WithLabelValues("stall")); v != 1 {
 		t.Fatalf("resumes{stall} = %v", v)
 	}
 	if q := up.query(1); q.Get("resourceVersion") != "10" {
@@ -317,8 +306,8 @@ func TestQuietUpstreamIsNotResumed(t *testing.T) {
 	f := newFixture(t, Config{StallTimeout: 200 * time.Millisecond, ProbeTimeout: 200 * time.Millisecond}, up)
 	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2") // ~10 stall periods
 	expectStream(t, gs, err, "ADDED a 10")
-	if up.attempts() != 1 || testutil.ToFloat64(f.m.Stalls) != 0 {
-		t.Fatalf("a quiet but healthy upstream was treated as stalled: %d attempts, %v stalls", up.attempts(), testutil.ToFloat64(f.m.Stalls))
+	if up.attempts() != 1 || promtest.ToFloat64(f.m.Stalls) != 0 {
+		t.Fatalf("a quiet but healthy upstream was treated as stalled: %d attempts, %v stalls", up.attempts(), promtest.ToFloat64(f.m.Stalls))
 	}
 }
 
@@ -328,7 +317,7 @@ func TestGarbageEndsCleanlyWithNothingPartial(t *testing.T) {
 	f := newFixture(t, Config{}, up)
 	gs, err := f.watch(t, "resourceVersion=5")
 	expectStream(t, gs, err, "ADDED a 10")
-	if v := testutil.ToFloat64(f.m.StreamEnds.WithLabelValues(EndMalformed.String())); v != 1 {
+	if v := promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndMalformed.String())); v != 1 {
 		t.Fatalf("ends{malformed} = %v", v)
 	}
 }
@@ -365,12 +354,12 @@ func TestShutdownEndsCleanly(t *testing.T) {
 	up.steps = []func(http.ResponseWriter, *http.Request){thenHang(up, obj("ADDED", "a", "10"))}
 	f := newFixture(t, Config{}, up)
 	go func() { // shut down once the watch is open (or after the deadline: the test then fails)
-		waitUntil(10*time.Second, func() bool { return testutil.ToFloat64(f.m.OpenWatches.WithLabelValues("configmaps")) > 0 })
+		testutil.Until(10*time.Second, func() bool { return promtest.ToFloat64(f.m.OpenWatches.WithLabelValues("configmaps")) > 0 })
 		close(f.done)
 	}()
 	gs, err := f.watch(t, "resourceVersion=5")
 	expectStream(t, gs, err, "ADDED a 10")
-	if v := testutil.ToFloat64(f.m.StreamEnds.WithLabelValues(EndShutdown.String())); v != 1 {
+	if v := promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndShutdown.String())); v != 1 {
 		t.Fatalf("ends{shutdown} = %v", v)
 	}
 }
@@ -429,7 +418,7 @@ func TestErrorEventOnResumeEndsStream(t *testing.T) {
 	if up.attempts() != 2 {
 		t.Fatalf("%d upstream attempts, want 2 (the first, one resume)", up.attempts())
 	}
-	if v := testutil.ToFloat64(f.m.RelistsForced); v != 1 {
+	if v := promtest.ToFloat64(f.m.RelistsForced); v != 1 {
 		t.Fatalf("relists forced = %v", v)
 	}
 }
@@ -455,7 +444,7 @@ func TestResumeWithoutProgressBacksOffAndGivesUp(t *testing.T) {
 	gs, err := f.watch(t, "resourceVersion=5")
 	took := time.Since(start)
 	expectStream(t, gs, err, "ADDED a 10")
-	if v := testutil.ToFloat64(f.m.StreamEnds.WithLabelValues(EndResumeTimeout.String())); v != 1 {
+	if v := promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndResumeTimeout.String())); v != 1 {
 		t.Fatalf("ends{resume-timeout} = %v", v)
 	}
 	// 0 s: the first attempt; at once: a resume after progress; then waits of 0.8 s and 1.6 s
@@ -509,7 +498,7 @@ func TestNegativeTimeoutSecondsIsNotResumed(t *testing.T) {
 	if up.attempts() != 1 || up.query(0).Get("timeoutSeconds") != "-1" {
 		t.Fatalf("%d attempts, first with timeoutSeconds=%q: want one, as the client sent it", up.attempts(), up.query(0).Get("timeoutSeconds"))
 	}
-	if v := testutil.ToFloat64(f.m.StreamEnds.WithLabelValues(EndDeadline.String())); v != 1 {
+	if v := promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndDeadline.String())); v != 1 {
 		t.Fatalf("ends{client-deadline} = %v", v)
 	}
 }
