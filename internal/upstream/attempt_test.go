@@ -366,3 +366,30 @@ func TestBackoffGrowsWithJitterAndResets(t *testing.T) {
 		t.Fatalf("after Reset: %v", d)
 	}
 }
+
+// Every quiet watch's stall watchdog probes its backend; however many ask at once, the
+// upstream sees one probe (issue #7: a budget on the apiserver).
+func TestSharedProbeCoalesces(t *testing.T) {
+	var probes atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		probes.Add(1)
+		time.Sleep(50 * time.Millisecond)
+		io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	b := newPool(t, PoolOptions{}, srv.URL).backends[0]
+	var wg sync.WaitGroup
+	for i := 0; i < 200; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := b.SharedProbe(context.Background(), time.Second); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := probes.Load(); n != 1 {
+		t.Fatalf("200 concurrent stall probes reached the upstream %d times, want 1", n)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -50,6 +51,44 @@ type Backend struct {
 	probeStatus atomic.Int32 // the last probe's HTTP status, to log a 401/403 once
 	// kick wakes the health loop for an early re-check (a passive failure signal).
 	kick chan struct{}
+
+	probeMu sync.Mutex
+	shared  *sharedProbe // the last probe started by SharedProbe
+}
+
+// sharedProbe is one probe whose answer several callers share.
+type sharedProbe struct {
+	start time.Time
+	done  chan struct{} // closed when code and err are set
+	code  int
+	err   error
+}
+
+// SharedProbeFresh is how long a SharedProbe answer is reused.
+const SharedProbeFresh = time.Second
+
+// SharedProbe is Probe for callers that may be many at once (every quiet watch's stall
+// watchdog): callers within SharedProbeFresh of a probe's start share its answer, so the
+// upstream sees at most about one such probe a second however many watches are open. The probe
+// runs under its own timeout; ctx only stops this caller's wait.
+func (b *Backend) SharedProbe(ctx context.Context, timeout time.Duration) (int, error) {
+	b.probeMu.Lock()
+	p := b.shared
+	if p == nil || time.Since(p.start) > SharedProbeFresh {
+		p = &sharedProbe{start: time.Now(), done: make(chan struct{})}
+		b.shared = p
+		go func() {
+			p.code, p.err = b.Probe(context.Background(), timeout)
+			close(p.done)
+		}()
+	}
+	b.probeMu.Unlock()
+	select {
+	case <-p.done:
+		return p.code, p.err
+	case <-ctx.Done():
+		return 0, context.Cause(ctx)
+	}
 }
 
 // String names the backend in logs and metrics (scheme://host[/prefix], no credentials).

@@ -267,7 +267,7 @@ func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, at upstr
 				t.Reset(stall - idle)
 				continue
 			}
-			if _, err := at.Backend.Probe(ctx, s.h.cfg.ProbeTimeout); err != nil && ctx.Err() == nil {
+			if _, err := at.Backend.SharedProbe(ctx, s.h.cfg.ProbeTimeout); err != nil && ctx.Err() == nil {
 				s.h.deps.Metrics.Stalls.Inc()
 				s.log.Warn("upstream watch stalled: no event and the upstream does not answer a probe",
 					zap.String("path", s.client.URL.Path), zap.Stringer("upstream", at.Backend), zap.Duration("silent", idle), zap.Error(err))
