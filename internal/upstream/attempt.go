@@ -20,7 +20,7 @@ const DefaultRetryBudget = 10 * time.Second
 
 // ErrNoBackend is the failure when no backend is usable: all are failing their health checks
 // or refusing connections. The client is told to retry after a second (apistatus maps it).
-var ErrNoBackend = errors.New("no upstream apiserver is available")
+var ErrNoBackend = errors.New("every upstream apiserver is unavailable")
 
 // AttempterOptions configure an Attempter. Every field's zero value is usable.
 type AttempterOptions struct {
@@ -172,10 +172,11 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 // most until the budget after that moment); it always stops at deadline.
 func (a *Attempter) waitUsable(ctx context.Context, plan Plan, deadline time.Time) error {
 	until := deadline
+	noBackend := func() error { return fmt.Errorf("%w (%s)", ErrNoBackend, a.pool.describe()) }
 	if !plan.WaitForBackend {
 		since := a.pool.healthySince()
 		if since.IsZero() || a.opts.Budget <= 0 {
-			return ErrNoBackend
+			return noBackend()
 		}
 		until = minTime(until, since.Add(a.opts.Budget))
 	}
@@ -186,7 +187,7 @@ func (a *Attempter) waitUsable(ctx context.Context, plan Plan, deadline time.Tim
 		}
 		left := time.Until(until)
 		if left <= 0 {
-			return ErrNoBackend
+			return noBackend()
 		}
 		t := time.NewTimer(left)
 		select {
@@ -196,7 +197,7 @@ func (a *Attempter) waitUsable(ctx context.Context, plan Plan, deadline time.Tim
 		case <-changed:
 			t.Stop()
 		case <-t.C:
-			return ErrNoBackend
+			return noBackend()
 		}
 	}
 }

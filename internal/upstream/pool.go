@@ -3,6 +3,7 @@ package upstream
 import (
 	"context"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -116,6 +117,15 @@ func (p *Pool) healthySince() time.Time {
 		return time.Time{}
 	}
 	return time.Unix(0, last)
+}
+
+// describe names every backend with its state, for an error message.
+func (p *Pool) describe() string {
+	parts := make([]string, len(p.backends))
+	for i, b := range p.backends {
+		parts[i] = b.String() + " " + b.State().String()
+	}
+	return strings.Join(parts, ", ")
 }
 
 // changes returns a channel closed at the next health transition of any backend.
