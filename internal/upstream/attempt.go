@@ -40,8 +40,10 @@ type AttempterOptions struct {
 // healthy a moment ago (within the budget), or the caller asked to wait.
 //
 // What is retried, before any response reached the client:
-//   - idempotent requests (GET, HEAD, OPTIONS; watches are GETs) after a connection failure, a
-//     503 (an apiserver shutting down answers so) or a 429;
+//   - idempotent requests (GET, HEAD, OPTIONS; watches are GETs) whose body was not read, after
+//     any failure to get a response (a broken or unusable connection: "http2: client conn could
+//     not be established" after a GOAWAY is one), a 503 (an apiserver shutting down answers so)
+//     or a 429;
 //   - any other request only when it provably never reached an upstream: the dial failed and
 //     not one byte of its body was read.
 type Attempter struct {
@@ -273,7 +275,7 @@ func retryable(ctx context.Context, idempotent bool, body *countingBody, resp *h
 		if IsDialError(err) {
 			return 0, unread
 		}
-		return 0, idempotent && unread && isConnectionError(err)
+		return 0, idempotent && unread
 	}
 	if !idempotent || !unread {
 		return 0, false

@@ -318,17 +318,17 @@ func TestHealthTransitionsLoggedOnce(t *testing.T) {
 	go p.Run(ctx)
 	testutil.Eventually(t, 5*time.Second, "healthy", p.Ready)
 	up.Store(false)
-	testutil.Eventually(t, 5*time.Second, "unhealthy", func() bool { return p.backends[0].State() == Unhealthy })
+	testutil.Eventually(t, 5*time.Second, "degraded", func() bool { return p.backends[0].State() == Degraded })
 	up.Store(true)
 	testutil.Eventually(t, 5*time.Second, "healthy again", p.Ready)
 	time.Sleep(300 * time.Millisecond) // several more probes: none may log again
 	mu.Lock()
 	defer mu.Unlock()
-	if len(states) != 3 || states[0] != Healthy || states[1] != Unhealthy || states[2] != Healthy {
-		t.Fatalf("transitions %v, want healthy, unhealthy, healthy", states)
+	if len(states) != 3 || states[0] != Healthy || states[1] != Degraded || states[2] != Healthy {
+		t.Fatalf("transitions %v, want healthy, degraded (readyz answered 500), healthy", states)
 	}
-	if h, u := logs.FilterMessage("upstream healthy").Len(), logs.FilterMessage("upstream unhealthy").Len(); h != 2 || u != 1 {
-		t.Fatalf("logged healthy %d, unhealthy %d times; want 2 and 1", h, u)
+	if h, d := logs.FilterMessage("upstream healthy").Len(), logs.FilterMessageSnippet("upstream degraded").Len(); h != 2 || d != 1 {
+		t.Fatalf("logged healthy %d, degraded %d times; want 2 and 1", h, d)
 	}
 }
 
@@ -345,7 +345,17 @@ func TestPickAvoidsAndSkipsUnhealthy(t *testing.T) {
 	if got := p.pick(a); got != a {
 		t.Fatalf("pick(avoid a) with only a usable = %v, want a", got)
 	}
+	p.setState(b, Degraded, errors.New("readyz 500"))
+	for i := 0; i < 10; i++ {
+		if got := p.pick(nil); got != a {
+			t.Fatalf("pick with a healthy and b degraded = %v, want a", got)
+		}
+	}
 	p.setState(a, Unhealthy, errors.New("down"))
+	if got := p.pick(nil); got != b {
+		t.Fatalf("only b degraded: pick = %v, want b (it answers: a last resort)", got)
+	}
+	p.setState(b, Unhealthy, errors.New("down"))
 	if got := p.pick(nil); got != nil {
 		t.Fatalf("every backend down: pick = %v, want none", got)
 	}

@@ -11,7 +11,6 @@ import (
 	"net/url"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 )
 
@@ -24,12 +23,17 @@ const (
 	Unknown State = iota
 	// Healthy: the last probe answered, and no connection has been refused since.
 	Healthy
-	// Unhealthy: the last probe failed, or a connection to it was refused since. Requests do not
-	// go to it; only the health checker dials it, with backoff, until it answers again.
+	// Degraded: the last probe got an answer, a 5xx (an apiserver shutting down, or one whose
+	// etcd check fails while its watch cache still serves). Requests go to it only when no
+	// backend is healthy or unknown: a proxy must not refuse what the apiserver would serve.
+	Degraded
+	// Unhealthy: the last probe got no answer (refused, reset, timed out), or a connection to
+	// it was refused since. Requests do not go to it; only the health checker dials it, with
+	// backoff, until it answers again.
 	Unhealthy
 )
 
-var stateNames = [...]string{Unknown: "unknown", Healthy: "healthy", Unhealthy: "unhealthy"}
+var stateNames = [...]string{Unknown: "unknown", Healthy: "healthy", Degraded: "degraded", Unhealthy: "unhealthy"}
 
 func (s State) String() string {
 	if int(s) < len(stateNames) && s >= 0 {
@@ -97,8 +101,9 @@ func (b *Backend) String() string { return b.URL.String() }
 // State reports the backend's health verdict.
 func (b *Backend) State() State { return State(b.state.Load()) }
 
-// usable says whether requests may be sent to it.
-func (b *Backend) usable() bool { return b.State() != Unhealthy }
+// preferred says whether requests go to it when there is a choice; usable, whether they may.
+func (b *Backend) preferred() bool { s := b.State(); return s == Healthy || s == Unknown }
+func (b *Backend) usable() bool    { return b.State() != Unhealthy }
 
 // RoundTrip sends req (whose URL must already point at this backend) with the client's own
 // Authorization when it has one, and with watchsan's lent identity otherwise (when lending is
@@ -158,11 +163,6 @@ func (b *Backend) Probe(ctx context.Context, timeout time.Duration) (int, error)
 func IsDialError(err error) bool {
 	var oe *net.OpError
 	return errors.As(err, &oe) && oe.Op == "dial"
-}
-
-func isConnectionError(err error) bool {
-	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.EPIPE)
 }
 
 // SetForwarded sets the X-Forwarded-* headers of out, a request to an upstream, from in, the

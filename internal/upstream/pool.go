@@ -24,7 +24,7 @@ type PoolOptions struct {
 	// HealthInterval is the period between probes of a healthy backend, and the longest wait
 	// between probes of an unhealthy one; 0: DefaultHealthInterval.
 	HealthInterval time.Duration
-	// ProbeTimeout bounds one probe; 0: DefaultProbeTimeout, and never more than HealthInterval.
+	// ProbeTimeout bounds one probe; 0: DefaultProbeTimeout.
 	ProbeTimeout time.Duration
 	// Logger gets one line per health transition; nil: no logging.
 	Logger *zap.Logger
@@ -34,8 +34,9 @@ type PoolOptions struct {
 	OnDial func(b *Backend, err error)
 }
 
-// Pool is the set of backends and their health. Requests go to usable backends (healthy or not
-// yet probed) in turn; an unhealthy backend gets no request, only probes, until it answers.
+// Pool is the set of backends and their health. Requests go to preferred backends (healthy or
+// not yet probed) in turn, to degraded ones (answering, but not ready) only when no preferred
+// one is left; an unhealthy backend gets no request, only probes, until it answers.
 type Pool struct {
 	backends []*Backend
 	next     atomic.Uint64
@@ -54,7 +55,6 @@ func NewPool(urls []*url.URL, o PoolOptions) (*Pool, error) {
 	if o.ProbeTimeout <= 0 {
 		o.ProbeTimeout = DefaultProbeTimeout
 	}
-	o.ProbeTimeout = min(o.ProbeTimeout, o.HealthInterval)
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
@@ -88,23 +88,28 @@ func (p *Pool) Ready() bool {
 	return false
 }
 
-// pick returns the next usable backend in turn, avoiding avoid when another usable one exists;
-// nil when none is usable.
+// pick returns the next preferred backend in turn, else a degraded one, avoiding avoid when
+// another choice exists; nil when none is usable.
 func (p *Pool) pick(avoid *Backend) *Backend {
 	n := uint64(len(p.backends))
 	start := p.next.Add(1)
-	var fallback *Backend
+	var degraded, avoided *Backend
 	for i := uint64(0); i < n; i++ {
 		b := p.backends[(start+i)%n]
-		if !b.usable() {
-			continue
-		}
-		if b != avoid {
+		switch {
+		case !b.usable():
+		case b == avoid:
+			avoided = b
+		case b.preferred():
 			return b
+		case degraded == nil:
+			degraded = b
 		}
-		fallback = b
 	}
-	return fallback
+	if degraded != nil {
+		return degraded
+	}
+	return avoided
 }
 
 // healthySince returns the last time any backend was known healthy (zero: never).
@@ -146,14 +151,15 @@ func (p *Pool) setState(b *Backend, s State, cause error) {
 	if old == s {
 		return
 	}
-	switch {
-	case s == Healthy:
+	switch s {
+	case Healthy:
 		p.log.Info("upstream healthy", zap.Stringer("upstream", b), zap.Stringer("was", old))
-	case old == Healthy:
-		p.log.Warn("upstream unhealthy", zap.Stringer("upstream", b), zap.Error(cause))
-		b.t.closeIdle()
+	case Degraded:
+		p.log.Warn("upstream degraded: it answers, but not ready; used only while no healthy upstream is left",
+			zap.Stringer("upstream", b), zap.Stringer("was", old), zap.Error(cause))
 	default:
 		p.log.Warn("upstream unhealthy", zap.Stringer("upstream", b), zap.Stringer("was", old), zap.Error(cause))
+		b.t.closeIdle()
 	}
 	if p.opts.OnState != nil {
 		p.opts.OnState(b, s)
@@ -238,9 +244,12 @@ func (p *Pool) check(ctx context.Context, b *Backend) {
 				zap.Stringer("upstream", b))
 		}
 	}
-	if err != nil {
+	switch {
+	case err == nil:
+		p.setState(b, Healthy, nil)
+	case code != 0:
+		p.setState(b, Degraded, err)
+	default:
 		p.setState(b, Unhealthy, err)
-		return
 	}
-	p.setState(b, Healthy, nil)
 }

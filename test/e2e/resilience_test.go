@@ -500,11 +500,14 @@ func TestResilienceFaultLayer(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 
-		// Hung phase: the probe gets no answer either.
+		// Hung phase: the probe gets no answer either. Once watchsan has found the stall, the
+		// apiserver comes back (a backend whose probes hang is not usable: the resume waits
+		// for it to answer again, issue #7).
 		hungAt := time.Now()
 		front.hangReadyz.Store(true)
-		at := e.via.waitSeen(t, quiet, resResumeBound)
+		eventually(t, resResumeBound, "watchsan to find the stall", func() bool { return e.p.Metric("watchsan_watch_stalls_total", nil) >= 1 })
 		front.hangReadyz.Store(false)
+		at := e.via.waitSeen(t, quiet, resResumeBound)
 		t.Logf("stall: the probe hung; the watch resumed and delivered %v later", at.Sub(hungAt).Round(time.Millisecond))
 		if n := e.p.Metric("watchsan_watch_stalls_total", nil); n < 1 {
 			t.Errorf("watchsan counted %v stalls, want at least 1", n)
