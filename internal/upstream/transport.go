@@ -141,7 +141,7 @@ func newHTTPTransport(o TransportOptions, tlsCfg *tls.Config) (*http.Transport, 
 		DisableCompression: true,
 	}
 	// Why: a dead HTTP/2 connection otherwise stays in the pool for the 13-30 minutes Linux
-	// needs to notice (DESIGN.md 1b); client-go pings with these values since 1.20. net/http's
+	// needs to notice (docs/design.md section 1b); client-go pings with these values since 1.20. net/http's
 	// own HTTP/2 settings replace golang.org/x/net/http2.ConfigureTransports (deprecated).
 	t.HTTP2 = &http.HTTP2Config{SendPingTimeout: o.HTTP2ReadIdleTimeout, PingTimeout: o.HTTP2PingTimeout}
 	return t, nil
