@@ -37,10 +37,12 @@ type session struct {
 	fix     *fix.Stream
 	backend *upstream.Backend
 
-	// backoff paces resumes that make no progress; brokeAt is when the upstream last broke
-	// after progress (zero: not broken): resuming gives up ResumeTimeout after it.
-	backoff upstream.Backoff
-	brokeAt time.Time
+	// backoff paces resumes that make no progress. brokeAt is when the upstream last broke after
+	// progress (for a stall: when it went silent), giveUpAt when resuming without progress since
+	// then stops: ResumeTimeout after the break was found.
+	backoff  upstream.Backoff
+	brokeAt  time.Time
+	giveUpAt time.Time
 
 	events    uint64
 	progress  uint64 // events written to the client, and bookmarks (shown or not)
@@ -85,6 +87,7 @@ func (s *session) run(at upstream.Attempt) EndReason {
 		// forever (issue #7: 15,209 requests in 10 s from one client watch).
 		if end.progress || s.brokeAt.IsZero() {
 			s.brokeAt = brokeAt
+			s.giveUpAt = time.Now().Add(s.h.cfg.ResumeTimeout)
 		}
 		if end.progress {
 			s.backoff.Reset()
@@ -283,10 +286,9 @@ func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, at upstr
 
 // resume opens the watch again from the resume point, through the Attempter (another backend
 // than the broken one when there is one), after a backoff when the last attempt made no
-// progress. It gives up ResumeTimeout after the upstream broke. It returns the new attempt, or
-// the end reason.
+// progress. It gives up at giveUpAt. It returns the new attempt, or the end reason.
 func (s *session) resume(end attemptEnd) (upstream.Attempt, EndReason) {
-	deadline := s.brokeAt.Add(s.h.cfg.ResumeTimeout)
+	deadline := s.giveUpAt
 	if !end.progress {
 		wait := s.backoff.Next()
 		if time.Now().Add(wait).After(deadline) {

@@ -274,6 +274,13 @@ func TestGoneOnResumeForcesRelist(t *testing.T) {
 }
 
 func TestStalledUpstreamIsResumed(t *testing.T) {
+	t.Run("stall timeout below the resume timeout", func(t *testing.T) { testStallResumed(t, 300*time.Millisecond, 0) })
+	// The defaults are so (90s > 60s): the resume deadline runs from the stall's discovery, not
+	// from the last event, or a stall would always end the client's stream.
+	t.Run("stall timeout above the resume timeout", func(t *testing.T) { testStallResumed(t, 1200*time.Millisecond, time.Second) })
+}
+
+func testStallResumed(t *testing.T, stall, resume time.Duration) {
 	up := &upstreamScript{}
 	up.steps = []func(http.ResponseWriter, *http.Request){
 		func(w http.ResponseWriter, r *http.Request) {
@@ -281,11 +288,14 @@ func TestStalledUpstreamIsResumed(t *testing.T) {
 			up.frozen.Store(true) // the apiserver hangs: the stream goes silent, probes fail
 			<-r.Context().Done()
 		},
+		func(w http.ResponseWriter, r *http.Request) { // the first resume meets a 503: retried
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+		},
 		func(w http.ResponseWriter, r *http.Request) {
 			send(w, obj("ADDED", "b", "11"))
 		},
 	}
-	f := newFixture(t, Config{StallTimeout: 300 * time.Millisecond, ProbeTimeout: 200 * time.Millisecond}, up)
+	f := newFixture(t, Config{StallTimeout: stall, ResumeTimeout: resume, ProbeTimeout: 200 * time.Millisecond}, up)
 	go func() { // the apiserver comes back after the stall was noticed
 		testutil.Until(10*time.Second, func() bool { return promtest.ToFloat64(f.m.Stalls) > 0 })
 		up.frozen.Store(false)
@@ -295,7 +305,7 @@ func TestStalledUpstreamIsResumed(t *testing.T) {
 	if v := promtest.ToFloat64(f.m.Resumes.WithLabelValues("stall")); v != 1 {
 		t.Fatalf("resumes{stall} = %v", v)
 	}
-	if q := up.query(1); q.Get("resourceVersion") != "10" {
+	if q := up.query(2); q.Get("resourceVersion") != "10" {
 		t.Fatalf("resume from %q, want 10", q.Get("resourceVersion"))
 	}
 }
