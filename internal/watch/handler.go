@@ -143,11 +143,13 @@ func scopeOf(r *http.Request) string {
 	return path + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector") + "&a=" + hex.EncodeToString(who[:8])
 }
 
-// ServeHTTP serves one watch request.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// ServeHTTP serves one watch request, classifying it first.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.Serve(w, r, reqinfo.Parse(r)) }
+
+// Serve serves one watch request that info (reqinfo.Parse(r)) classifies.
+func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Info) {
 	p := parseParams(r)
-	info := reqinfo.Parse(r, true)
-	resource := h.Metrics.Resource(info.Resource)
+	resource := h.Metrics.Resource(info.FullResource())
 
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
@@ -191,7 +193,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		relay(w, s.rc, first)
 		return
 	}
-	if !h.exempt[info.Resource] {
+	if !h.exempt[info.GroupResource()] {
 		s.fix = fix.NewStream(fix.Options{
 			Scope: scopeOf(r), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
 			Mode: h.mode, Memory: h.memory,
