@@ -44,6 +44,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/watchsan/watchsan/internal/faults"
+	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/test/cluster"
 )
@@ -655,7 +656,7 @@ func (l *wireLog) wrap(rt http.RoundTripper) http.RoundTripper {
 		l.mu.Lock()
 		l.reqs = append(l.reqs, req.Method+" "+req.URL.RequestURI())
 		l.mu.Unlock()
-		if err != nil || !stream.IsWatchRequest(req) || resp.StatusCode != http.StatusOK {
+		if err != nil || !reqinfo.Parse(req).IsWatch() || resp.StatusCode != http.StatusOK {
 			return resp, err
 		}
 		format, ok := stream.FormatOf(resp.Header.Get("Content-Type"))
