@@ -1,6 +1,6 @@
-// Package demo runs the incident watchsan exists for (DESIGN.md 1a: Kubernetes 1.7.0-1.9.2 sent
-// DELETED watch events with the object's previous resourceVersion; kubernetes#58545) end to end,
-// in one process, and reports it for a person.
+// Package demo runs the incident watchsan exists for (docs/design.md section 1a: Kubernetes
+// 1.7.0-1.9.2 sent DELETED watch events with the object's previous resourceVersion;
+// kubernetes#58545) end to end, in one process, and reports it for a person.
 //
 // An upstream with the bug: an apiserver (in-memory by default, or a real kube-apiserver from
 // the test harness) behind the fault layer of internal/faults, which sends every DELETED event

@@ -12,12 +12,13 @@ import (
 // Faults is the set of misbehaviours a Layer injects into the watches passing through it. The
 // zero value injects nothing. Counts are per watch response unless said otherwise.
 type Faults struct {
-	// DeleteOldRV reproduces the Kubernetes 1.7.0-1.9.2 watch-cache bug (DESIGN.md 1a): every
-	// DELETED event carries the deleted object's previous resourceVersion, the one of its last
-	// create or update, instead of the delete's revision. Only the resourceVersion changes;
-	// the rest of the frame stays as the apiserver sent it, in every format. When the previous
-	// resourceVersion is unknown to the layer it is asked of the apiserver (see Layer); when
-	// that fails too the event passes unchanged and Stats.DeletesUnknown counts it.
+	// DeleteOldRV reproduces the Kubernetes 1.7.0-1.9.2 watch-cache bug (docs/design.md
+	// section 1a): every DELETED event carries the deleted object's previous resourceVersion,
+	// the one of its last create or update, instead of the delete's revision. Only the
+	// resourceVersion changes; the rest of the frame stays as the apiserver sent it, in every
+	// format. When the previous resourceVersion is unknown to the layer it is asked of the
+	// apiserver (see Layer); when that fails too the event passes unchanged and
+	// Stats.DeletesUnknown counts it.
 	DeleteOldRV bool
 
 	// EndWatchAfterDelete ends the watch response cleanly right after it delivered a DELETED

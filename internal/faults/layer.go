@@ -20,6 +20,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/stream"
 )
 
@@ -95,7 +96,7 @@ func (l *Layer) Faults() Faults { return l.active.Load().Faults }
 // ServeHTTP injects the active faults into a watch request and passes any other request (and
 // protocol upgrades) to next as it is.
 func (l *Layer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if !stream.IsWatchRequest(r) || r.Header.Get("Upgrade") != "" {
+	if !reqinfo.Parse(r).IsWatch() || r.Header.Get("Upgrade") != "" {
 		l.next.ServeHTTP(w, r)
 		return
 	}

@@ -1,7 +1,7 @@
 // Package fix is watchsan's per-stream resourceVersion policy: for every event of one client
 // watch it decides whether the event passes unchanged, passes with a rewritten
 // resourceVersion, or is dropped, so that the client never sees a resourceVersion go
-// backwards, a replayed event, or a second delete of the same object (DESIGN.md 1a).
+// backwards, a replayed event, or a second delete of the same object (docs/design.md section 1a).
 //
 // The caller (internal/watch) builds one Stream per client watch, calls Decide for each event
 // read from the upstream, acts on the returned Decision, and counts and logs from it. A Stream

@@ -37,9 +37,9 @@ func expect(t *testing.T, s *Stream, e *stream.Event, action Action, rv string, 
 	}
 }
 
-// TestIncident17 replays kubernetes#58545 (DESIGN.md 1a): object a created at 10, others at
-// 11 and 12, a deleted and the DELETED carries a's previous RV, 10. The client must get it
-// once, at 13; re-watching from 13 with the same scope it must not get it again.
+// TestIncident17 replays kubernetes#58545 (docs/design.md section 1a): object a created at 10,
+// others at 11 and 12, a deleted and the DELETED carries a's previous RV, 10. The client must
+// get it once, at 13; re-watching from 13 with the same scope it must not get it again.
 func TestIncident17(t *testing.T) {
 	mem := NewDeleteMemory(100, time.Hour, nil)
 	const scope = "/api/v1/namespaces/default/services?labelSelector=app%3Dx"

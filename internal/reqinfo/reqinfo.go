@@ -1,84 +1,310 @@
-// Package reqinfo derives verb, resource, namespace and name from an apiserver request path, the
-// way the apiserver's RequestInfoFactory does, for labels, logs and per-resource settings (never
-// for authorization: the apiserver decides that).
+// Package reqinfo classifies an apiserver request once: its verb (watch included), API group and
+// version, resource, subresource, namespace and name. Every decision watchsan makes from a
+// request's method, path and query is taken from here: the route (watch pipeline or pass-through),
+// the access log, the metric labels and per-resource settings. It is never used for
+// authorization: the apiserver decides that.
+//
+// Parse agrees with the apiserver's RequestInfoFactory (k8s.io/apiserver/pkg/endpoints/request,
+// APIPrefixes "api" and "apis", GrouplessAPIPrefixes "api"), which the tests use as their
+// oracle, with one deliberate difference: a watch is a GET. Where the factory calls a request
+// with another method a watch (HEAD /api/v1/pods?watch=1, POST /api/v1/watch/pods), Parse
+// reports the lower-case method as the verb instead, so that such a request is passed through to
+// the apiserver (which refuses it) rather than served by the watch pipeline.
 package reqinfo
 
 import (
 	"net/http"
+	"net/url"
 	"strings"
+
+	"k8s.io/apimachinery/pkg/api/validate/content"
+	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
+	metainternalversionscheme "k8s.io/apimachinery/pkg/apis/meta/internalversion/scheme"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// Info is what watchsan knows of a request from its method and path.
+// Info is what watchsan knows of a request from its method, path and query. Every string is
+// a constant or a substring of the request's path or query, except a Name taken from a
+// fieldSelector.
 type Info struct {
-	Verb      string // get, list, watch, create, update, patch, delete, deletecollection; or the lower-case method for non-resource paths
-	Resource  string // "group/resource/subresource" without empty parts; "" for non-resource paths
-	Namespace string
-	Name      string
+	// IsResourceRequest is true for paths under /api/VERSION/... and /apis/GROUP/VERSION/....
+	IsResourceRequest bool
+	// Verb is get, list, watch, create, update, patch, delete, deletecollection or proxy for a
+	// resource request ("" for a method the apiserver has no verb for); the lower-case method
+	// otherwise.
+	Verb       string
+	APIGroup   string // "" for the core group (/api)
+	APIVersion string
+	Namespace  string
+	// Resource is the plural resource name ("pods", "deployments"), without group or
+	// subresource.
+	Resource    string
+	Subresource string
+	// Name is the object's name: from the path, or, for a list or watch, from a fieldSelector
+	// that requires metadata.name to equal one value.
+	Name string
 }
 
-// namespaceSubresources are subresources of a namespace, not resources inside it.
-var namespaceSubresources = map[string]bool{"status": true, "finalize": true}
+// IsWatch reports whether the request asks for a watch stream (and goes to the watch pipeline).
+func (i Info) IsWatch() bool { return i.Verb == "watch" }
 
-// Parse reads r's method and path; isWatch says whether r is a watch (stream.IsWatchRequest).
-func Parse(r *http.Request, isWatch bool) Info {
-	info := Info{Verb: strings.ToLower(r.Method)}
-	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
-	var group string
+// GroupResource is "resource" in the core group and "group/resource" elsewhere: the form in
+// which the configuration names a resource (--fix-exempt-resource). "" for non-resource
+// requests.
+func (i Info) GroupResource() string {
+	if i.APIGroup == "" || i.Resource == "" {
+		return i.Resource
+	}
+	return i.APIGroup + "/" + i.Resource
+}
+
+// FullResource is GroupResource followed by "/subresource" when there is one ("pods/log",
+// "apps/deployments/scale"): the resource of the access log and the metric labels.
+func (i Info) FullResource() string {
 	switch {
-	case len(parts) >= 3 && parts[0] == "api":
+	case i.Subresource == "" || i.Resource == "":
+		return i.GroupResource()
+	case i.APIGroup == "":
+		return i.Resource + "/" + i.Subresource
+	}
+	return i.APIGroup + "/" + i.Resource + "/" + i.Subresource
+}
+
+// maxParts bounds the path segments Parse looks at: prefix, group, version, special verb,
+// "namespaces", namespace, resource, name, subresource. Later ones never matter.
+const maxParts = 10
+
+// Parse classifies r. It never modifies r and, but for a list or watch with a fieldSelector on
+// metadata.name, allocates nothing.
+func Parse(r *http.Request) Info {
+	info := Info{Verb: lowerMethod(r.Method)}
+	if r.URL == nil {
+		return info
+	}
+	var buf [maxParts]string
+	parts := split(r.URL.Path, &buf)
+	if len(parts) < 3 {
+		return info
+	}
+	switch parts[0] {
+	case "api":
+		parts = parts[1:]
+	case "apis":
+		if len(parts) < 4 {
+			return info
+		}
+		info.APIGroup = parts[1]
 		parts = parts[2:]
-	case len(parts) >= 4 && parts[0] == "apis":
-		group, parts = parts[1], parts[3:]
 	default:
 		return info
 	}
-	if parts[0] == "watch" {
+	info.IsResourceRequest = true
+	info.APIVersion = parts[0]
+	parts = parts[1:]
+
+	// /watch/... and /proxy/...: the verb comes from the path (deprecated, but still served).
+	switch parts[0] {
+	case "watch", "proxy":
+		if len(parts) < 2 {
+			// The factory fails here (the apiserver answers 500); what it knows by then is the
+			// group and version, with the lower-case method as the verb.
+			return info
+		}
+		info.Verb = parts[0]
 		parts = parts[1:]
+	default:
+		info.Verb = methodVerb(r.Method)
 	}
-	if len(parts) >= 2 && parts[0] == "namespaces" {
+
+	// /namespaces/{namespace}/{resource}/...; but /namespaces/{namespace}[/status|/finalize]
+	// is the namespace itself.
+	if parts[0] == "namespaces" && len(parts) > 1 {
 		info.Namespace = parts[1]
-		if len(parts) > 2 && !namespaceSubresources[parts[2]] {
+		if len(parts) > 2 && parts[2] != "status" && parts[2] != "finalize" {
 			parts = parts[2:]
-		} else {
-			info.Namespace = ""
 		}
 	}
-	if len(parts) == 0 || parts[0] == "" {
-		return info
+
+	// resource/name/subresource/anything/else
+	if len(parts) >= 3 && info.Verb != "proxy" {
+		info.Subresource = parts[2]
 	}
-	res := parts[0]
 	if len(parts) >= 2 {
 		info.Name = parts[1]
 	}
-	if len(parts) >= 3 {
-		res += "/" + parts[2]
+	info.Resource = parts[0]
+
+	if info.Name == "" && info.Verb == "get" {
+		info.Verb, info.Name = listOrWatch(r.URL)
 	}
-	if group != "" {
-		res = group + "/" + res
+	if info.Name == "" && info.Verb == "delete" {
+		info.Verb = "deletecollection"
 	}
-	info.Resource = res
-	switch r.Method {
-	case http.MethodGet, http.MethodHead:
-		switch {
-		case isWatch:
-			info.Verb = "watch"
-		case info.Name == "":
-			info.Verb = "list"
-		default:
-			info.Verb = "get"
-		}
-	case http.MethodPost:
-		info.Verb = "create"
-	case http.MethodPut:
-		info.Verb = "update"
-	case http.MethodPatch:
-		info.Verb = "patch"
-	case http.MethodDelete:
-		if info.Name == "" {
-			info.Verb = "deletecollection"
-		} else {
-			info.Verb = "delete"
-		}
+	if info.Verb == "watch" && r.Method != http.MethodGet {
+		info.Verb = lowerMethod(r.Method) // a watch is a GET; see the package comment
 	}
 	return info
+}
+
+// split splits path as the factory does (trim slashes at both ends, split at every slash, keep
+// empty segments in between) into buf, keeping at most maxParts segments, without allocating.
+func split(path string, buf *[maxParts]string) []string {
+	path = strings.Trim(path, "/")
+	if path == "" {
+		return buf[:0]
+	}
+	n := 0
+	for n < maxParts-1 {
+		i := strings.IndexByte(path, '/')
+		if i < 0 {
+			break
+		}
+		buf[n], path = path[:i], path[i+1:]
+		n++
+	}
+	buf[n] = path // the last segment, or the unsplit rest (never looked into)
+	return buf[:n+1]
+}
+
+// listOrWatch decides a GET on a collection as the factory does: a watch when the first watch
+// parameter is anything but "0" or "false" (any case; so "", "1", "true" and "yes" watch), a
+// list otherwise; and the name of the one object a fieldSelector metadata.name=X asks for, if
+// the query as a whole decodes as ListOptions.
+func listOrWatch(u *url.URL) (verb, name string) {
+	q := scanQuery(u)
+	verb = "list"
+	if q.hasWatch && q.watch != "0" && !strings.EqualFold(q.watch, "false") {
+		verb = "watch"
+	}
+	if q.hasFieldSelector && strings.Contains(q.fieldSelector, "metadata.name") {
+		name = nameFromFieldSelector(u)
+	}
+	return verb, name
+}
+
+// nameFromFieldSelector is the factory's own reading: decode the whole query as ListOptions
+// (any error, in any parameter, means no name) and take an exact metadata.name requirement
+// that is a valid path segment. It allocates, so Parse calls it only when the fieldSelector
+// mentions metadata.name.
+func nameFromFieldSelector(u *url.URL) string {
+	var opts metainternalversion.ListOptions
+	if err := metainternalversionscheme.ParameterCodec.DecodeParameters(u.Query(), metav1.SchemeGroupVersion, &opts); err != nil {
+		return ""
+	}
+	if opts.FieldSelector == nil {
+		return ""
+	}
+	name, ok := opts.FieldSelector.RequiresExactMatch("metadata.name")
+	if !ok || len(content.IsPathSegmentName(name)) != 0 {
+		return ""
+	}
+	return name
+}
+
+// query holds the first value of the parameters Parse reads.
+type query struct {
+	watch, fieldSelector       string
+	hasWatch, hasFieldSelector bool
+}
+
+// manyParams is where scanQuery leaves a query to net/url: url.ParseQuery drops every parameter
+// of a query with more than 10000 (GODEBUG urlmaxqueryparams), and a query that long is no hot
+// path.
+const manyParams = 1000
+
+// scanQuery finds the first watch and fieldSelector values of u's query exactly as
+// u.Query() would decode them (pairs split at '&', a pair containing ';' or with a bad escape
+// dropped, '+' a space), without allocating unless a key or value is escaped.
+func scanQuery(u *url.URL) query {
+	var q query
+	raw := u.RawQuery
+	if strings.Count(raw, "&") >= manyParams {
+		v := u.Query()
+		if w, ok := v["watch"]; ok && len(w) > 0 {
+			q.watch, q.hasWatch = w[0], true
+		}
+		if f, ok := v["fieldSelector"]; ok && len(f) > 0 {
+			q.fieldSelector, q.hasFieldSelector = f[0], true
+		}
+		return q
+	}
+	for raw != "" && !(q.hasWatch && q.hasFieldSelector) {
+		var pair string
+		pair, raw, _ = strings.Cut(raw, "&")
+		if pair == "" || strings.IndexByte(pair, ';') >= 0 {
+			continue
+		}
+		k, v, _ := strings.Cut(pair, "=")
+		k, ok := unescape(k)
+		if !ok {
+			continue
+		}
+		var target *string
+		var seen *bool
+		switch k {
+		case "watch":
+			target, seen = &q.watch, &q.hasWatch
+		case "fieldSelector":
+			target, seen = &q.fieldSelector, &q.hasFieldSelector
+		default:
+			// Still a parameter url.Query would keep only if its value unescapes; either way
+			// it is not one we read.
+			continue
+		}
+		if *seen {
+			continue
+		}
+		if v, ok = unescape(v); ok {
+			*target, *seen = v, true
+		}
+	}
+	return q
+}
+
+// unescape is url.QueryUnescape, without allocating when there is nothing to unescape.
+func unescape(s string) (string, bool) {
+	if strings.IndexByte(s, '%') < 0 && strings.IndexByte(s, '+') < 0 {
+		return s, true
+	}
+	u, err := url.QueryUnescape(s)
+	return u, err == nil
+}
+
+// methodVerb is the factory's verb for a resource request before it looks at the name and the
+// query.
+func methodVerb(method string) string {
+	switch method {
+	case http.MethodPost:
+		return "create"
+	case http.MethodGet, http.MethodHead:
+		return "get"
+	case http.MethodPut:
+		return "update"
+	case http.MethodPatch:
+		return "patch"
+	case http.MethodDelete:
+		return "delete"
+	}
+	return ""
+}
+
+// lowerMethod is strings.ToLower(method), without allocating for the usual methods.
+func lowerMethod(method string) string {
+	switch method {
+	case http.MethodGet:
+		return "get"
+	case http.MethodHead:
+		return "head"
+	case http.MethodPost:
+		return "post"
+	case http.MethodPut:
+		return "put"
+	case http.MethodPatch:
+		return "patch"
+	case http.MethodDelete:
+		return "delete"
+	case http.MethodOptions:
+		return "options"
+	}
+	return strings.ToLower(method)
 }

@@ -53,9 +53,9 @@ func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 // serveInstrumented serves r with next, then writes the access log line and the request
 // metrics. The log never carries a header value: tokens live there.
-func (s *Server) serveInstrumented(w http.ResponseWriter, r *http.Request, isWatch bool, next http.Handler) {
+func (s *Server) serveInstrumented(w http.ResponseWriter, r *http.Request, info reqinfo.Info, next http.Handler) {
 	start := time.Now()
-	info := reqinfo.Parse(r, isWatch)
+	resource := info.FullResource()
 	rec := &recorder{ResponseWriter: w}
 	s.metrics.InFlight.Inc()
 	defer func() {
@@ -65,7 +65,7 @@ func (s *Server) serveInstrumented(w http.ResponseWriter, r *http.Request, isWat
 			code = http.StatusOK
 		}
 		d := time.Since(start)
-		res := s.metrics.Resource(info.Resource)
+		res := s.metrics.Resource(resource)
 		s.metrics.Requests.WithLabelValues(info.Verb, res, strconv.Itoa(code)).Inc()
 		if info.Verb != "watch" && code != http.StatusSwitchingProtocols {
 			s.metrics.RequestSeconds.WithLabelValues(info.Verb, res).Observe(d.Seconds())
@@ -74,7 +74,7 @@ func (s *Server) serveInstrumented(w http.ResponseWriter, r *http.Request, isWat
 		if ce := s.accessLog.Check(zapcore.InfoLevel, "request"); ce != nil {
 			ce.Write(
 				zap.String("verb", info.Verb),
-				zap.String("resource", info.Resource),
+				zap.String("resource", resource),
 				zap.String("namespace", info.Namespace),
 				zap.String("name", info.Name),
 				zap.String("path", r.URL.Path),

@@ -20,7 +20,7 @@ import (
 	"github.com/watchsan/watchsan/internal/config"
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/metrics"
-	"github.com/watchsan/watchsan/internal/stream"
+	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/upstream"
 	"github.com/watchsan/watchsan/internal/watch"
 )
@@ -127,12 +127,12 @@ func (s *Server) Metrics() *metrics.Metrics { return s.metrics }
 // Handler is the main listener's handler.
 func (s *Server) Handler() http.Handler {
 	return refuseForeign(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		isWatch := stream.IsWatchRequest(r) // once per request: the log, the metrics and the route share it
+		info := reqinfo.Parse(r) // once per request: the log, the metrics and the route share it
 		var next http.Handler = s.proxy
-		if isWatch {
-			next = s.watch
+		if info.IsWatch() {
+			next = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.watch.Serve(w, r, info) })
 		}
-		s.serveInstrumented(w, r, isWatch, next)
+		s.serveInstrumented(w, r, info, next)
 	}))
 }
 

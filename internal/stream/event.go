@@ -106,7 +106,7 @@ func (e *Event) Clone() *Event {
 func (e *Event) CanRewriteRV() bool { return e.rv.format != 0 }
 
 // SetRV sets RV and derives RVInt and RVIsInt from it. Decimal integers compare numerically;
-// anything else is opaque (DESIGN.md section 2).
+// anything else is opaque (docs/design.md section 2).
 func (e *Event) SetRV(rv string) {
 	e.RV = rv
 	e.RVInt, e.RVIsInt = ParseRV(rv)

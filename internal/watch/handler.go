@@ -147,12 +147,14 @@ func scopeOf(r *http.Request) string {
 	return path + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector") + "&a=" + hex.EncodeToString(who[:8])
 }
 
-// ServeHTTP serves one watch request.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// ServeHTTP serves one watch request, classifying it first.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.Serve(w, r, reqinfo.Parse(r)) }
+
+// Serve serves one watch request that info (reqinfo.Parse(r)) classifies.
+func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Info) {
 	p := parseParams(r)
-	info := reqinfo.Parse(r, true)
 	m := h.deps.Metrics
-	resource := m.Resource(info.Resource)
+	resource := m.Resource(info.FullResource())
 
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
@@ -206,7 +208,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	mode := h.cfg.Mode
-	if h.exempt[info.Resource] {
+	if h.exempt[info.GroupResource()] {
 		mode = fix.PassAll
 	}
 	s.fix = fix.NewStream(fix.Options{

@@ -5,11 +5,12 @@ package e2e
 //	real apiserver <- fault layer (internal/faults, in this process) <- watchsan (the binary)
 //	               <- client-go shared informer, its handlers counting every call
 //
-// The fault layer reproduces the Kubernetes 1.7-1.9 bug (DESIGN.md 1a): DELETED events carry
-// the object's previous resourceVersion, and the watch ends right after the delete, as the
-// reflector's periodic re-watch would. First the layer is shown to be faithful (an informer
-// reading it directly suffers the incident); then the same sequence through watchsan must
-// reach the informer exactly as the apiserver meant it, in JSON, protobuf and CBOR.
+// The fault layer reproduces the Kubernetes 1.7-1.9 bug (docs/design.md section 1a): DELETED
+// events carry the object's previous resourceVersion, and the watch ends right after the
+// delete, as the reflector's periodic re-watch would. First the layer is shown to be faithful
+// (an informer reading it directly suffers the incident); then the same sequence through
+// watchsan must reach the informer exactly as the apiserver meant it, in JSON, protobuf and
+// CBOR.
 
 import (
 	"bytes"
@@ -44,6 +45,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/watchsan/watchsan/internal/faults"
+	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/test/cluster"
 )
@@ -655,7 +657,7 @@ func (l *wireLog) wrap(rt http.RoundTripper) http.RoundTripper {
 		l.mu.Lock()
 		l.reqs = append(l.reqs, req.Method+" "+req.URL.RequestURI())
 		l.mu.Unlock()
-		if err != nil || !stream.IsWatchRequest(req) || resp.StatusCode != http.StatusOK {
+		if err != nil || !reqinfo.Parse(req).IsWatch() || resp.StatusCode != http.StatusOK {
 			return resp, err
 		}
 		format, ok := stream.FormatOf(resp.Header.Get("Content-Type"))
