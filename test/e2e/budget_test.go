@@ -551,6 +551,7 @@ func TestBudgetWatchUpstreamEndsAtOnce(t *testing.T) {
 		}
 		n := f.watches.Load() - w0
 		if !cw.done() {
+			t.Logf("budget: --watch-resume-timeout=%v, upstream always empty: client's stream still open after %v, %d upstream watch requests", resumeTimeout, bound, n)
 			t.Errorf("client's stream still open %v after it started, with --watch-resume-timeout=%v and an upstream that never delivers (%d upstream watch requests)",
 				bound, resumeTimeout, n)
 			return
@@ -613,8 +614,15 @@ func TestBudgetTimeTo503(t *testing.T) {
 	const bound = 1500 * time.Millisecond
 
 	t.Run("refused", func(t *testing.T) {
-		p := budgetProxy(t, "http://"+deadAddr(t))
-		eventually(t, 10*time.Second, "watchsan's /readyz to fail", func() bool { return readyz(p) == 503 })
+		u := "http://" + deadAddr(t)
+		p := budgetProxy(t, u)
+		// Not ready, and a probe has failed (not only "unknown"): today's upstream_up gauge, or
+		// issue 7's dial counter.
+		eventually(t, 10*time.Second, "watchsan to see its upstream refuse", func() bool {
+			text := p.metricsText()
+			return readyz(p) == 503 && (strings.Contains(text, `watchsan_upstream_up{upstream="`+u+`"} 0`) ||
+				sumMetric(strings.NewReader(text), dialsMetric, map[string]string{"result": "error"}) > 0)
+		})
 		var list, watch answer
 		var wg sync.WaitGroup
 		wg.Go(func() { list = fetchWithin(40*time.Second, p.URL+"/api/v1/namespaces") })
@@ -690,7 +698,7 @@ func TestBudgetNoPanicDuringRetryWait(t *testing.T) {
 			for i, u := range []string{list, watch} {
 				wg.Go(func() { got[i] = fetchWithin(shutdownTimeout+20*time.Second, u); at[i] = time.Now() })
 			}
-			eventually(t, 10*time.Second, "both requests to reach the upstream", func() bool {
+			eventually(t, 10*time.Second, "both requests to reach the upstream and wait in watchsan to retry", func() bool {
 				return f.others.Load() > l0 && f.watches.Load() > w0 && p.Metric("watchsan_requests_in_flight", nil) == 2
 			})
 			term := time.Now()
@@ -821,6 +829,7 @@ func TestBudgetHealth(t *testing.T) {
 		p := startProxy(t, "--upstream="+f.URL(), "--no-credentials", "--log-level=info")
 		start := time.Now()
 		if code := readyz(p); code != 503 {
+			t.Logf("budget: /readyz %d at start, before the upstream's first probe answered", code)
 			t.Errorf("/readyz answered %d before the upstream's first probe answered, want 503", code)
 		}
 		deadline := time.Now().Add(15 * time.Second)
