@@ -483,16 +483,23 @@ func TestBudgetUpstreamDownIdle(t *testing.T) {
 		addr, accepts := resetListener(t)
 		p := budgetProxy(t, "http://"+addr)
 		time.Sleep(settle)
+		d0, _ := dials(p)
 		a0 := accepts.Load()
 		cpu := cpuPercent(t, p, window)
 		n := accepts.Load() - a0
-		t.Logf("budget: upstream resetting every connection, no client: CPU %.1f%% of one core, %d connections (%.1f/s) over %v",
-			cpu, n, float64(n)/window.Seconds(), window)
+		d1, exported := dials(p)
+		t.Logf("budget: upstream resetting every connection, no client: CPU %.1f%% of one core, %d connections (%.1f/s) over %v; %s %v (exported: %v)",
+			cpu, n, float64(n)/window.Seconds(), window, dialsMetric, d1-d0, exported)
 		if cpu > maxCPU {
 			t.Errorf("watchsan used %.1f%% of one core over %v with its upstream resetting and no client, want at most %.0f%%", cpu, window, maxCPU)
 		}
 		if float64(n) > maxDials {
 			t.Errorf("watchsan connected %d times in %v to an upstream that resets (health interval %v), want at most %v", n, window, budgetInterval, maxDials)
+		}
+		// The dial counter agrees with the connections the upstream saw (one may straddle
+		// the window's edges). Its absence fails the "refused" case.
+		if exported && (d1-d0 < float64(n)-1 || d1-d0 > float64(n)+1) {
+			t.Errorf("%s rose by %v while the upstream accepted %d connections", dialsMetric, d1-d0, n)
 		}
 	})
 }
