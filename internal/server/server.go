@@ -96,6 +96,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	attempts := upstream.NewAttempter(pool, upstream.AttempterOptions{
 		Budget:  budget,
 		OnRetry: func(o string) { s.metrics.Retries.WithLabelValues(o).Inc() },
+		Done:    s.watchesDone,
 	})
 	s.watch, err = watch.New(watch.Config{
 		Mode:          cfg.Fix,

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -30,6 +31,10 @@ type AttempterOptions struct {
 	// OnRetry, if set, is told "retried", "recovered" (success after a retry) or "exhausted"
 	// (budget spent; the last failure returned).
 	OnRetry func(outcome string)
+	// Done, when closed, stops every wait between attempts: the last answer is returned at
+	// once (shutdown: a request waiting out a Retry-After gets that answer, not a cut
+	// connection at the shutdown timeout). Nil: never.
+	Done <-chan struct{}
 }
 
 // Attempter is the one loop that sends a request upstream (issue #7): the first attempt of
@@ -58,8 +63,23 @@ func NewAttempter(pool *Pool, o AttempterOptions) *Attempter {
 	if o.Budget == 0 {
 		o.Budget = DefaultRetryBudget
 	}
-	return &Attempter{pool: pool, opts: o, sleep: sleepCtx}
+	a := &Attempter{pool: pool, opts: o}
+	a.sleep = func(ctx context.Context, d time.Duration) error {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-a.opts.Done:
+			return errStopping
+		case <-t.C:
+			return nil
+		}
+	}
+	return a
 }
+
+var errStopping = errors.New("watchsan is shutting down")
 
 // Plan is what one call of Do may do beyond the defaults. The zero value is a request's plan.
 type Plan struct {
@@ -155,15 +175,22 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 			return at, nil // the last answer, a 429 or 503 with its Retry-After, is the client's
 		}
 		if at.Resp != nil {
-			drain(at.Resp)
+			// Kept (a status body is small) in case the wait is cut short by Done.
+			at.Resp.Body = bufferBody(at.Resp.Body)
 			at.Cancel(nil)
 			lastErr = fmt.Errorf("%s answered %d", b, at.Resp.StatusCode)
 		} else {
 			lastErr = err
 		}
+		if a.stopping() {
+			return a.last(at, err)
+		}
 		a.outcome(1, "retried")
 		avoid = b
 		if serr := a.sleep(ctx, wait); serr != nil {
+			if ctx.Err() == nil && a.stopping() {
+				return a.last(at, err)
+			}
 			return Attempt{}, fmt.Errorf("%w (last: %w)", serr, lastErr)
 		}
 	}
@@ -202,6 +229,24 @@ func (a *Attempter) waitUsable(ctx context.Context, plan Plan, deadline time.Tim
 			return noBackend()
 		}
 	}
+}
+
+// stopping reports whether Done is closed.
+func (a *Attempter) stopping() bool {
+	select {
+	case <-a.opts.Done:
+		return true
+	default:
+		return false
+	}
+}
+
+// last returns an attempt's outcome as Do's answer.
+func (a *Attempter) last(at Attempt, err error) (Attempt, error) {
+	if err != nil {
+		return Attempt{}, err
+	}
+	return at, nil
 }
 
 func (a *Attempter) send(ctx context.Context, req *http.Request, b *Backend, body *countingBody) (Attempt, error) {
@@ -310,21 +355,14 @@ func retryAfter(resp *http.Response) time.Duration {
 	return time.Duration(min(n, 60)) * time.Second
 }
 
-func drain(resp *http.Response) {
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	resp.Body.Close()
+// bufferBody reads up to 64 KiB of a body into memory and closes it.
+func bufferBody(body io.ReadCloser) io.ReadCloser {
+	data, _ := io.ReadAll(io.LimitReader(body, 64<<10))
+	body.Close()
+	return io.NopCloser(bytes.NewReader(data))
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-t.C:
-		return nil
-	}
-}
+
 
 func minTime(a, b time.Time) time.Time {
 	if a.Before(b) {

@@ -403,3 +403,27 @@ func TestSharedProbeCoalesces(t *testing.T) {
 		t.Fatalf("200 concurrent stall probes reached the upstream %d times, want 1", n)
 	}
 }
+
+// At shutdown a request waiting out a Retry-After gets the upstream's answer at once, body
+// and all, instead of being cut at the shutdown timeout.
+func TestDoneEndsTheWaitWithTheLastAnswer(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "30")
+		http.Error(w, "slow down", http.StatusTooManyRequests)
+	}))
+	defer srv.Close()
+	done := make(chan struct{})
+	a := NewAttempter(newPool(t, PoolOptions{}, srv.URL), AttempterOptions{Budget: time.Minute, Done: done})
+	go func() { time.Sleep(200 * time.Millisecond); close(done) }()
+	req, _ := http.NewRequest("GET", "/x", nil)
+	start := time.Now()
+	resp, err := do(t, a, req)
+	if err != nil || resp.StatusCode != 429 || time.Since(start) > 5*time.Second {
+		t.Fatalf("got %v %v after %v: want the 429 at once when Done closes", resp, err, time.Since(start))
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "slow down") || resp.Header.Get("Retry-After") != "30" {
+		t.Fatalf("body %q, Retry-After %q: want the upstream's", body, resp.Header.Get("Retry-After"))
+	}
+}

@@ -33,7 +33,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/watchsan/watchsan/internal/stream"
+	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/test/cluster"
 )
 
@@ -307,7 +307,7 @@ func (f *fakeAPI) handle(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "ok")
 		return
 	}
-	if stream.IsWatchRequest(r) {
+	if reqinfo.Parse(r).IsWatch() {
 		f.watches.Add(1)
 	} else {
 		f.others.Add(1)
@@ -320,7 +320,7 @@ const namespaceList = `{"kind":"NamespaceList","apiVersion":"v1","metadata":{"re
 // listOrWatch answers a list with an empty NamespaceList and a watch with watch.
 func listOrWatch(watch http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if stream.IsWatchRequest(r) {
+		if reqinfo.Parse(r).IsWatch() {
 			watch(w, r)
 			return
 		}
@@ -616,7 +616,7 @@ func TestBudgetWatchUpstreamEndsAtOnce(t *testing.T) {
 // ---- 3. time to a 503 ----
 
 // TestBudgetTimeTo503: with no usable upstream a request is answered at once (a 503 Status
-// with Retry-After), not after the whole --retry-budget (30s by default).
+// with Retry-After), not after the whole --retry-budget (it was 30s, each time).
 func TestBudgetTimeTo503(t *testing.T) {
 	const bound = 1500 * time.Millisecond
 
@@ -642,11 +642,13 @@ func TestBudgetTimeTo503(t *testing.T) {
 	})
 
 	t.Run("stopped", func(t *testing.T) {
-		// Within about a second too: one refused dial tells watchsan the only upstream is
-		// gone; slack for an early re-check and a loaded machine.
-		const bound = 3 * time.Second
+		// The only upstream was healthy a moment ago, so a request waits for it to come back
+		// (a sidecar's apiserver restarting), but at most --retry-budget after it was last
+		// seen healthy; then 503 with Retry-After, and from then on at once.
+		const budget = 2 * time.Second
+		const bound = budget + 1500*time.Millisecond
 		f := newFakeAPI(t, listOrWatch(emptyWatch))
-		p := budgetProxy(t, f.URL())
+		p := budgetProxy(t, f.URL(), "--retry-budget="+budget.String())
 		eventually(t, 10*time.Second, "watchsan ready", func() bool { return readyz(p) == 200 })
 		if a := fetchWithin(10*time.Second, p.URL+"/api/v1/namespaces"); a.err != nil || a.code != 200 {
 			t.Fatalf("a list through watchsan with its upstream up: %v", a)
@@ -654,6 +656,8 @@ func TestBudgetTimeTo503(t *testing.T) {
 		f.stop()
 		a := fetchWithin(40*time.Second, p.URL+"/api/v1/namespaces")
 		require503(t, "GET /api/v1/namespaces right after the only upstream stopped", a, bound)
+		require503(t, "GET /api/v1/namespaces once the upstream has been gone longer than the budget",
+			fetchWithin(40*time.Second, p.URL+"/api/v1/namespaces"), 1500*time.Millisecond)
 	})
 }
 
