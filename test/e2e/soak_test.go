@@ -57,6 +57,10 @@ const (
 	// missing from the informer's history (the list only shows the state; retries inside
 	// watchsan can delay the list by up to its retry budget, 10 s).
 	soakRelistSlack = 15 * time.Second
+	// soakRelistLead: how long before a relist a change may have been missed by the broken
+	// watch that led to it (watchsan retries a broken watch for up to its resume timeout, 60 s,
+	// before it gives up and the client starts over).
+	soakRelistLead = 90 * time.Second
 
 	// soakMaxReqPerSec bounds the upstream requests per second (all three layers together,
 	// averaged over a report bucket). The steady load is watchsan's health checks (3 upstreams
@@ -181,8 +185,11 @@ type soak struct {
 	fault   string       // what is going on now, for the report
 	samples []soakSample // one per second
 	log     []string     // the schedule as it ran
-	kinds   map[string]int
-	stuck   bool // a recovery timed out: the schedule stopped early
+	// missedScrapes counts samples whose metrics scrape failed (watchsan's admin listener
+	// did not answer within 2 s).
+	missedScrapes int
+	kinds         map[string]int
+	stuck         bool // a recovery timed out: the schedule stopped early
 }
 
 func (s *soak) since() time.Duration { return time.Since(s.start).Truncate(100 * time.Millisecond) }
@@ -471,10 +478,14 @@ type soakSample struct {
 	Relists    int64
 }
 
-// sample starts the sampler, one sample a second; the returned func stops it after a last one.
+// sample starts the sampler, one sample a second; the returned func stops it after a last one
+// (it also runs in t.Cleanup, so a test that stops early leaves no sampler behind).
 func (s *soak) sample() (stop func()) {
 	done := make(chan struct{})
 	finished := make(chan struct{})
+	var once sync.Once
+	stop = func() { once.Do(func() { close(done); <-finished }) }
+	s.t.Cleanup(stop)
 	go func() {
 		defer close(finished)
 		t := time.NewTicker(time.Second)
@@ -489,7 +500,7 @@ func (s *soak) sample() (stop func()) {
 			}
 		}
 	}()
-	return func() { close(done); <-finished }
+	return stop
 }
 
 func (s *soak) takeSample() {
@@ -502,9 +513,19 @@ func (s *soak) takeSample() {
 	if err != nil {
 		s.t.Logf("sampling watchsan's RSS: %v", err)
 	}
-	m := scrapeMetrics(s.p.AdminURL, "go_goroutines", "watchsan_watch_resumes_total")
-	smp := soakSample{At: time.Since(s.start), CPU: cpu, RSSMB: rss, Goroutines: m["go_goroutines"],
-		Requests: s.layerStats().Requests, Resumes: m["watchsan_watch_resumes_total"]}
+	smp := soakSample{At: time.Since(s.start), CPU: cpu, RSSMB: rss, Requests: s.layerStats().Requests}
+	if m, err := scrapeMetrics(s.p.AdminURL, "go_goroutines", "watchsan_watch_resumes_total"); err == nil {
+		smp.Goroutines, smp.Resumes = m["go_goroutines"], m["watchsan_watch_resumes_total"]
+	} else {
+		// The last values stand in (a missed scrape must not look like a drop to zero).
+		s.mu.Lock()
+		s.missedScrapes++
+		if n := len(s.samples); n > 0 {
+			smp.Goroutines, smp.Resumes = s.samples[n-1].Goroutines, s.samples[n-1].Resumes
+		}
+		s.mu.Unlock()
+		s.t.Logf("scraping watchsan's metrics: %v", err)
+	}
 	for _, w := range s.infs {
 		smp.Rewatches += w.req.rewatches.Load()
 		smp.Relists += w.relists()
@@ -558,23 +579,23 @@ func procRSSMB(pid int) (float64, error) {
 }
 
 // scrapeMetrics reads the named metrics (summed over their labels) from watchsan's admin
-// listener; a failed scrape gives zeros (the sampler must not fail the test from its goroutine).
-func scrapeMetrics(adminURL string, names ...string) map[string]float64 {
-	out := map[string]float64{}
+// listener.
+func scrapeMetrics(adminURL string, names ...string) (map[string]float64, error) {
 	client := http.Client{Timeout: 2 * time.Second}
 	resp, err := client.Get(adminURL + "/metrics")
 	if err != nil {
-		return out
+		return nil, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return out
+		return nil, err
 	}
+	out := map[string]float64{}
 	for _, n := range names {
 		out[n] = sumMetric(bytes.NewReader(body), n, nil)
 	}
-	return out
+	return out, nil
 }
 
 // ---- the audit ----
@@ -627,9 +648,11 @@ func auditHistory(want map[string][]cmChange, got []cmChange, relists []time.Tim
 		}
 		return false
 	}
-	supersededByRelist := func(at time.Time) bool {
+	// skippedByRelist: a change made shortly before a relist (while the broken watch that led
+	// to it was being retried) and superseded before the relist's list was taken.
+	skippedByRelist := func(made, superseded time.Time) bool {
 		for _, r := range relists {
-			if at.Before(r.Add(soakRelistSlack)) {
+			if made.After(r.Add(-soakRelistLead)) && superseded.Before(r.Add(soakRelistSlack)) {
 				return true
 			}
 		}
@@ -692,7 +715,7 @@ func auditHistory(want map[string][]cmChange, got []cmChange, relists []time.Tim
 				if w.Type == "DELETED" && len(tombstones[name]) > 0 {
 					excused = slices.ContainsFunc(tombstones[name], func(e cmChange) bool { return e.At.After(w.At) })
 				} else if !next.IsZero() {
-					excused = supersededByRelist(w.At) && supersededByRelist(next)
+					excused = skippedByRelist(w.At, next)
 				}
 				a.lost++
 				if excused {
@@ -727,10 +750,15 @@ func (s *soak) report(audits []soakAudit) string {
 	s.mu.Lock()
 	samples := slices.Clone(s.samples)
 	schedule := slices.Clone(s.log)
+	missed := s.missedScrapes
 	s.mu.Unlock()
 	var b strings.Builder
-	fmt.Fprintf(&b, "soak report: %v of faults (%v with the finish), kinds run: %v\n", s.faultPhase(samples).Round(time.Second),
-		time.Since(s.start).Round(time.Second), s.kinds)
+	var kinds []string
+	for _, f := range soakFaults {
+		kinds = append(kinds, fmt.Sprintf("%s×%d", f.name, s.kinds[f.name]))
+	}
+	fmt.Fprintf(&b, "soak report: %v of faults (%v with the finish); faults run: %s\n", s.faultPhase(samples).Round(time.Second),
+		time.Since(s.start).Round(time.Second), strings.Join(kinds, " "))
 	fmt.Fprintf(&b, "%-9s %-44s %9s %6s %7s %5s %7s %8s %7s\n", "t", "faults", "up req/s", "cpu%", "rss MB", "gor", "resumes", "rewatch", "relist")
 	for _, row := range bucketize(samples) {
 		fmt.Fprintf(&b, "%-9s %-44s %9.1f %6.1f %7.1f %5.0f %7.0f %8d %7d\n", row.span, row.faults, row.reqPerSec,
@@ -739,7 +767,7 @@ func (s *soak) report(audits []soakAudit) string {
 	tot := summarize(samples)
 	fmt.Fprintf(&b, "upstream requests: %d (%.1f/s mean, %.1f/s peak bucket); watchsan CPU: %.1f%% mean, %.1f%% peak bucket; RSS MB: %.1f first, %.1f peak, %.1f last; goroutines: %.0f first, %.0f peak, %.0f last\n",
 		tot.requests, tot.meanReq, tot.peakReq, tot.meanCPU, tot.peakCPU, tot.firstRSS, tot.peakRSS, tot.lastRSS, tot.firstGor, tot.peakGor, tot.lastGor)
-	fmt.Fprintf(&b, "events written: %d; watchsan: %s\n", audits[0].written, resumeSummary(s.p))
+	fmt.Fprintf(&b, "events written: %d; watchsan: %s; metrics scrapes missed: %d\n", audits[0].written, resumeSummary(s.p), missed)
 	fmt.Fprintf(&b, "%-9s %6s %6s %5s %10s %5s %8s %8s %8s %9s %7s\n", "informer", "seen", "lost", "dup", "regressing", "unexp", "excused", "resyncs", "tombst", "re-watches", "relists")
 	for i, a := range audits {
 		w := s.infs[i]
@@ -769,24 +797,21 @@ type soakRow struct {
 	end                time.Duration
 }
 
-// bucketize groups samples into soakBucket rows: rates over the row, the RSS and goroutines
-// at its end, counts of what happened in it.
+// bucketize groups samples into soakBucket rows by the time they were taken: rates over the
+// row (from the last sample of the row before), the RSS and goroutines at its end, counts of
+// what happened in it.
 func bucketize(samples []soakSample) []soakRow {
 	var rows []soakRow
 	if len(samples) < 2 {
 		return rows
 	}
-	prev := samples[0]
+	from := samples[0]
 	for i := 1; i < len(samples); {
-		from := prev
-		bucketEnd := (from.At/soakBucket + 1) * soakBucket
+		k := samples[i].At / soakBucket
 		var faultsSeen []string
-		var last soakSample
-		for ; i < len(samples); i++ {
+		last := from
+		for ; i < len(samples) && samples[i].At/soakBucket == k; i++ {
 			smp := samples[i]
-			if smp.At > bucketEnd+500*time.Millisecond && last.At != 0 {
-				break
-			}
 			if !slices.Contains(faultsSeen, smp.Fault) && smp.Fault != "none" {
 				faultsSeen = append(faultsSeen, smp.Fault)
 			}
@@ -794,14 +819,14 @@ func bucketize(samples []soakSample) []soakRow {
 		}
 		wall := (last.At - from.At).Seconds()
 		if wall <= 0 {
-			break
+			continue
 		}
 		f := strings.Join(faultsSeen, ",")
 		if f == "" {
 			f = "-"
 		}
 		rows = append(rows, soakRow{
-			span:       fmt.Sprintf("%.0f-%.0fs", from.At.Seconds(), last.At.Seconds()),
+			span:       fmt.Sprintf("%.0f-%.0fs", (k * soakBucket).Seconds(), min((k+1)*soakBucket, last.At).Seconds()),
 			faults:     f,
 			reqPerSec:  float64(last.Requests-from.Requests) / wall,
 			cpuPct:     100 * (last.CPU - from.CPU).Seconds() / wall,
@@ -812,7 +837,7 @@ func bucketize(samples []soakSample) []soakRow {
 			relists:    last.Relists - from.Relists,
 			end:        last.At,
 		})
-		prev = last
+		from = last
 	}
 	return rows
 }
