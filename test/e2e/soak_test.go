@@ -21,6 +21,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -438,11 +439,13 @@ func (s *soak) resets() {
 	s.layerFault("resets", s.pickServers(), f, s.between(3*time.Second, 8*time.Second))
 }
 
-// storm503: an apiserver shutting down as seen from outside: every new watch refused with 503
-// (Retry-After: 1), every running one ended.
+// storm503: two apiservers shutting down as seen from outside: every new watch refused with
+// 503 (Retry-After: 1), every running one ended. Two, because a watch ended on one of them
+// resumes on another, which is then as likely to refuse it as not; with one, the resume
+// never meets a 503.
 func (s *soak) storm503() {
 	f := faults.Faults{Fail503FirstK: 1 << 30, EndImmediately: true}
-	s.layerFault("503-storm", s.pickServers(), f, s.between(3*time.Second, 8*time.Second))
+	s.layerFault("503-storm", s.byWatches()[:2], f, s.between(3*time.Second, 8*time.Second))
 }
 
 // immediateEnds: every watch ends cleanly at once, before its first event or after its next.
@@ -768,6 +771,10 @@ func (s *soak) report(audits []soakAudit) string {
 	fmt.Fprintf(&b, "upstream requests: %d (%.1f/s mean, %.1f/s peak bucket); watchsan CPU: %.1f%% mean, %.1f%% peak bucket; RSS MB: %.1f first, %.1f peak, %.1f last; goroutines: %.0f first, %.0f peak, %.0f last\n",
 		tot.requests, tot.meanReq, tot.peakReq, tot.meanCPU, tot.peakCPU, tot.firstRSS, tot.peakRSS, tot.lastRSS, tot.firstGor, tot.peakGor, tot.lastGor)
 	fmt.Fprintf(&b, "events written: %d; watchsan: %s; metrics scrapes missed: %d\n", audits[0].written, resumeSummary(s.p), missed)
+	fmt.Fprintf(&b, "watchsan stream ends: %s; retries: %s; warnings and errors in its log: %s\n", s.metricByLabel("watchsan_watch_stream_ends_total", "reason",
+		"upstream-ended", "client-gone", "client-deadline", "shutdown", "upstream-malformed", "resume-timeout", "resume-refused",
+		"relist-forced", "upstream-broke", "upstream-error-event"),
+		s.metricByLabel("watchsan_request_retries_total", "outcome", "retried", "recovered", "exhausted"), logWarnings(s.p))
 	fmt.Fprintf(&b, "%-9s %6s %6s %5s %10s %5s %8s %8s %8s %9s %7s\n", "informer", "seen", "lost", "dup", "regressing", "unexp", "excused", "resyncs", "tombst", "re-watches", "relists")
 	for i, a := range audits {
 		w := s.infs[i]
@@ -776,6 +783,42 @@ func (s *soak) report(audits []soakAudit) string {
 	}
 	fmt.Fprintf(&b, "schedule:\n  %s\n", strings.Join(schedule, "\n  "))
 	return b.String()
+}
+
+// metricByLabel renders the non-zero values of metric name for each value of label, e.g.
+// "client-deadline=3 resume-timeout=1"; "none" when all are zero.
+func (s *soak) metricByLabel(name, label string, values ...string) string {
+	var parts []string
+	for _, v := range values {
+		if n := s.p.Metric(name, map[string]string{label: v}); n != 0 {
+			parts = append(parts, fmt.Sprintf("%s=%v", v, n))
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, " ")
+}
+
+// logWarnings counts watchsan's log lines at warn level and above by message, e.g.
+// `"upstream unhealthy"×12`; "none" when there is none.
+func logWarnings(p *proxy) string {
+	counts := map[string]int{}
+	for _, line := range strings.Split(p.Log(), "\n") {
+		var m struct{ Level, Msg string }
+		if json.Unmarshal([]byte(line), &m) != nil || m.Level == "debug" || m.Level == "info" || m.Level == "" {
+			continue
+		}
+		counts[m.Level+": "+m.Msg]++
+	}
+	if len(counts) == 0 {
+		return "none"
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(counts)) {
+		parts = append(parts, fmt.Sprintf("%q×%d", k, counts[k]))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func (s *soak) faultPhase(samples []soakSample) time.Duration {
