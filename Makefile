@@ -4,7 +4,7 @@ BIN      := bin/watchsan
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X github.com/watchsan/watchsan/internal/cli.Version=$(VERSION)
 
-.PHONY: build demo test test-short cluster-bins vet fmt-check fuzz bench
+.PHONY: build demo test test-short soak cluster-bins vet fmt-check fuzz bench
 
 build:
 	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/proxy
@@ -20,6 +20,21 @@ cluster-bins:
 # Every test, the real-apiserver ones included (they need the binaries from cluster-bins).
 test: cluster-bins
 	$(GO) test -race -count=1 -timeout 40m ./...
+
+# The soak (test/e2e/soak_test.go): three real apiservers, continuous writes, informers in
+# JSON, protobuf and CBOR through watchsan, a random schedule of faults for SOAK_DURATION; it
+# prints a report and fails on any lost, duplicated or regressing event. SOAK_SEED repeats a
+# schedule (the seed of every run is printed). `make test` runs its short version (about a
+# minute). SOAK_TIMEOUT must exceed SOAK_DURATION plus a few minutes. The test process runs
+# without -race here so it takes less of the CPU the report measures; watchsan itself is always
+# built with -race by the e2e tests, and `make test` runs the soak's harness with it.
+SOAK_DURATION ?= 10m
+SOAK_SEED     ?=
+SOAK_TIMEOUT  ?= 2h
+SOAK_REPORT   ?=
+soak: cluster-bins
+	WATCHSAN_SOAK_DURATION=$(SOAK_DURATION) WATCHSAN_SOAK_SEED=$(SOAK_SEED) WATCHSAN_SOAK_REPORT=$(SOAK_REPORT) \
+	  $(GO) test -count=1 -v -timeout $(SOAK_TIMEOUT) -run '^TestSoak$$' ./test/e2e
 
 # Unit tests only: no real apiserver.
 test-short:

@@ -59,6 +59,12 @@ type Faults struct {
 	// ResetEveryN or EndWatchAfterDelete to also cut the stream. Over HTTP/1.1 the connection
 	// is closed after the response instead.
 	GoAway bool
+
+	// EndImmediately ends watches cleanly at once: a new watch right after its response
+	// headers, before any event (the client reads 200 and an empty stream), a running one
+	// right after its next event. What an apiserver or a proxy hop that closes its watches
+	// looks like to a client, over and over while it lasts.
+	EndImmediately bool
 }
 
 // Validate reports every problem with f at once, or nil.
@@ -106,6 +112,9 @@ type fault struct {
 	admit func(a *active, wt *watchReq) bool
 	// header runs on the client's response header before it is written.
 	header func(a *active, wt *watchReq, h http.Header)
+	// started runs once the response header was sent, before the first event; the first
+	// verdict other than carryOn ends the watch (only endClean is supported there).
+	started func(a *active, wt *watchReq) verdict
 	// rv returns the resourceVersion to write ev with, or "" to leave it as it is. The first
 	// fault that returns one wins.
 	rv func(a *active, wt *watchReq, ev *stream.Event) string
@@ -120,6 +129,7 @@ var faultList = []fault{
 	goAwayFault,
 	deleteOldRVFault,
 	endAfterDeleteFault,
+	endImmediatelyFault,
 	resetFault,
 	stallFault,
 }

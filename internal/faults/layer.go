@@ -96,6 +96,7 @@ func (l *Layer) Faults() Faults { return l.active.Load().Faults }
 // ServeHTTP injects the active faults into a watch request and passes any other request (and
 // protocol upgrades) to next as it is.
 func (l *Layer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	l.stats.requests.Add(1)
 	if !reqinfo.Parse(r).IsWatch() || r.Header.Get("Upgrade") != "" {
 		l.next.ServeHTTP(w, r)
 		return
@@ -163,6 +164,11 @@ func (wt *watchReq) serve() {
 	w.WriteHeader(u.status)
 	if flush(w) != nil {
 		return
+	}
+	for _, f := range faultList {
+		if f.started != nil && f.started(a, wt) != carryOn {
+			return
+		}
 	}
 
 	var body io.Reader = u.pr

@@ -668,3 +668,74 @@ func TestListPath(t *testing.T) {
 		}
 	}
 }
+
+// EndImmediately: a watch opened while it is set gets its headers and a clean end, no event; a
+// watch already running ends cleanly after its next event. Requests counts every request.
+func TestEndImmediately(t *testing.T) {
+	for _, f := range allFormats {
+		t.Run(f.name, func(t *testing.T) {
+			release := make(chan struct{})
+			s := newStandIn(t, map[string]script{"ns": {
+				events: []evt{{watch.Added, cm("a", "uid-a", "10")}},
+				then: func(w http.ResponseWriter, r *http.Request) {
+					select {
+					case <-release:
+					case <-r.Context().Done():
+						return
+					}
+					_, _ = w.Write(f.frame(t, watch.Added, cm("b", "uid-b", "11")))
+					_, _ = w.Write(f.frame(t, watch.Added, cm("c", "uid-c", "12")))
+					_ = http.NewResponseController(w).Flush()
+				},
+				hold: true,
+			}})
+			st := newSetup(t, s)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			running := st.openWatch(t, ctx, cmPath, f, nil)
+			defer running.Body.Close()
+			rd := f.decoder(running.Body)
+			readEvents(t, rd, 1)
+
+			if err := st.layer.Set(Faults{EndImmediately: true}); err != nil {
+				t.Fatal(err)
+			}
+			fresh := st.openWatch(t, ctx, cmPath, f, nil)
+			if fresh.StatusCode != http.StatusOK {
+				t.Fatalf("new watch: %s, want 200", fresh.Status)
+			}
+			if err := nextErr(f.decoder(fresh.Body)); !isCleanEnd(err) {
+				t.Errorf("new watch: %v, want a clean end before any event", err)
+			}
+			fresh.Body.Close()
+
+			close(release)
+			if got := readEvents(t, rd, 1); got[0].obj.Name != "b" {
+				t.Errorf("running watch's next event is %s, want b", got[0].obj.Name)
+			}
+			if err := nextErr(rd); !isCleanEnd(err) {
+				t.Errorf("running watch after its next event: %v, want a clean end", err)
+			}
+			if s := st.layer.Stats(); s.EndedImmediately != 2 || s.Watches != 2 || s.Requests != 2 {
+				t.Errorf("stats %+v, want 2 ended at once of 2 watches, 2 requests", s)
+			}
+		})
+	}
+}
+
+// Requests counts everything the layer serves, watches or not.
+func TestRequestsCounted(t *testing.T) {
+	s := newStandIn(t, nil)
+	s.list = func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"kind":"ConfigMapList","items":[]}`)
+	}
+	st := newSetup(t, s)
+	for range 3 {
+		resp := st.get(t, context.Background(), cmPath, jsonFormat, nil)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	if s := st.layer.Stats(); s.Requests != 3 || s.Watches != 0 {
+		t.Errorf("stats %+v, want 3 requests, no watch", s)
+	}
+}

@@ -9,7 +9,7 @@ import (
 
 // ParseFaults reads faults written as String writes them, for flags and config files: a
 // comma-separated list of delete-old-rv, end-after-delete, reset-every=N, reset-tcp,
-// fail-503-first=K, stall-after=N and goaway. "" and "none" are no faults. Every problem is
+// fail-503-first=K, stall-after=N, goaway and end-immediately. "" and "none" are no faults. Every problem is
 // reported at once.
 func ParseFaults(s string) (Faults, error) {
 	var f Faults
@@ -50,9 +50,11 @@ func ParseFaults(s string) (Faults, error) {
 			count(&f.StallAfterN)
 		case "goaway":
 			flag(&f.GoAway)
+		case "end-immediately":
+			flag(&f.EndImmediately)
 		default:
 			errs = append(errs, fmt.Errorf("faults: unknown fault %q (known: delete-old-rv, end-after-delete, "+
-				"reset-every=N, reset-tcp, fail-503-first=K, stall-after=N, goaway)", name))
+				"reset-every=N, reset-tcp, fail-503-first=K, stall-after=N, goaway, end-immediately)", name))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -84,6 +86,9 @@ func (f Faults) String() string {
 	}
 	if f.GoAway {
 		parts = append(parts, "goaway")
+	}
+	if f.EndImmediately {
+		parts = append(parts, "end-immediately")
 	}
 	if len(parts) == 0 {
 		return "none"

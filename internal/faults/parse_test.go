@@ -10,6 +10,7 @@ func TestParseFaultsRoundTrip(t *testing.T) {
 		{},
 		{DeleteOldRV: true, EndWatchAfterDelete: true},
 		{ResetEveryN: 5, ResetTCP: true, Fail503FirstK: 2, StallAfterN: 7, GoAway: true},
+		{EndImmediately: true},
 	} {
 		got, err := ParseFaults(f.String())
 		if err != nil || got != f {

@@ -4,6 +4,9 @@ import "sync/atomic"
 
 // Stats counts what the layer did, so tests can assert that a fault really fired.
 type Stats struct {
+	// Requests is the number of requests the layer saw, watches and everything else (the
+	// load the clients behind it put on the upstream).
+	Requests int64
 	// Watches is the number of watch requests the layer saw.
 	Watches int64
 	// Refused503 counts watch requests answered with 503 (Fail503FirstK).
@@ -24,12 +27,15 @@ type Stats struct {
 	Resets int64
 	// Stalls counts watch responses stalled (StallAfterN).
 	Stalls int64
+	// EndedImmediately counts watch responses ended at once (EndImmediately).
+	EndedImmediately int64
 	// UpstreamGarbage counts watch responses ended because the upstream stream was unreadable
 	// (malformed, truncated or oversized frames).
 	UpstreamGarbage int64
 }
 
 type counters struct {
+	requests, endedImmediately                                     atomic.Int64
 	watches, refused503, goAways, deletesRewritten, deletesUnknown atomic.Int64
 	lookups, lookupsFailed, endedAfterDelete, resets, stalls       atomic.Int64
 	garbage                                                        atomic.Int64
@@ -39,6 +45,7 @@ type counters struct {
 func (l *Layer) Stats() Stats {
 	c := &l.stats
 	return Stats{
+		Requests:         c.requests.Load(),
 		Watches:          c.watches.Load(),
 		Refused503:       c.refused503.Load(),
 		GoAways:          c.goAways.Load(),
@@ -49,6 +56,7 @@ func (l *Layer) Stats() Stats {
 		EndedAfterDelete: c.endedAfterDelete.Load(),
 		Resets:           c.resets.Load(),
 		Stalls:           c.stalls.Load(),
+		EndedImmediately: c.endedImmediately.Load(),
 		UpstreamGarbage:  c.garbage.Load(),
 	}
 }

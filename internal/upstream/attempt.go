@@ -362,8 +362,6 @@ func bufferBody(body io.ReadCloser) io.ReadCloser {
 	return io.NopCloser(bytes.NewReader(data))
 }
 
-
-
 func minTime(a, b time.Time) time.Time {
 	if a.Before(b) {
 		return a

@@ -20,7 +20,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -54,36 +53,14 @@ func budgetProxy(t *testing.T, upstream string, extra ...string) *proxy {
 
 // ---- what is measured ----
 
-// clockTicks is the kernel's USER_HZ, the unit of /proc/<pid>/stat's CPU times.
-var clockTicks = sync.OnceValue(func() float64 {
-	if out, err := exec.Command("getconf", "CLK_TCK").Output(); err == nil {
-		if n, err := strconv.Atoi(strings.TrimSpace(string(out))); err == nil && n > 0 {
-			return float64(n)
-		}
-	}
-	return 100
-})
-
 // cpuTime is the user+system CPU time process pid has used so far (all its threads).
 func cpuTime(t *testing.T, pid int) time.Duration {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	d, err := procCPU(pid)
 	if err != nil {
 		t.Fatalf("reading watchsan's CPU time: %v", err)
 	}
-	s := string(b)
-	// Field 2, the command name, is in parentheses and may hold spaces: count from after it.
-	// Fields 14 and 15 are utime and stime; f[0] is field 3.
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 13 {
-		t.Fatalf("unexpected /proc/%d/stat: %q", pid, s)
-	}
-	ut, err1 := strconv.ParseUint(f[11], 10, 64)
-	st, err2 := strconv.ParseUint(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		t.Fatalf("unexpected /proc/%d/stat: %q", pid, s)
-	}
-	return time.Duration(float64(ut+st) / clockTicks() * float64(time.Second))
+	return d
 }
 
 // cpuPercent measures watchsan's CPU use over window, in percent of one core.

@@ -39,6 +39,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/watchsan/watchsan/internal/faults"
+	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/test/cluster"
 )
 
@@ -91,6 +92,39 @@ type clientRequests struct {
 	watchLists atomic.Int64 // watch with sendInitialEvents=true: the first sync, or a relist
 	rewatches  atomic.Int64 // any other watch: the client re-watched from its last RV
 	failures   atomic.Int64 // answers other than 2xx, and transport errors
+
+	mu  sync.Mutex
+	log []clientRequest // every request above, in the order sent
+}
+
+// clientRequest is one request an informer sent for its configmaps.
+type clientRequest struct {
+	At   time.Time
+	Kind string // "list", "watch-list" or "re-watch"
+}
+
+func (c *clientRequests) note(kind string) {
+	c.mu.Lock()
+	c.log = append(c.log, clientRequest{At: time.Now(), Kind: kind})
+	c.mu.Unlock()
+}
+
+// relists returns when the client started each relist: every LIST, and every watch-list after
+// the first (which was its initial sync).
+func (c *clientRequests) relists() []time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []time.Time
+	first := true
+	for _, r := range c.log {
+		switch {
+		case r.Kind == "watch-list" && first:
+			first = false
+		case r.Kind == "watch-list", r.Kind == "list":
+			out = append(out, r.At)
+		}
+	}
+	return out
 }
 
 // countingRT counts the requests for one collection path.
@@ -106,10 +140,13 @@ func (rt *countingRT) RoundTrip(req *http.Request) (*http.Response, error) {
 		switch watch, _ := strconv.ParseBool(q.Get("watch")); {
 		case !watch:
 			rt.c.lists.Add(1)
+			rt.c.note("list")
 		case q.Get("sendInitialEvents") == "true":
 			rt.c.watchLists.Add(1)
+			rt.c.note("watch-list")
 		default:
 			rt.c.rewatches.Add(1)
+			rt.c.note("re-watch")
 		}
 	}
 	resp, err := rt.next.RoundTrip(req)
@@ -124,7 +161,20 @@ type cmChange struct {
 	Type string // ADDED, MODIFIED, DELETED
 	Name string
 	RV   string // "" for the writer's deletes (a configmap delete answers a Status)
-	At   time.Time
+	// Seq is the writer's sequence number in the object's data ("seq"): unique per create and
+	// update; a delete carries the one of the state it deleted.
+	Seq string
+	At  time.Time
+
+	// Only for what a handler saw:
+	// Resync: an update whose old and new object have the same resourceVersion (what a relist
+	// hands the handlers for an object that did not change), not a change.
+	Resync bool
+	// Tombstone: a delete a relist inferred (cache.DeletedFinalStateUnknown); its object is
+	// the last state the informer knew.
+	Tombstone bool
+	// Initial: an add from a (re)list rather than from a watch event.
+	Initial bool
 }
 
 func (o cmChange) String() string { return o.Type + " " + o.Name + "@" + o.RV }
@@ -141,6 +191,7 @@ type countingInformer struct {
 	events []cmChange
 	first  map[string]time.Time // name -> when it was first added
 	lastEr string
+	maxRV  uint64 // the highest resourceVersion any event carried
 }
 
 // startCountingInformer runs an informer with cfg (its transport wrapped to count) and waits
@@ -170,26 +221,37 @@ func startCountingInformer(t *testing.T, name string, cfg *rest.Config, ns strin
 	}); err != nil {
 		t.Fatal(err)
 	}
-	record := func(typ string, obj any) {
-		if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+	record := func(typ string, obj any, resync, initial bool) {
+		d, tombstone := obj.(cache.DeletedFinalStateUnknown)
+		if tombstone {
 			obj = d.Obj
 		}
 		cm, ok := obj.(*corev1.ConfigMap)
 		if !ok {
 			return
 		}
-		o := cmChange{Type: typ, Name: cm.Name, RV: cm.ResourceVersion, At: time.Now()}
+		o := cmChange{Type: typ, Name: cm.Name, RV: cm.ResourceVersion, Seq: cm.Data["seq"], At: time.Now(),
+			Resync: resync, Tombstone: tombstone, Initial: initial}
 		w.mu.Lock()
 		w.events = append(w.events, o)
+		if rv, err := strconv.ParseUint(o.RV, 10, 64); err == nil && rv > w.maxRV {
+			w.maxRV = rv
+		}
 		if _, seen := w.first[o.Name]; !seen && typ == "ADDED" {
 			w.first[o.Name] = o.At
 		}
 		w.mu.Unlock()
 	}
-	if _, err := w.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { record("ADDED", obj) },
-		UpdateFunc: func(_, obj any) { record("MODIFIED", obj) },
-		DeleteFunc: func(obj any) { record("DELETED", obj) },
+	rvOf := func(obj any) string {
+		if cm, ok := obj.(*corev1.ConfigMap); ok {
+			return cm.ResourceVersion
+		}
+		return ""
+	}
+	if _, err := w.informer.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
+		AddFunc:    func(obj any, initial bool) { record("ADDED", obj, false, initial) },
+		UpdateFunc: func(old, obj any) { record("MODIFIED", obj, rvOf(old) == rvOf(obj), false) },
+		DeleteFunc: func(obj any) { record("DELETED", obj, false, false) },
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -229,6 +291,18 @@ func (w *countingInformer) waitSeen(t *testing.T, name string, timeout time.Dura
 		return ok
 	})
 	return at
+}
+
+// highestRV returns the highest resourceVersion the informer's handlers got.
+func (w *countingInformer) highestRV() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.maxRV
+}
+
+// relists counts the informer's relists: every LIST, every watch-list after the first.
+func (w *countingInformer) relists() int64 {
+	return w.req.lists.Load() + max(w.req.watchLists.Load()-1, 0)
 }
 
 func (w *countingInformer) history() []cmChange {
@@ -350,6 +424,40 @@ func (w *recordingWriter) stop() {
 	}
 }
 
+// lastRV returns the resourceVersion of the writer's latest create or update (0 before one).
+func (w *recordingWriter) lastRV() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var last uint64
+	for _, ops := range w.ops {
+		for i := len(ops) - 1; i >= 0; i-- {
+			if rv, err := strconv.ParseUint(ops[i].RV, 10, 64); err == nil {
+				last = max(last, rv)
+				break
+			}
+		}
+	}
+	return last
+}
+
+// history returns every change the writer made, by object.
+func (w *recordingWriter) history() map[string][]cmChange {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make(map[string][]cmChange, len(w.ops))
+	for k, v := range w.ops {
+		out[k] = slices.Clone(v)
+	}
+	return out
+}
+
+// errors returns the writer's failures so far.
+func (w *recordingWriter) errors() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.errs)
+}
+
 // count returns how many changes the writer made.
 func (w *recordingWriter) count() int {
 	w.mu.Lock()
@@ -452,7 +560,7 @@ func (w *recordingWriter) create(name, seq string) *corev1.ConfigMap {
 	w.mu.Lock()
 	w.objs[name] = got
 	w.mu.Unlock()
-	w.record(cmChange{Type: "ADDED", Name: name, RV: got.ResourceVersion, At: time.Now()})
+	w.record(cmChange{Type: "ADDED", Name: name, RV: got.ResourceVersion, Seq: seq, At: time.Now()})
 	return got
 }
 
@@ -475,7 +583,7 @@ func (w *recordingWriter) update(cur *corev1.ConfigMap, seq string) {
 	w.mu.Lock()
 	w.objs[cur.Name] = got
 	w.mu.Unlock()
-	w.record(cmChange{Type: "MODIFIED", Name: cur.Name, RV: got.ResourceVersion, At: time.Now()})
+	w.record(cmChange{Type: "MODIFIED", Name: cur.Name, RV: got.ResourceVersion, Seq: seq, At: time.Now()})
 }
 
 func (w *recordingWriter) remove(cur *corev1.ConfigMap) {
@@ -493,7 +601,7 @@ func (w *recordingWriter) remove(cur *corev1.ConfigMap) {
 	w.mu.Lock()
 	delete(w.objs, cur.Name)
 	w.mu.Unlock()
-	w.record(cmChange{Type: "DELETED", Name: cur.Name, At: time.Now()})
+	w.record(cmChange{Type: "DELETED", Name: cur.Name, Seq: cur.Data["seq"], At: time.Now()})
 }
 
 // settle reads name after a change whose first attempt failed without an answer and a retry
@@ -542,10 +650,7 @@ func finishAndCompare(t *testing.T, wr *recordingWriter, check []*countingInform
 	for _, w := range append(slices.Clone(check), wait...) {
 		w.waitSeen(t, last, 60*time.Second)
 	}
-	wr.mu.Lock()
-	errs := slices.Clone(wr.errs)
-	wr.mu.Unlock()
-	if len(errs) > 0 {
+	if errs := wr.errors(); len(errs) > 0 {
 		t.Fatalf("the recordingWriter failed: %v", errs)
 	}
 	for _, w := range check {
@@ -573,12 +678,7 @@ func compareHistory(t *testing.T, wr *recordingWriter, w *countingInformer) {
 		}
 		lastRV = rv
 	}
-	wr.mu.Lock()
-	want := map[string][]cmChange{}
-	for k, v := range wr.ops {
-		want[k] = slices.Clone(v)
-	}
-	wr.mu.Unlock()
+	want := wr.history()
 	names := map[string]bool{}
 	for n := range got {
 		names[n] = true
@@ -789,6 +889,7 @@ type faultedAPIServer struct {
 	// hangReadyz makes /readyz hang until the caller gives up, as on a hung apiserver.
 	hangReadyz atomic.Bool
 	conns      atomic.Int64 // TLS connections accepted
+	watching   atomic.Int64 // watch requests being served now
 }
 
 func newFaultedAPIServer(t *testing.T, c *cluster.Cluster, i int) *faultedAPIServer {
@@ -808,6 +909,10 @@ func newFaultedAPIServer(t *testing.T, c *cluster.Cluster, i int) *faultedAPISer
 		if r.URL.Path == "/readyz" && f.hangReadyz.Load() {
 			<-r.Context().Done()
 			return
+		}
+		if reqinfo.Parse(r).IsWatch() {
+			f.watching.Add(1)
+			defer f.watching.Add(-1)
 		}
 		f.layer.ServeHTTP(w, r)
 	})

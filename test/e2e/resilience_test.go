@@ -233,14 +233,6 @@ func expiredOnResume(t *testing.T, raw *rawWatch, p *proxy) {
 		raw.stop()
 		<-raw.ended
 		errs := raw.errorEvents()
-		if len(errs) > 1 {
-			// Known bug in internal/watch/session.go (reported to its owner): an ERROR event
-			// from upstream is passed on, then the EOF after it is taken for a break and the
-			// watch resumed from the same RV, which brings the same ERROR again, at once and
-			// without end. Skipped on exactly this symptom, so that the fix turns it on.
-			t.Skipf("bug: watchsan resumes after passing an upstream ERROR 410 instead of ending the stream: "+
-				"the client got %d ERROR events (first %v); %s", len(errs), errs[:min(3, len(errs))], resumeSummary(p))
-		}
 		if !ended || len(errs) != 1 || errs[0] != "ERROR:410" || !errors.Is(raw.err, io.EOF) {
 			t.Errorf("plain client: ERROR events %v, stream ended with %v; want one ERROR:410, then a clean end", errs, raw.err)
 		}
