@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watchsan/watchsan/internal/testutil"
 	"github.com/watchsan/watchsan/test/cluster"
 	"github.com/watchsan/watchsan/test/cluster/clustertest"
 )
@@ -195,16 +196,10 @@ func sumMetric(r io.Reader, name string, want map[string]string) float64 {
 	return sum
 }
 
-// eventually polls cond every 20ms until it is true or the deadline passes.
+// eventually is testutil.Eventually, the one polling helper of every test package.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.Eventually(t, timeout, what, cond)
 }
 
 // newCluster starts a real control plane for one test (warm start takes seconds), stopped in
