@@ -223,7 +223,7 @@ type fakeAPI struct {
 	addr  string
 	serve http.HandlerFunc
 
-	readyzDelay    time.Duration
+	readyzDelay    atomic.Int64 // a time.Duration; set while serving, hence atomic
 	readyzAnswered atomic.Bool // set before the first /readyz answer is written
 	watches        atomic.Int64
 	others         atomic.Int64
@@ -273,9 +273,9 @@ func (f *fakeAPI) stop() {
 
 func (f *fakeAPI) handle(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/readyz" {
-		if f.readyzDelay > 0 {
+		if d := time.Duration(f.readyzDelay.Load()); d > 0 {
 			select {
-			case <-time.After(f.readyzDelay):
+			case <-time.After(d):
 			case <-r.Context().Done():
 				return
 			}
@@ -811,7 +811,8 @@ func TestBudgetShutdownDelay(t *testing.T) {
 func TestBudgetHealth(t *testing.T) {
 	t.Run("unknown-until-probed", func(t *testing.T) {
 		f := newFakeAPI(t, listOrWatch(emptyWatch))
-		f.readyzDelay = 2 * time.Second
+		const delay = 2 * time.Second
+		f.readyzDelay.Store(int64(delay))
 		// The default health interval: a probe timeout derived from a short interval could be
 		// below the delay.
 		p := startProxy(t, "--upstream="+f.URL(), "--no-credentials", "--log-level=info")
@@ -827,11 +828,11 @@ func TestBudgetHealth(t *testing.T) {
 				if !f.readyzAnswered.Load() {
 					t.Fatalf("/readyz answered 200 %v after start, before any probe of the upstream was answered", time.Since(start))
 				}
-				t.Logf("budget: /readyz 200 %v after start (the upstream's /readyz answers after %v)", time.Since(start).Round(time.Millisecond), f.readyzDelay)
+				t.Logf("budget: /readyz 200 %v after start (the upstream's /readyz answers after %v)", time.Since(start).Round(time.Millisecond), delay)
 				break
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("/readyz still %d 15s after start; the upstream's /readyz answers after %v", code, f.readyzDelay)
+				t.Fatalf("/readyz still %d 15s after start; the upstream's /readyz answers after %v", code, delay)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
