@@ -4,7 +4,7 @@ BIN      := bin/watchsan
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X github.com/watchsan/watchsan/internal/cli.Version=$(VERSION)
 
-.PHONY: build demo test test-short soak cluster-bins vet fmt-check fuzz bench
+.PHONY: build demo test test-short soak cluster-bins vet fmt-check fuzz bench image
 
 build:
 	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/proxy
@@ -56,3 +56,23 @@ fuzz:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./internal/stream ./internal/fix
+
+# The container image, without a container engine: static binaries for IMAGE_PLATFORMS, then
+# hack/image writes an OCI image layout to bin/image (push it with `skopeo copy
+# oci:bin/image docker://...` or `crane push bin/image ...`) and bin/image.tar for `docker load`
+# (the first platform). The Dockerfile builds the same image where a container engine runs.
+IMAGE           ?= ghcr.io/watchsan/watchsan
+IMAGE_PLATFORMS ?= linux/amd64 linux/arm64
+REVISION        ?= $(shell git rev-parse HEAD 2>/dev/null)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+
+image:
+	@set -e; for p in $(IMAGE_PLATFORMS); do \
+	  os=$${p%%/*}; arch=$${p#*/}; arch=$${arch%%/*}; \
+	  echo "go build $$p"; \
+	  CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags "$(LDFLAGS)" \
+	    -o bin/image-bin/$$os-$$arch/watchsan ./cmd/proxy; \
+	done
+	$(GO) run ./hack/image --out bin/image --tarball bin/image.tar --ref $(IMAGE):$(VERSION) \
+	  --version $(VERSION) --revision $(REVISION) --created $(SOURCE_DATE_EPOCH) \
+	  $(foreach p,$(IMAGE_PLATFORMS),--binary $(p)=bin/image-bin/$(word 1,$(subst /, ,$(p)))-$(word 2,$(subst /, ,$(p)))/watchsan)

@@ -224,7 +224,7 @@ type fakeAPI struct {
 	serve http.HandlerFunc
 
 	readyzDelay    atomic.Int64 // a time.Duration; set while serving, hence atomic
-	readyzAnswered atomic.Bool // set before the first /readyz answer is written
+	readyzAnswered atomic.Bool  // set before the first /readyz answer is written
 	watches        atomic.Int64
 	others         atomic.Int64
 
