@@ -19,7 +19,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
 )
 
 // Scenario is what every watch of one namespace receives from the Upstream.
