@@ -39,8 +39,8 @@ func WriteReport(dir string, res *Results) error {
 
 // Targets are the goals issue 10 sets for watchsan's repair mode.
 const (
-	targetVsPass       = 1.0  // throughput ≥ 1.0x the pass-through
-	targetVsDirect     = 0.5  // throughput ≥ 0.5x direct
+	targetVsPass       = 1.0 // throughput ≥ 1.0x the pass-through
+	targetVsDirect     = 0.5 // throughput ≥ 0.5x direct
 	targetAddedP99     = time.Millisecond
 	targetAddedP99Rate = 10000
 	targetMemVsPass    = 0.75 // idle-watch memory ≤ 0.75x the pass-through
