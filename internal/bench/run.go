@@ -191,13 +191,15 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		return nil, err
 	}
 	defer up.Close()
-	r := &runner{cfg: cfg, res: res, up: up}
+	r := &runner{cfg: cfg, res: res, up: up, t0: t0}
 
 	sets, err := r.buildSets()
 	if err != nil {
 		return nil, err
 	}
+	r.progress("events encoded")
 	procs := r.startAll(ctx, upstreamSpec{url: up.plainURL})
+	r.progress("proxies started")
 	if cfg.phase("throughput") {
 		r.throughput(ctx, procs, sets)
 	}
@@ -207,11 +209,12 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	if cfg.phase("ttfe") {
 		r.ttfe(ctx, procs, sets)
 	}
+	var wg sync.WaitGroup
 	for _, p := range procs {
-		if p.proc != nil {
-			p.proc.stop()
-		}
+		wg.Add(1)
+		go func() { defer wg.Done(); p.proc.stop() }()
 	}
+	wg.Wait()
 	if cfg.phase("memory") {
 		r.memory(ctx, sets, upstreamSpec{url: up.tlsURL, caFile: up.caFile})
 	}
@@ -224,6 +227,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 func (c *Config) phase(name string) bool { return c.Phases == nil || c.Phases[name] }
 
 type runner struct {
+	t0  time.Time
 	cfg Config
 	res *Results
 	up  *upstreamServer
@@ -238,7 +242,7 @@ type target struct {
 
 func (r *runner) progress(format string, args ...any) {
 	if r.cfg.Progress != nil {
-		fmt.Fprintf(r.cfg.Progress, format+"\n", args...)
+		fmt.Fprintf(r.cfg.Progress, "[%6.1fs] "+format+"\n", append([]any{time.Since(r.t0).Seconds()}, args...)...)
 	}
 }
 
