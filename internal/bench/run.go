@@ -660,52 +660,14 @@ func (r *runner) idle(ctx context.Context, name PathName, up upstreamSpec, sc *S
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel()
-	// open opens k idle watches, at most 64 waiting for their first event at a time.
-	open := func(k int) error {
-		firsts := make(chan struct{}, k)
-		errc := make(chan error, k)
-		sem := make(chan struct{}, 64)
-		for range k {
-			select {
-			case sem <- struct{}{}:
-			case err := <-errc:
-				return err
-			case <-wctx.Done():
-				return fmt.Errorf("opening idle watches: %w", wctx.Err())
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				first := false
-				res := runWatch(wctx, hc, watchOpts{base: p.url, ns: "idle", sc: sc, repaired: name.repairs(), hold: true, readBuf: 4 << 10,
-					onFirst: func(time.Duration) { first = true; <-sem; firsts <- struct{}{} }})
-				if !first {
-					<-sem
-				}
-				if res.err != nil && wctx.Err() == nil {
-					errc <- res.err
-				}
-			}()
-		}
-		for range k {
-			select {
-			case <-firsts:
-			case err := <-errc:
-				return err
-			case <-wctx.Done():
-				return fmt.Errorf("opening idle watches: %w", wctx.Err())
-			}
-		}
-		return nil
-	}
 	// One watch first, so that what every process sets up on its first watch is not counted.
-	if err := open(1); err != nil {
+	if err := openIdle(wctx, &wg, hc, p.url, name.repairs(), sc, 1); err != nil {
 		s.Err = err.Error()
 		return
 	}
 	sleepCtx(ctx, r.cfg.MemorySettle)
 	s.RSSBeforeKiB, _ = procStatus(p.pid, "VmRSS")
-	if err := open(n); err != nil {
+	if err := openIdle(wctx, &wg, hc, p.url, name.repairs(), sc, n); err != nil {
 		s.Err = err.Error()
 		return
 	}
@@ -718,6 +680,46 @@ func (r *runner) idle(ctx context.Context, name PathName, up upstreamSpec, sc *S
 	s.FDs = procFDs(p.pid)
 	s.PerWatchKiB = float64(s.RSSAfterKiB-s.RSSBeforeKiB) / float64(n)
 	return
+}
+
+// openIdle opens k watches of sc on base that stay open until ctx ends, at most 64 waiting for
+// their first event at a time, and returns once every one has had its first event.
+func openIdle(ctx context.Context, wg *sync.WaitGroup, hc *http.Client, base string, repaired bool, sc *Scenario, k int) error {
+	firsts := make(chan struct{}, k)
+	errc := make(chan error, k)
+	sem := make(chan struct{}, 64)
+	for range k {
+		select {
+		case sem <- struct{}{}:
+		case err := <-errc:
+			return err
+		case <-ctx.Done():
+			return fmt.Errorf("opening idle watches: %w", ctx.Err())
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			first := false
+			res := runWatch(ctx, hc, watchOpts{base: base, ns: "idle", sc: sc, repaired: repaired, hold: true, readBuf: 4 << 10,
+				onFirst: func(time.Duration) { first = true; <-sem; firsts <- struct{}{} }})
+			if !first {
+				<-sem
+			}
+			if res.err != nil && ctx.Err() == nil {
+				errc <- res.err
+			}
+		}()
+	}
+	for range k {
+		select {
+		case <-firsts:
+		case err := <-errc:
+			return err
+		case <-ctx.Done():
+			return fmt.Errorf("opening idle watches: %w", ctx.Err())
+		}
+	}
+	return nil
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) {
