@@ -68,8 +68,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if *reps > 0 {
-		cfg.Reps = *reps
-		cfg.MemoryReps = *reps
+		cfg.Reps, cfg.LatencyReps, cfg.MemoryReps = *reps, *reps, *reps
 	}
 	if *events > 0 {
 		cfg.Events = *events
@@ -136,10 +135,11 @@ func DefaultConfig() Config {
 		DeleteEvery:       1000,
 		Reps:              5,
 		MinRunDuration:    time.Second,
-		RunTimeout:        8 * time.Second,
+		RunTimeout:        4 * time.Second,
 		Rates:             []float64{1000, 10000, 50000},
 		LatencyWatches:    100,
 		LatencyDuration:   4 * time.Second,
+		LatencyReps:       3,
 		TTFEWatches:       200,
 		IdleWatches:       []int{1000, 10000},
 		MemoryReps:        3,
@@ -153,7 +153,7 @@ func ShortConfig() Config {
 	c.Sizes = []int{1024}
 	c.Concurrency = []int{1, 3}
 	c.Events, c.MinEventsPerWatch, c.DeleteEvery = 300, 100, 50
-	c.Reps = 1
+	c.Reps, c.LatencyReps = 1, 1
 	c.MinRunDuration = 0
 	c.RunTimeout = 10 * time.Second
 	c.Rates = []float64{300}

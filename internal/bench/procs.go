@@ -260,7 +260,9 @@ func (l *Launcher) startHAProxy(ctx context.Context, up upstreamSpec) (*proc, er
 	// HTTP mode (it parses every request and response and relays the chunked body as it
 	// arrives); long client/server timeouts because watches are long; no compression;
 	// http-no-delay, without which haproxy sends with MSG_MORE and a lone watch event waits
-	// about 200 ms in the kernel (what anyone proxying watches with haproxy sets).
+	// about 200 ms in the kernel (what anyone proxying watches with haproxy sets); and
+	// http-reuse always, so that watches share HTTP/2 upstream connections as Go's transport
+	// does (the default, safe, gives every client connection its own upstream one).
 	cfg := fmt.Sprintf(`global
     maxconn %[1]d
     nbthread %[2]d
@@ -271,6 +273,7 @@ defaults
     timeout server 10m
     timeout http-request 30s
     option http-no-delay
+    http-reuse always
     maxconn %[1]d
 frontend fe
     bind 127.0.0.1:%[3]d

@@ -223,14 +223,14 @@ func writeMarkdown(w io.Writer, r *Results) {
 	p("- **Latency**: %d watches, paced by the upstream to the total rate, %v per run. Each event carries", c.LatencyWatches, c.LatencyDuration)
 	p("  its send time in an annotation (written into the pre-encoded bytes as it is sent); the client")
 	p("  subtracts it from the time it has read the whole event. *Added* latency is the path's")
-	p("  percentile minus direct's from the same run.")
+	p("  percentile minus direct's from the same run. A path that cannot keep up is cut at %v.", 2*c.LatencyDuration+5*time.Second)
 	p("- **Time to first event**: %d new watches one after another (a new client connection each), from", c.TTFEWatches)
 	p("  the request to the first event read.")
 	p("- **Memory**: a fresh proxy process per run; one watch is opened first, then VmRSS is read; N more")
 	p("  idle watches (one event each, then quiet) are opened, and after %v VmRSS is read again:", c.MemorySettle)
 	p("  (after - before) / N. `fds` is the process's open file descriptors with the N watches open.")
-	p("- **Repetitions**: %d of each throughput and latency run, paths interleaved (their order rotates", c.Reps)
-	p("  each repetition); %d of each memory run. Tables show medians.", c.MemoryReps)
+	p("- **Repetitions**: %d of each throughput run and %d of each latency run, paths interleaved (their", c.Reps, c.LatencyReps)
+	p("  order rotates each repetition); %d of each memory run. Tables show medians.", c.MemoryReps)
 	p("")
 
 	p("## Throughput at saturation")
@@ -277,8 +277,17 @@ func writeMarkdown(w io.Writer, r *Results) {
 				d50, d99, d999 = d.P50, d.P99, d.P999
 			}
 			ok := "all events"
-			if !l.Complete {
+			cut := 0
+			for _, s := range l.Samples {
+				if s.Cut {
+					cut++
+				}
+			}
+			switch {
+			case !l.Complete:
 				ok = "**errors**: " + latencyErr(l)
+			case cut > 0:
+				ok = fmt.Sprintf("could not keep up: cut in %d of %d runs", cut, len(l.Samples))
 			}
 			p("| %s/s × %d watches | %s | %s | %s | %s | %s | %s | %s | %.0f | %s |", si(l.Rate), l.Watches, l.Path,
 				fmtDur(l.P50), fmtDur(l.P99), fmtDur(l.P999), add(l.P50, d50), add(l.P99, d99), add(l.P999, d999), l.DeliveredRate, ok)
