@@ -285,7 +285,7 @@ func configMap(name, uid, rv string, n int) *corev1.ConfigMap {
 			ManagedFields: []metav1.ManagedFieldsEntry{{
 				Manager: "bench-controller", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1",
 				Time: &metav1.Time{Time: metav1.Unix(1700000000, 0).Time}, FieldsType: "FieldsV1",
-				FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:data":{".":{}},"f:metadata":{"f:annotations":{".":{},"f:owner":{}},"f:labels":{".":{},"f:app.kubernetes.io/name":{}}}}`)},
+				FieldsV1: metav1.NewFieldsV1(`{"f:data":{".":{}},"f:metadata":{"f:annotations":{".":{},"f:owner":{}},"f:labels":{".":{},"f:app.kubernetes.io/name":{}}}}`),
 			}},
 		},
 		Data: map[string]string{},
