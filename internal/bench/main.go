@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -26,6 +27,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			return ChildMain(args[1:], stderr)
 		case "profile":
 			return profileMain(args[1:], stdout, stderr)
+		case "report":
+			return reportMain(args[1:], stdout, stderr)
 		}
 	}
 	fs := flag.NewFlagSet("watchsan-bench", flag.ContinueOnError)
@@ -120,6 +123,33 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if len(res.Errors) > 0 {
 		fmt.Fprintf(stdout, "%d runs had errors (listed in the report)\n", len(res.Errors))
 	}
+	return 0
+}
+
+// reportMain is `watchsan-bench report`: the report and charts again from a results.json.
+func reportMain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("report", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	in := fs.String("in", "docs/bench/results.json", "results of a run")
+	out := fs.String("out", "docs/bench", "directory for README.md and the charts")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	b, err := os.ReadFile(*in)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	var res Results
+	if err := json.Unmarshal(b, &res); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", *in, err)
+		return 1
+	}
+	if err := WriteReport(*out, &res); err != nil {
+		fmt.Fprintln(stderr, "report:", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "wrote %s/README.md and charts\n", *out)
 	return 0
 }
 

@@ -262,8 +262,8 @@ func writeMarkdown(w io.Writer, r *Results) {
 		p("")
 		p("![latency percentiles by rate](latency.png)")
 		p("")
-		p("| rate (all watches) | path | p50 | p99 | p99.9 | added p50 | added p99 | added p99.9 | delivered ev/s | checked |")
-		p("|---|---|---:|---:|---:|---:|---:|---:|---:|---|")
+		p("| rate (all watches) | path | p50 | p99 | p99.9 | added p50 | added p99 | added p99.9 | p99 vs direct | added p99 vs pass | delivered ev/s | checked |")
+		p("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 		for _, l := range r.Latency {
 			d := r.latencyOf(Direct, l.Rate)
 			add := func(v, dv time.Duration) string {
@@ -275,6 +275,10 @@ func writeMarkdown(w io.Writer, r *Results) {
 			var d50, d99, d999 time.Duration
 			if d != nil {
 				d50, d99, d999 = d.P50, d.P99, d.P999
+			}
+			passAdded := "-"
+			if ps := r.latencyOf(Pass, l.Rate); ps != nil && d != nil && l.Path != Direct {
+				passAdded = ratio(float64(l.P99-d99), float64(ps.P99-d99))
 			}
 			ok := "all events"
 			cut := 0
@@ -289,8 +293,9 @@ func writeMarkdown(w io.Writer, r *Results) {
 			case cut > 0:
 				ok = fmt.Sprintf("could not keep up: cut in %d of %d runs", cut, len(l.Samples))
 			}
-			p("| %s/s × %d watches | %s | %s | %s | %s | %s | %s | %s | %.0f | %s |", si(l.Rate), l.Watches, l.Path,
-				fmtDur(l.P50), fmtDur(l.P99), fmtDur(l.P999), add(l.P50, d50), add(l.P99, d99), add(l.P999, d999), l.DeliveredRate, ok)
+			p("| %s/s × %d watches | %s | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %s |", si(l.Rate), l.Watches, l.Path,
+				fmtDur(l.P50), fmtDur(l.P99), fmtDur(l.P999), add(l.P50, d50), add(l.P99, d99), add(l.P999, d999),
+				ratio(float64(l.P99), float64(d99)), passAdded, l.DeliveredRate, ok)
 		}
 		p("")
 	}

@@ -61,9 +61,9 @@ type Config struct {
 	// Phases selects what to measure: "throughput", "latency", "ttfe", "memory"; nil: all.
 	Phases map[string]bool
 
-	Launcher Launcher
+	Launcher Launcher `json:"-"`
 	// Progress gets one line per finished run; nil: none.
-	Progress io.Writer
+	Progress io.Writer `json:"-"`
 }
 
 // Env is what the numbers were taken on.
@@ -85,7 +85,7 @@ type Env struct {
 // Results of one bench run.
 type Results struct {
 	Env        Env
-	Config     Config `json:"-"`
+	Config     Config
 	Throughput []*ThroughputResult
 	Latency    []*LatencyResult
 	TTFE       []*TTFEResult
