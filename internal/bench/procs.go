@@ -258,11 +258,15 @@ func (l *Launcher) startHAProxy(ctx context.Context, up upstreamSpec) (*proc, er
 		server += " ssl verify required ca-file " + up.caFile + " alpn h2"
 	}
 	// HTTP mode (it parses every request and response and relays the chunked body as it
-	// arrives); long client/server timeouts because watches are long; no compression;
-	// http-no-delay, without which haproxy sends with MSG_MORE and a lone watch event waits
-	// about 200 ms in the kernel (what anyone proxying watches with haproxy sets); and
-	// http-reuse always, so that watches share HTTP/2 upstream connections as Go's transport
-	// does (the default, safe, gives every client connection its own upstream one).
+	// arrives); long client/server timeouts because watches are long; no compression. And the
+	// settings anyone proxying watches with haproxy needs:
+	//   - http-no-delay: otherwise haproxy sends with MSG_MORE and a lone watch event waits
+	//     about 200 ms in the kernel;
+	//   - abortonclose: otherwise a watch whose client left is noticed only at the next event
+	//     (or after timeout server), so a quiet stream holds both its connections: thousands
+	//     of them after a few bench rounds, until maxconn stops haproxy accepting;
+	//   - http-reuse always: watches share HTTP/2 upstream connections as Go's transport does
+	//     (the default, safe, gives every client connection its own upstream one).
 	cfg := fmt.Sprintf(`global
     maxconn %[1]d
     nbthread %[2]d
@@ -274,6 +278,7 @@ defaults
     timeout http-request 30s
     option http-no-delay
     http-reuse always
+    option abortonclose
     maxconn %[1]d
 frontend fe
     bind 127.0.0.1:%[3]d

@@ -105,7 +105,10 @@ type ThroughputSample struct {
 	// CPUPerM is the proxy process's CPU seconds per million events (0 for direct).
 	CPUPerM float64
 	// Rounds is how many times the watches ran; Cut says RunTimeout ended the run first.
-	Rounds    int
+	Rounds int
+	// FDs is the proxy's open file descriptors after the run: a number that grows from run to
+	// run means the proxy keeps connections of watches whose client left.
+	FDs       int
 	Cut       bool
 	Exact     int
 	Parsed    int
@@ -366,13 +369,18 @@ func (r *runner) throughput(ctx context.Context, ts []*target, sets map[setKey]*
 							r.res.Throughput = append(r.res.Throughput, tr)
 						}
 						s := r.saturate(ctx, hc, t, ns, sc, c)
-						tr.Samples = append(tr.Samples, s)
 						cut := ""
 						if s.Cut {
 							cut = fmt.Sprintf("(cut at %v)", r.cfg.RunTimeout)
 						}
-						r.progress("throughput %-16s %-16s rep %d: %9.0f ev/s %7.1f MB/s cpu %6.2f s/Mev x%d %s%s",
-							t.name, tr.Key(), rep+1, s.EventsPerSec, s.MBPerSec, s.CPUPerM, s.Rounds, cut, s.Err)
+						fds := ""
+						if t.proc != nil {
+							s.FDs = procFDs(t.proc.pid)
+							fds = fmt.Sprintf("fds %d ", s.FDs)
+						}
+						tr.Samples = append(tr.Samples, s)
+						r.progress("throughput %-16s %-16s rep %d: %9.0f ev/s %7.1f MB/s cpu %6.2f s/Mev x%d %s%s%s",
+							t.name, tr.Key(), rep+1, s.EventsPerSec, s.MBPerSec, s.CPUPerM, s.Rounds, fds, cut, s.Err)
 					}
 				}
 			}
