@@ -41,7 +41,7 @@ fuzz:
 
 # watchsan against direct, a pass-through proxy, a decode/re-encode proxy and haproxy (when
 # installed), all in one run: writes docs/bench/README.md, results.json and PNG charts. About
-# 25 minutes on 2 cores. BENCHFLAGS="-short -out /tmp/bench-short" checks the harness in
+# 17 minutes on 2 cores. BENCHFLAGS="-short -out /tmp/bench-short" checks the harness in
 # seconds; `bin/watchsan-bench profile` takes watchsan's CPU and heap profiles.
 BENCHFLAGS ?=
 bench: build
