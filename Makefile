@@ -4,7 +4,7 @@ BIN      := bin/watchsan
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X github.com/watchsan/watchsan/internal/cli.Version=$(VERSION)
 
-.PHONY: build demo test test-short soak cluster-bins vet fmt-check fuzz bench image
+.PHONY: build demo test test-short soak cluster-bins vet fmt-check fuzz bench bench-micro image
 
 build:
 	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/proxy
@@ -54,8 +54,18 @@ fuzz:
 	  done; \
 	done
 
-bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./internal/stream ./internal/fix
+# watchsan against direct, a pass-through proxy, a decode/re-encode proxy and haproxy (when
+# installed), all in one run: writes docs/bench/README.md, results.json and PNG charts. About
+# 17 minutes on 2 cores. BENCHFLAGS="-short -out /tmp/bench-short" checks the harness in
+# seconds; `bin/watchsan-bench profile` takes watchsan's CPU and heap profiles.
+BENCHFLAGS ?=
+bench: build
+	$(GO) build -o bin/watchsan-bench ./cmd/watchsan-bench
+	bin/watchsan-bench -watchsan $(BIN) -out docs/bench $(BENCHFLAGS)
+
+# Per-event Go benchmarks of the in-process parts.
+bench-micro:
+	$(GO) test -run '^$$' -bench . -benchmem ./internal/stream ./internal/fix ./internal/bench
 
 # The container image, without a container engine: static binaries for IMAGE_PLATFORMS, then
 # hack/image writes an OCI image layout to bin/image (push it with `skopeo copy

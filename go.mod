@@ -9,6 +9,7 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	go.uber.org/zap v1.28.0
+	golang.org/x/image v0.47.0
 	golang.org/x/net v0.62.0
 	google.golang.org/protobuf v1.36.12
 	k8s.io/api v0.37.2

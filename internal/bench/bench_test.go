@@ -1,0 +1,339 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"image/png"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/watchsan/watchsan/internal/cli"
+	"github.com/watchsan/watchsan/internal/stream"
+)
+
+// childEnv makes the test binary act as a child process: watchsan itself (the same code as
+// cmd/proxy) or a baseline proxy, so the smoke test needs no build step.
+const childEnv = "WATCHSAN_BENCH_CHILD"
+
+func TestMain(m *testing.M) {
+	switch os.Getenv(childEnv) {
+	case "watchsan":
+		os.Exit(cli.Main(os.Args[1:], os.Stdout, os.Stderr))
+	case "proxy":
+		os.Exit(ChildMain(os.Args[1:], os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+func testLauncher(t *testing.T) Launcher {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Launcher{
+		// Under -race a process sleeps a second at exit unless told not to.
+		Baseline: []string{self}, BaselineEnv: []string{childEnv + "=proxy", "GORACE=atexit_sleep_ms=0"},
+		Watchsan: []string{self}, WatchsanEnv: []string{childEnv + "=watchsan", "GORACE=atexit_sleep_ms=0"},
+		HAProxy: lookPath("haproxy"),
+	}
+}
+
+// TestBenchSmoke runs every path for a moment with tiny workloads and checks the harness
+// itself: every path delivered every event in order, the rewrite of the regressing deletes is
+// visible through watchsan's repair mode and through no other path, and the report renders.
+func TestBenchSmoke(t *testing.T) {
+	cfg := ShortConfig()
+	cfg.Launcher = testLauncher(t)
+	if cfg.Launcher.HAProxy == "" {
+		t.Log("haproxy is not installed: its path is skipped")
+	}
+	RaiseFDLimit(4096)
+	var progress bytes.Buffer
+	cfg.Progress = &progress
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	start := time.Now()
+	res, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("ran in %v:\n%s", time.Since(start).Round(time.Millisecond), progress.String())
+	for _, e := range res.Errors {
+		t.Errorf("run error: %s", e)
+	}
+	for name, why := range res.Skipped {
+		if name != HAProxy || cfg.Launcher.HAProxy != "" {
+			t.Errorf("%s skipped: %s", name, why)
+		}
+	}
+	measured := map[PathName]bool{}
+	for _, tr := range res.Throughput {
+		measured[tr.Path] = true
+		for _, s := range tr.Samples {
+			want := tr.PerWatch * tr.Watches
+			if s.Err != "" || s.Cut || s.Events != want {
+				t.Errorf("%s %s: %d of %d events, cut=%v, err=%q", tr.Path, tr.Key(), s.Events, want, s.Cut, s.Err)
+			}
+			wantRW := 0
+			if tr.Path == WatchsanRepair {
+				wantRW = tr.Watches * tr.PerWatch / cfg.DeleteEvery
+			}
+			if s.Rewritten != wantRW {
+				t.Errorf("%s %s: %d events arrived with a rewritten resourceVersion, want %d", tr.Path, tr.Key(), s.Rewritten, wantRW)
+			}
+			// Only the re-encoding proxy may change bytes; everything else relays them as sent.
+			if tr.Path != Decode && s.Parsed != 0 {
+				t.Errorf("%s %s: %d events differed in bytes from what was sent", tr.Path, tr.Key(), s.Parsed)
+			}
+		}
+	}
+	for _, p := range cfg.Paths {
+		if !measured[p] && (p != HAProxy || cfg.Launcher.HAProxy != "") {
+			t.Errorf("%s: no throughput result", p)
+		}
+	}
+	for _, l := range res.Latency {
+		if !l.Complete || l.P50 <= 0 || l.Samples[0].Samples == 0 {
+			t.Errorf("latency %s: complete=%v p50=%v samples=%d err=%q", l.Path, l.Complete, l.P50, l.Samples[0].Samples, l.Samples[0].Err)
+		}
+	}
+	for _, f := range res.TTFE {
+		if f.Err != "" || f.N != cfg.TTFEWatches || f.P50 <= 0 {
+			t.Errorf("time to first event %s: n=%d p50=%v err=%q", f.Path, f.N, f.P50, f.Err)
+		}
+	}
+	if len(res.Memory) == 0 {
+		t.Error("no memory result")
+	}
+	for _, m := range res.Memory {
+		for _, s := range m.Samples {
+			if s.Err != "" || s.RSSAfterKiB <= 0 {
+				t.Errorf("memory %s at %d watches: rss=%d err=%q", m.Path, m.Watches, s.RSSAfterKiB, s.Err)
+			}
+		}
+	}
+
+	dir := t.TempDir()
+	if err := WriteReport(dir, res); err != nil {
+		t.Fatal(err)
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"## Targets", "## Throughput at saturation", "| json/1KiB/1w | watchsan-repair |", "load average"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("README.md lacks %q", want)
+		}
+	}
+	for _, name := range []string{"throughput.png", "latency.png", "memory.png"} {
+		f, err := os.Open(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := png.Decode(f); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+		f.Close()
+	}
+}
+
+// TestClientChecksEvents holds the client's checks to account: a path that rewrites nothing
+// fails a watch that expects the repair, a stream that loses an event fails, and a stream
+// re-encoded into different bytes is still checked, parsed.
+func TestClientChecksEvents(t *testing.T) {
+	set, err := NewEventSet(Workload{Format: stream.JSON, ObjectSize: 1024, Events: 40, DeleteEvery: 10, BaseRV: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := NewUpstream()
+	up.Set("ok", &Scenario{Set: set, Count: 40})
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	hc := newClient(32 << 10)
+	defer hc.CloseIdleConnections()
+	sc := &Scenario{Set: set, Count: 40}
+
+	if r := runWatch(ctx, hc, watchOpts{base: srv.URL, ns: "ok", sc: sc}); r.err != nil || r.events != 40 || r.exact != 40 || r.rewritten != 0 {
+		t.Errorf("direct: %+v", r)
+	}
+	if r := runWatch(ctx, hc, watchOpts{base: srv.URL, ns: "ok", sc: sc, repaired: true}); r.err == nil || r.events != 9 {
+		t.Errorf("a path without repair passed a check for repaired events: events=%d err=%v", r.events, r.err)
+	}
+
+	// A proxy that loses the 5th event.
+	lossy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		for i, ev := range set.events {
+			if i != 4 {
+				_, _ = w.Write(ev.frame)
+			}
+		}
+	}))
+	defer lossy.Close()
+	if r := runWatch(ctx, hc, watchOpts{base: lossy.URL, ns: "ok", sc: sc}); r.err == nil || r.events != 4 {
+		t.Errorf("a lost event went unnoticed: events=%d err=%v", r.events, r.err)
+	}
+
+	// The decode/re-encode baseline, in process: every event must arrive, checked, however
+	// it was re-encoded; with repair expected it must fail on the first regressing delete.
+	u, _ := url.Parse(srv.URL)
+	dec := httptest.NewServer(NewDecodeProxy(u, upstreamTransport(nil)))
+	defer dec.Close()
+	if r := runWatch(ctx, hc, watchOpts{base: dec.URL, ns: "ok", sc: sc}); r.err != nil || r.events != 40 || r.rewritten != 0 {
+		t.Errorf("decode proxy: %+v", r)
+	}
+	if r := runWatch(ctx, hc, watchOpts{base: dec.URL, ns: "ok", sc: sc, repaired: true}); r.err == nil || r.events != 9 {
+		t.Errorf("decode proxy passed a check for repaired events: events=%d err=%v", r.events, r.err)
+	}
+}
+
+// TestRepairedFramesAreWhatWatchsanWrites: the expected repaired event differs from the sent
+// one only in its resourceVersion, which is the event's position in the history.
+func TestRepairedFramesAreWhatWatchsanWrites(t *testing.T) {
+	for _, f := range []stream.Format{stream.JSON, stream.Protobuf, stream.CBOR} {
+		set, err := NewEventSet(Workload{Format: f, ObjectSize: 1024, Events: 20, DeleteEvery: 10, BaseRV: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := set.Regressed(20); got != 2 {
+			t.Fatalf("%s: %d regressing events, want 2", f, got)
+		}
+		for i, ev := range set.events {
+			if !ev.regressed() {
+				continue
+			}
+			for _, b := range [][]byte{ev.frame, ev.repaired} {
+				e, err := stream.NewReader(f, bytes.NewReader(b), 0).Next()
+				if err != nil {
+					t.Fatalf("%s event %d: %v", f, i, err)
+				}
+				if e.Type != stream.Deleted || e.Name != ev.name {
+					t.Errorf("%s event %d: %s %s", f, i, e.Type, e.Name)
+				}
+			}
+			e, _ := stream.NewReader(f, bytes.NewReader(ev.repaired), 0).Next()
+			if e.RV != fmt.Sprint(1000+i+1) || ev.wireRV >= ev.fixedRV {
+				t.Errorf("%s event %d: repaired rv %s (wire %s), want %d", f, i, e.RV, ev.wireRV, 1000+i+1)
+			}
+		}
+	}
+}
+
+// cpuNanos is the CPU time this process has used (user and system, all threads).
+func cpuNanos() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
+}
+
+// flushDiscard is a ResponseWriter that keeps nothing.
+type flushDiscard struct {
+	h http.Header
+	n int64
+}
+
+func (d *flushDiscard) Header() http.Header         { return d.h }
+func (d *flushDiscard) Write(b []byte) (int, error) { d.n += int64(len(b)); return len(b), nil }
+func (d *flushDiscard) WriteHeader(int)             {}
+func (d *flushDiscard) Flush()                      {}
+
+// frameBody is an upstream body of n events cycled from set, delivered in reads of at most
+// 32 KiB as a network would.
+type frameBody struct {
+	set  *EventSet
+	left int
+	i    int
+	cur  []byte
+}
+
+func (b *frameBody) Read(p []byte) (int, error) {
+	n := 0
+	p = p[:min(len(p), 32<<10)]
+	for n < len(p) {
+		if len(b.cur) == 0 {
+			if b.left == 0 {
+				break
+			}
+			b.cur = b.set.events[b.i%len(b.set.events)].frame
+			b.i++
+			b.left--
+		}
+		k := copy(p[n:], b.cur)
+		b.cur = b.cur[k:]
+		n += k
+	}
+	if n == 0 {
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+func (b *frameBody) Close() error { return nil }
+
+type bodyTransport struct {
+	set *EventSet
+	n   int
+}
+
+func (t bodyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	h := http.Header{}
+	h.Set("Content-Type", t.set.W.Format.ContentType())
+	return &http.Response{StatusCode: 200, Header: h, Body: &frameBody{set: t.set, left: t.n}, ContentLength: -1, Request: r,
+		ProtoMajor: 1, ProtoMinor: 1}, nil
+}
+
+// BenchmarkInProcessProxy is the per-event cost of each baseline proxy's handler alone: an
+// upstream body from memory, a client that discards. One op is one event; allocations are
+// the proxy's. (watchsan's own per-event cost is in internal/stream's and internal/fix's
+// benchmarks, and as a process in `make bench`.)
+func BenchmarkInProcessProxy(b *testing.B) {
+	u, _ := url.Parse("http://upstream.invalid")
+	for _, mode := range []string{"pass", "decode"} {
+		for _, f := range []stream.Format{stream.JSON, stream.Protobuf, stream.CBOR} {
+			for _, size := range []int{1024, 8192} {
+				b.Run(fmt.Sprintf("%s/%s/%s", mode, f, sizeName(size)), func(b *testing.B) {
+					set, err := NewEventSet(Workload{Format: f, ObjectSize: size, Events: 100, BaseRV: 1000})
+					if err != nil {
+						b.Fatal(err)
+					}
+					rt := bodyTransport{set: set, n: b.N}
+					var h http.Handler
+					if mode == "pass" {
+						h = NewPassProxy(u, rt)
+					} else {
+						h = NewDecodeProxy(u, rt)
+					}
+					req := httptest.NewRequest(http.MethodGet, "/api/v1/namespaces/bench/configmaps?watch=1&resourceVersion=1000", nil)
+					req.Header.Set("Accept", acceptHeader(f))
+					w := &flushDiscard{h: http.Header{}}
+					b.SetBytes(set.wireBytes(100) / 100)
+					b.ReportAllocs()
+					b.ResetTimer()
+					cpu0 := cpuNanos()
+					h.ServeHTTP(w, req)
+					b.StopTimer()
+					// CPU time per event: on a shared machine the steadier figure than wall time.
+					b.ReportMetric(float64(cpuNanos()-cpu0)/float64(b.N), "cpu-ns/op")
+					if w.n == 0 {
+						b.Fatal("nothing written")
+					}
+				})
+			}
+		}
+	}
+}

@@ -1,0 +1,235 @@
+package bench
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime/serializer/streaming"
+	"k8s.io/apimachinery/pkg/watch"
+	restclientwatch "k8s.io/client-go/rest/watch"
+
+	"github.com/watchsan/watchsan/internal/reqinfo"
+)
+
+// The baseline proxies, each the way a well-known peer handles a watch:
+//   - pass: net/http/httputil.ReverseProxy, as kubectl proxy (apimachinery's
+//     UpgradeAwareHandler) and kubegateway relay it: bytes in, bytes out, flushed per write;
+//   - decode: every event decoded into a typed object with apimachinery's serializers and
+//     framer (as client-go does) and encoded again as the apiserver encodes it, flushed per
+//     event, the way yurthub and Teleport filter watches.
+// Both run out of process (the bench binary's "proxy" subcommand) so that their CPU time and
+// memory are read from /proc exactly as watchsan's are.
+
+// upstreamTransport is the transport both baselines use: a pool per host large enough for
+// every watch, HTTP/2 when the upstream offers it over TLS, and never compression.
+func upstreamTransport(ca *x509.CertPool) *http.Transport {
+	return &http.Transport{
+		Proxy:                 nil,
+		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSClientConfig:       &tls.Config{RootCAs: ca, MinVersion: tls.VersionTLS12},
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          1000,
+		MaxIdleConnsPerHost:   100,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ResponseHeaderTimeout: 60 * time.Second,
+		DisableCompression:    true,
+	}
+}
+
+// NewPassProxy is the pass-through baseline.
+func NewPassProxy(upstream *url.URL, rt http.RoundTripper) http.Handler {
+	return &httputil.ReverseProxy{
+		Rewrite:   func(r *httputil.ProxyRequest) { r.SetURL(upstream); r.Out.Host = r.In.Host },
+		Transport: rt,
+		// -1: flush after every write (the default for a response of unknown length; explicit here).
+		FlushInterval: -1,
+		ErrorLog:      discardLog(),
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() == nil {
+				http.Error(w, err.Error(), http.StatusBadGateway)
+			}
+		},
+	}
+}
+
+// DecodeProxy is the decode/re-encode baseline: watches are decoded and re-encoded, anything
+// else passes through.
+type DecodeProxy struct {
+	upstream *url.URL
+	client   *http.Client
+	pass     http.Handler
+}
+
+// NewDecodeProxy returns the decode/re-encode baseline for upstream.
+func NewDecodeProxy(upstream *url.URL, rt http.RoundTripper) *DecodeProxy {
+	return &DecodeProxy{upstream: upstream, client: &http.Client{Transport: rt}, pass: NewPassProxy(upstream, rt)}
+}
+
+func (d *DecodeProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !reqinfo.Parse(r).IsWatch() {
+		d.pass.ServeHTTP(w, r)
+		return
+	}
+	f := formatOfAccept(r.Header.Get("Accept"))
+	info, err := serializerInfo(f)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusNotAcceptable)
+		return
+	}
+	u := *d.upstream
+	u.Path, u.RawQuery = r.URL.Path, r.URL.RawQuery
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, u.String(), nil)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	for _, h := range []string{"Accept", "Authorization", "User-Agent"} {
+		if v := r.Header.Get(h); v != "" {
+			req.Header.Set(h, v)
+		}
+	}
+	req.Header.Set("Accept-Encoding", "identity")
+	resp, err := d.client.Do(req)
+	if err != nil {
+		if r.Context().Err() == nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+		}
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		copyHeader(w.Header(), resp.Header)
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, resp.Body)
+		return
+	}
+	// Decoding as client-go's watch decoder does (rest.Request.newStreamWatcher); the objects
+	// are core/v1 ConfigMaps here, as the request path says.
+	gv := corev1.SchemeGroupVersion
+	objDecoder := codecs.WithoutConversion().DecoderToVersion(info.Serializer, gv)
+	fr := info.StreamSerializer.Framer.NewFrameReader(resp.Body)
+	dec := restclientwatch.NewDecoder(streaming.NewDecoder(fr, info.StreamSerializer.Serializer), objDecoder)
+	defer dec.Close()
+	// Encoding as the apiserver's watch handler does: the object with the regular serializer,
+	// embedded in a metav1.WatchEvent written with the stream serializer, framed.
+	fl := w.(http.Flusher)
+	enc := restclientwatch.NewEncoder(
+		streaming.NewEncoder(info.StreamSerializer.Framer.NewFrameWriter(w), codecs.EncoderForVersion(info.StreamSerializer.Serializer, gv)),
+		codecs.EncoderForVersion(info.Serializer, gv))
+	copyHeader(w.Header(), resp.Header)
+	w.WriteHeader(http.StatusOK)
+	fl.Flush()
+	for {
+		typ, obj, err := dec.Decode()
+		if err != nil {
+			return
+		}
+		if err := enc.Encode(&watch.Event{Type: typ, Object: obj}); err != nil {
+			return
+		}
+		fl.Flush()
+	}
+}
+
+func copyHeader(dst, src http.Header) {
+	for k, vs := range src {
+		if k == "Content-Length" || k == "Transfer-Encoding" || k == "Connection" {
+			continue
+		}
+		dst[k] = append([]string(nil), vs...)
+	}
+}
+
+func discardLog() *log.Logger { return log.New(io.Discard, "", 0) }
+
+// ChildMain is the "proxy" subcommand: one baseline proxy on loopback until SIGTERM. It logs
+// the JSON line {"msg":"listening","listen":ADDR} on stderr, as watchsan does.
+func ChildMain(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	mode := fs.String("mode", "pass", "pass (httputil.ReverseProxy) or decode (apimachinery decode/re-encode)")
+	upstream := fs.String("upstream", "", "upstream URL")
+	caFile := fs.String("upstream-ca-file", "", "CA that verifies an https upstream")
+	listen := fs.String("listen", "127.0.0.1:0", "listen address")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	log := zap.New(newJSONCore(stderr)).Named("bench-proxy")
+	if err := runChild(*mode, *upstream, *caFile, *listen, log); err != nil {
+		log.Error("proxy failed", zap.Error(err))
+		return 1
+	}
+	return 0
+}
+
+func runChild(mode, upstream, caFile, listen string, log *zap.Logger) error {
+	u, err := url.Parse(upstream)
+	if err != nil || u.Host == "" {
+		return fmt.Errorf("--upstream %q: want a URL", upstream)
+	}
+	var pool *x509.CertPool
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return err
+		}
+		pool = x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("%s: no certificate", caFile)
+		}
+	}
+	rt := upstreamTransport(pool)
+	var h http.Handler
+	switch mode {
+	case "pass":
+		h = NewPassProxy(u, rt)
+	case "decode":
+		h = NewDecodeProxy(u, rt)
+	default:
+		return fmt.Errorf("--mode %q: want pass or decode", mode)
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 30 * time.Second, ErrorLog: discardLog()}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("listening", zap.String("listen", ln.Addr().String()), zap.String("mode", mode), zap.String("upstream", upstream))
+	select {
+	case <-ctx.Done():
+		_ = srv.Close()
+		return nil
+	case err := <-errc:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return err
+	}
+}
+
+func newJSONCore(w io.Writer) zapcore.Core {
+	cfg := zap.NewProductionEncoderConfig()
+	cfg.EncodeTime = zapcore.ISO8601TimeEncoder
+	return zapcore.NewCore(zapcore.NewJSONEncoder(cfg), zapcore.Lock(zapcore.AddSync(w)), zapcore.InfoLevel)
+}
