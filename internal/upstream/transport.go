@@ -64,6 +64,8 @@ type transports struct {
 	lend http.RoundTripper
 	// closeIdle drops pooled connections of both (after a GOAWAY storm or a failed health check).
 	closeIdle func()
+	// tls is forward's TLS configuration (the pinger's: a ping needs no identity).
+	tls *tls.Config
 }
 
 func newTransports(o TransportOptions) (*transports, error) {
@@ -101,7 +103,7 @@ func newTransports(o TransportOptions) (*transports, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &transports{forward: forward, closeIdle: forward.CloseIdleConnections}
+	t := &transports{forward: forward, closeIdle: forward.CloseIdleConnections, tls: forwardTLS}
 	if o.Lend && o.Credentials != nil {
 		lendBase, err := newHTTPTransport(o, base)
 		if err != nil {
