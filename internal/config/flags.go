@@ -74,6 +74,7 @@ func FlagSet(c *Config) *flag.FlagSet {
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "after the shutdown delay, how long shutdown waits for requests to finish")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "json or console")
+	c.HA.flags(fs)
 	return fs
 }
 
