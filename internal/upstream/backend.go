@@ -74,9 +74,10 @@ type Backend struct {
 	late bool
 	// liveness is the last ping verdict, readiness the last /readyz verdict (health.go);
 	// readyBusy: a /readyz probe is in flight.
-	liveness  atomic.Int32
-	readiness atomic.Int32
-	readyBusy atomic.Bool
+	liveness   atomic.Int32
+	readiness  atomic.Int32
+	readyBusy  atomic.Bool
+	pingFailed atomic.Bool // a ping failed since the last one that passed
 
 	inflight atomic.Int64 // short requests sent and not yet finished
 	leases   leaseSet     // open watch attempts

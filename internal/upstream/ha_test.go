@@ -294,6 +294,10 @@ func TestSetUpstreams(t *testing.T) {
 	}
 	l.release()
 	p.drain(p.Backends(), time.Now(), unlimited())
+	if len(forgotten) != 0 {
+		t.Fatal("forgotten at once: its last counts could not be scraped")
+	}
+	p.drain(p.Backends(), time.Now().Add(RemoveGrace+time.Second), unlimited())
 	mu.Lock()
 	defer mu.Unlock()
 	if len(forgotten) != 1 || forgotten[0] != "http://a" || len(added) != 1 || len(p.Backends()) != 2 {

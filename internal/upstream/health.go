@@ -93,6 +93,9 @@ func (p *Pool) check(ctx context.Context, b *Backend) {
 		b.pingable.Store(false)
 		return
 	}
+	if err != nil {
+		b.pingFailed.Store(true)
+	}
 	if err != nil && !IsDialError(err) && b.aliveAt.Load() <= start {
 		// No answer, and nothing else from it meanwhile: once more, on a fresh connection.
 		err = b.ping.ping(ctx, p.opts.PingTimeout)
@@ -104,6 +107,12 @@ func (p *Pool) check(ctx context.Context, b *Backend) {
 	case err == nil:
 		b.alive()
 		b.liveness.Store(livenessAlive)
+		if b.pingFailed.Swap(false) && b.laggingTill.Load() != 0 {
+			// It did not answer for a while and does again: the lag came with that (a short
+			// freeze, found lagging before it was found unhealthy) and its cache catches up now.
+			b.laggingTill.Store(0)
+			p.log.Info("upstream answers again; no longer held back as lagging", zap.Stringer("upstream", b))
+		}
 	case b.aliveAt.Load() > start:
 		b.liveness.Store(livenessAlive) // the ping was slow, but the backend answered something
 	default:

@@ -117,7 +117,7 @@ func (p *Pool) drain(bs []*Backend, now time.Time, k *bucket) {
 					}
 				}
 			}
-			if (b.OpenWatches() == 0 && b.InFlight() == 0) || now.Sub(removedAt) > 2*RemoveGrace {
+			if drained := b.OpenWatches() == 0 && b.InFlight() == 0; (drained && now.Sub(removedAt) > RemoveGrace) || now.Sub(removedAt) > 2*RemoveGrace {
 				p.forget(b)
 			}
 		}

@@ -35,10 +35,13 @@ const (
 	// but is being left (degraded, removed).
 	DefaultDrainRate = 100
 	// RemoveGrace is how long a removed backend keeps watches that cannot move unnoticed
-	// (still in their initial phase) before they are ended too.
+	// (still in their initial phase) before they are ended too. A removed backend is
+	// forgotten (its metric series deleted) once drained and removed this long, so its last
+	// counts are scraped; after twice this long it is forgotten anyway.
 	RemoveGrace = 30 * time.Second
-	// lagHold is how long a backend found lagging is not preferred.
-	lagHold = 30 * time.Second
+	// lagHold is how long a backend found lagging is not preferred (unless it recovers from
+	// being degraded or unhealthy first).
+	lagHold = 10 * time.Second
 	// moveTick is the mover's period.
 	moveTick = 100 * time.Millisecond
 )
@@ -266,6 +269,9 @@ func (p *Pool) transitionLocked(b *Backend, s State, cause error, revive bool) {
 	}
 	switch s {
 	case Healthy:
+		if old == Degraded || old == Unhealthy {
+			b.laggingTill.Store(0) // its lag came with the trouble it recovered from
+		}
 		p.log.Info("upstream healthy", zap.Stringer("upstream", b), zap.Stringer("was", old))
 	case Degraded:
 		p.log.Warn("upstream degraded: it answers, but not ready; used only while no healthy upstream is left, its watches move",
