@@ -12,8 +12,12 @@ package e2e
 // once and in order.
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -226,6 +230,13 @@ func TestHAFrontend(t *testing.T) {
 	eventually(t, 30*time.Second, "the writer to get going", func() bool { return e.wr.count() >= 20 })
 	took := e.waitEven(t, 30*time.Second, 0, 1, 2)
 	t.Logf("ha: six informers' watches spread [%s] (%v after the last one started)", e.distribution(), took.Round(100*time.Millisecond))
+	// Many watches share few HTTP/2 connections: per upstream, one for requests and watches,
+	// one for the health checker's pings (a race at the first requests may add one).
+	for i := range c.APIServers {
+		if n := e.p.Metric("watchsan_upstream_dials_total", map[string]string{"upstream": c.APIServers[i].URL, "result": "ok"}); n > 3 {
+			t.Errorf("watchsan opened %v connections to apiserver-%d for %v watches and their lists, want at most 3", n, i, e.watchesOn(i))
+		}
+	}
 
 	var phases []haPhase
 	// Frozen: nothing answers, connections stay open (kubernetes#65012).
@@ -422,4 +433,92 @@ func olderRV(a, b string) bool {
 		return len(a) < len(b)
 	}
 	return a < b
+}
+
+// TestHADiscovery: with --upstream-discovery=endpoints watchsan follows the EndpointSlices of
+// the default/kubernetes Service, starting from one --upstream, as a node-local proxy does.
+// Three apiservers listen on 127.0.0.1, 127.0.0.2 and 127.0.0.3, one port; the test edits the
+// slice (as the apiservers' endpoint reconciler would) and watchsan adds and drains upstreams
+// while informers watch through it undisturbed.
+func TestHADiscovery(t *testing.T) {
+	c := newCluster(t, cluster.Options{APIServers: 3, BindAddresses: []string{"127.0.0.1", "127.0.0.2", "127.0.0.3"}})
+	ns := resilienceNamespace(t, c, "discovery")
+	cs, err := kubernetes.NewForConfig(c.RESTConfig(0, c.AdminToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := int32(c.APIServers[0].Port)
+	// The apiservers cannot publish themselves: validation refuses loopback addresses in
+	// Endpoints and EndpointSlices ("may not be in the loopback range"), so the test writes the
+	// slice their endpoint reconciler would write straight into etcd (JSON, which the
+	// apiserver's storage decoder reads beside protobuf) and the apiservers' watch caches pick
+	// it up from there.
+	created := time.Now().UTC().Format(time.RFC3339)
+	setSlice := func(members ...int) {
+		t.Helper()
+		var eps []map[string]any
+		for _, i := range members {
+			eps = append(eps, map[string]any{"addresses": []string{c.APIServers[i].Address}, "conditions": map[string]any{"ready": true}})
+		}
+		obj := map[string]any{
+			"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+			"metadata": map[string]any{"name": "kubernetes", "namespace": "default", "uid": "9a5e0d2c-1111-4222-8333-444455556666",
+				"creationTimestamp": created,
+				"labels":            map[string]string{"kubernetes.io/service-name": "kubernetes", "endpointslice.kubernetes.io/managed-by": "watchsan-e2e"}},
+			"addressType": "IPv4",
+			"endpoints":   eps,
+			"ports":       []map[string]any{{"name": "https", "port": port, "protocol": "TCP"}},
+		}
+		value, _ := json.Marshal(obj)
+		body, _ := json.Marshal(map[string]string{
+			"key":   base64.StdEncoding.EncodeToString([]byte("/registry/endpointslices/default/kubernetes")),
+			"value": base64.StdEncoding.EncodeToString(value),
+		})
+		resp, err := http.Post(c.EtcdURL+"/v3/kv/put", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatalf("etcd put: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("etcd put: %s", resp.Status)
+		}
+		// Seen by the apiservers once a list through them names the members.
+		eventually(t, 10*time.Second, "the apiservers to serve the new slice", func() bool {
+			ctx := ctxT(t, 5*time.Second)
+			got, err := cs.DiscoveryV1().EndpointSlices("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+			return err == nil && len(got.Endpoints) == len(members)
+		})
+	}
+	setSlice(0, 1)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := c.WriteKubeconfig(kubeconfig, c.APIServers[0].URL, c.AdminToken, c.CAFile); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, "--upstream="+c.APIServers[0].URL, "--upstream-ca-file="+c.CAFile, "--kubeconfig="+kubeconfig,
+		"--upstream-discovery=endpoints", "--upstream-discovery-interval=500ms", "--log-level=info")
+	e := &haEnv{c: c, p: p, ns: ns}
+	eventually(t, 30*time.Second, "watchsan to discover apiservers 0 and 1", func() bool { return e.known(0) && e.known(1) && !e.known(2) })
+	for i := range 4 {
+		e.via = append(e.via, startCountingInformer(t, fmt.Sprintf("watchsan#%d", i+1), resilienceClientConfig(c, p), ns))
+	}
+	e.wr = newRecordingWriter(t, c, ns)
+	e.wr.start(6, 40*time.Millisecond)
+	e.waitEven(t, 30*time.Second, 0, 1)
+	t.Logf("discovery: apiservers 0 and 1 in the slice: watches [%s]", e.distribution())
+
+	setSlice(0, 1, 2)
+	eventually(t, 30*time.Second, "watchsan to discover apiserver 2 at "+c.APIServers[2].URL, func() bool { return e.known(2) })
+	took := e.waitEven(t, 30*time.Second, 0, 1, 2)
+	t.Logf("discovery: apiserver 2 added to the slice: watches [%s], even %v after it was known", e.distribution(), took.Round(100*time.Millisecond))
+
+	setSlice(1, 2)
+	took = e.waitEven(t, 30*time.Second, 1, 2)
+	t.Logf("discovery: apiserver 0 (the seed) left the slice: watches [%s], drained in %v; moved off it as removed: %v", e.distribution(),
+		took.Round(100*time.Millisecond), p.Metric("watchsan_upstream_watch_moves_total", map[string]string{"upstream": c.APIServers[0].URL, "reason": "removed"}))
+
+	finishAndCompare(t, e.wr, e.via, nil)
+	for _, w := range e.via {
+		w.requireUndisturbed(t)
+	}
+	requireWatching(t, p, len(e.via))
 }
