@@ -134,6 +134,15 @@ func (l *Lease) Progress(pos, event uint64) {
 	}
 }
 
+// Observed raises the resource's high-water mark to rv, an RV the watch delivered that is no
+// resume point (an event of the initial phase, in no order).
+func (l *Lease) Observed(rv uint64) {
+	l.b.alive()
+	if l.high != nil && rv > 0 {
+		storeMax(l.high, rv)
+	}
+}
+
 // move ends the attempt with a MoveError, once; false if it had ended or moved already.
 func (l *Lease) move(r MoveReason) bool {
 	if l.done.Load() || !l.moved.CompareAndSwap(false, true) {

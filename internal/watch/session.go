@@ -232,17 +232,17 @@ func (s *session) deliver(ev *stream.Event) error {
 // reportProgress tells the lease how far the watch got: its resume point, and (in the live
 // phase) the RV of an object event that every watch of its scope must deliver too.
 func (s *session) reportProgress(ev *stream.Event, d fix.Decision) {
-	if ev.Type == stream.Error || s.fix.InInitialPhase() {
-		s.lease.Progress(0, 0)
-		return
-	}
 	rv := ev.RV
 	if d.Action == fix.Rewrite {
 		rv = d.RV
 	}
 	n, ok := stream.ParseRV(rv)
-	if !ok {
+	switch {
+	case ev.Type == stream.Error || !ok:
 		s.lease.Progress(0, 0)
+		return
+	case s.fix.InInitialPhase():
+		s.lease.Observed(n) // a real RV of the upstream's, for the high-water mark
 		return
 	}
 	var event uint64
