@@ -361,19 +361,6 @@ func (f *freezer) serve(t *testing.T, c net.Conn) {
 	go pipe(c, up)
 }
 
-// tlsPool is a pool over HTTPS (HTTP/2) test servers, verified with their certificates.
-func tlsPool(t *testing.T, o PoolOptions, srvs ...*httptest.Server) (*Pool, []string) {
-	var urls []string
-	for _, s := range srvs {
-		if o.Transport.RootCAs == nil {
-			o.Transport.RootCAs = s.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
-		}
-		urls = append(urls, s.URL)
-	}
-	o.Logger = zaptest.NewLogger(t)
-	return newPool(t, o, urls...), urls
-}
-
 // Issue 9 item 1: a frozen backend (nothing answers, not even the TLS handshake) is found
 // unhealthy within a health interval and two ping timeouts; one that answers pings while its
 // /readyz is slower than the probe timeout (etcd slow) is degraded, never unhealthy.
