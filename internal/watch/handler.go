@@ -189,9 +189,9 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 	}
 
 	s := &session{
-		h: h, w: w, rc: http.NewResponseController(w), client: r, ctx: ctx, params: p,
-		resource: resource, deadline: deadline, log: h.log, backoff: upstream.ResumeBackoff,
-		scope: progressScope(r), groupResource: info.GroupResource(),
+		h: h, client: r, ctx: ctx, params: p, resource: resource, deadline: deadline, log: h.log,
+		upstreamSide: upstreamSide{backoff: upstream.ResumeBackoff, scope: progressScope(r), groupResource: info.GroupResource()},
+		clientSide:   clientSide{w: w, rc: http.NewResponseController(w)},
 	}
 	from, _ := stream.ParseRV(p.rv)
 	first, err := h.deps.Attempts.Do(ctx, s.upstreamRequest(true), s.plan(from))

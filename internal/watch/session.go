@@ -19,12 +19,14 @@ import (
 	"github.com/watchsan/watchsan/internal/upstream"
 )
 
-// session is one client watch. fix owns the initial phase and the resume point
+// session is one client watch: an upstream side (its attempts, where they are, how they are
+// resumed and moved) and a client side (the one response, the RV policy, what was written).
+// The two meet only in pump, which hands each upstream event to the client side, and in the
+// resume point the client side keeps (fix.Stream.LastDelivered), so that one upstream side
+// could later feed several client sides. fix owns the initial phase and the resume point
 // (fix.Stream.InInitialPhase, LastDelivered), for exempt resources too (fix.PassAll).
 type session struct {
 	h        *Handler
-	w        http.ResponseWriter
-	rc       *http.ResponseController
 	client   *http.Request
 	ctx      context.Context // ends with the client, its deadline, or shutdown (with a cause)
 	params   params
@@ -32,9 +34,12 @@ type session struct {
 	deadline time.Time // the client's timeoutSeconds; zero: none
 	log      *zap.Logger
 
-	format  stream.Format
-	writer  *stream.Writer
-	fix     *fix.Stream
+	upstreamSide
+	clientSide
+}
+
+// upstreamSide is the upstream half of a session.
+type upstreamSide struct {
 	backend *upstream.Backend
 	lease   *upstream.Lease // the current attempt's place on backend
 
@@ -49,10 +54,19 @@ type session struct {
 	backoff  upstream.Backoff
 	brokeAt  time.Time
 	giveUpAt time.Time
+	resumes  int
+}
+
+// clientSide is the client half of a session.
+type clientSide struct {
+	w      http.ResponseWriter
+	rc     *http.ResponseController
+	format stream.Format
+	writer *stream.Writer
+	fix    *fix.Stream
 
 	events    uint64
 	progress  uint64 // events written to the client, and bookmarks (shown or not)
-	resumes   int
 	regressed bool
 	counters  [6][3]prometheus.Counter // by event type index and fix.Action
 }
