@@ -110,7 +110,8 @@ func (s *Server) onBreak(b *upstream.Backend, r watch.ResumeReason) {
 // from any upstream), the list is sent at that RV with resourceVersionMatch=NotOlderThan: a
 // lagging apiserver then waits for its cache, or answers 504 after 3 s, which the Attempter
 // tries on another upstream (docs/design.md section 2). The answer is at least as new as
-// anything watchsan delivered, and as RV=0 allows, it may be newer. When every upstream
+// anything watchsan delivered, and as RV=0 allows, it may be newer; like a list at RV=0 it is
+// not paged (the client's limit is dropped). When every upstream
 // answers 504 (an etcd restored from a backup starts below the mark), the mark is dropped.
 func (s *Server) listGuard(r *http.Request, info reqinfo.Info, next http.Handler) http.Handler {
 	if !s.cfg.TimeTravelGuard || info.Verb != "list" || r.Method != http.MethodGet {
@@ -131,6 +132,10 @@ func (s *Server) listGuard(r *http.Request, info reqinfo.Info, next http.Handler
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		q.Set("resourceVersion", strconv.FormatUint(high, 10))
 		q.Set("resourceVersionMatch", "NotOlderThan")
+		// A list at RV 0 is served whole from the watch cache, its limit ignored; at an RV
+		// above 0 the limit would page it, and a client that knows RV 0 is never paged may
+		// not follow a continue token.
+		q.Del("limit")
 		u := *r.URL
 		u.RawQuery = q.Encode()
 		r = r.WithContext(upstream.WithPlan(r.Context(), upstream.Plan{RetryTooLarge: true}))

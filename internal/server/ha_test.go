@@ -111,9 +111,9 @@ func TestTimeTravelGuard(t *testing.T) {
 		cancel()
 		resp.Body.Close()
 
-		get("/api/v1/namespaces/d/configmaps?resourceVersion=0")
+		get("/api/v1/namespaces/d/configmaps?resourceVersion=0&limit=500")
 		q := up.last()
-		raised := q.Get("resourceVersion") == "500" && q.Get("resourceVersionMatch") == "NotOlderThan"
+		raised := q.Get("resourceVersion") == "500" && q.Get("resourceVersionMatch") == "NotOlderThan" && !q.Has("limit")
 		if raised != guard {
 			t.Fatalf("guard %v: a list at RV 0 after the watch went with %v", guard, q)
 		}
