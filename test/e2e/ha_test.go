@@ -153,9 +153,11 @@ func (ph haPhase) String() string {
 // breakAndHeal breaks apiserver i with brk (the writer stays off it), waits until its watches
 // have all moved and a change made after the break reached every informer, measures, heals
 // it, and waits until the watches are even again over all apiservers.
-func (e *haEnv) breakAndHeal(t *testing.T, what string, i int, brk, heal func()) haPhase {
+func (e *haEnv) breakAndHeal(t *testing.T, what string, i int, brk, heal func(), all ...int) haPhase {
 	t.Helper()
-	all := []int{0, 1, 2}
+	if len(all) == 0 {
+		all = []int{0, 1, 2}
+	}
 	ph := haPhase{what: what, before: e.distribution(), held: e.watchesOn(i)}
 	if ph.held < 1 {
 		t.Fatalf("%s: apiserver-%d holds no watch [%s]: the break would test nothing", what, i, ph.before)
@@ -521,4 +523,51 @@ func TestHADiscovery(t *testing.T) {
 		w.requireUndisturbed(t)
 	}
 	requireWatching(t, p, len(e.via))
+}
+
+// TestHAFreezeFoundByPings: the freeze of TestHAFrontend with lag detection off, so only the
+// health checker's pings can find it (as in a quiet cluster, where no watch is behind any
+// other): found and every watch moved within a health interval and two ping timeouts (3 s)
+// plus slack.
+func TestHAFreezeFoundByPings(t *testing.T) {
+	c := newCluster(t, cluster.Options{APIServers: 2})
+	e := &haEnv{c: c, ns: resilienceNamespace(t, c, "pings")}
+	e.p = startProxy(t, "--upstream="+c.APIServers[0].URL, "--upstream="+c.APIServers[1].URL, "--upstream-ca-file="+c.CAFile,
+		"--watch-lag-timeout=0", "--log-level=info")
+	for i := range c.APIServers {
+		waitUpstreamUp(t, e.p, c.APIServers[i].URL)
+	}
+	for i := range 4 {
+		e.via = append(e.via, startCountingInformer(t, fmt.Sprintf("watchsan#%d", i+1), resilienceClientConfig(c, e.p), e.ns))
+	}
+	e.wr = newRecordingWriter(t, c, e.ns)
+	e.wr.start(6, 30*time.Millisecond)
+	e.waitEven(t, 30*time.Second, 0, 1)
+	a := c.APIServers[0]
+	ph := e.breakAndHeal(t, "frozen, pings only", 0, func() {
+		if err := a.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = a.Signal(syscall.SIGCONT) })
+	}, func() {
+		if err := a.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+	}, 0, 1)
+	finishAndCompare(t, e.wr, e.via, nil)
+	for _, w := range e.via {
+		w.requireUndisturbed(t)
+	}
+	if !strings.Contains(ph.left, "moved:unhealthy") {
+		t.Errorf("the watches left the frozen apiserver otherwise than as unhealthy: %s", ph.left)
+	}
+	if ph.worst > haFreezeBound {
+		t.Errorf("an event took %v to reach an informer while its apiserver was frozen, want at most %v", ph.worst, haFreezeBound)
+	}
+	n := e.p.Metric("watchsan_upstream_detection_seconds_count", map[string]string{"upstream": a.URL, "what": "unhealthy"})
+	s := e.p.Metric("watchsan_upstream_detection_seconds_sum", map[string]string{"upstream": a.URL, "what": "unhealthy"})
+	if n < 1 {
+		t.Fatal("no unhealthy verdict was measured")
+	}
+	t.Logf("ha: frozen apiserver found unhealthy by pings %.2fs after its last sign of life", s/n)
 }
