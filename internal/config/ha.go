@@ -18,6 +18,8 @@ type HA struct {
 	HealthPingTimeout time.Duration
 	// HealthProbeTimeout bounds one /readyz probe.
 	HealthProbeTimeout time.Duration
+	// HealthProbeInterval is the least time between /readyz probes of a healthy upstream.
+	HealthProbeInterval time.Duration
 	// WatchLagTimeout: a watch that has not delivered an event a watch of the same scope on
 	// another upstream delivered this long ago is moved; 0: never.
 	WatchLagTimeout time.Duration
@@ -48,6 +50,7 @@ func defaultHA() HA {
 	return HA{
 		HealthPingTimeout:         upstream.DefaultPingTimeout,
 		HealthProbeTimeout:        upstream.DefaultProbeTimeout,
+		HealthProbeInterval:       upstream.DefaultProbeInterval,
 		WatchLagTimeout:           upstream.DefaultLagTimeout,
 		WatchRebalanceRate:        upstream.DefaultRebalanceRate,
 		WatchDrainRate:            upstream.DefaultDrainRate,
@@ -59,6 +62,7 @@ func defaultHA() HA {
 
 func (h *HA) flags(fs *flag.FlagSet) {
 	fs.DurationVar(&h.HealthPingTimeout, "health-ping-timeout", h.HealthPingTimeout, "how long an upstream may take to answer the HTTP/2 PING that shows it is alive (tried twice before it counts as down)")
+	fs.DurationVar(&h.HealthProbeInterval, "health-probe-interval", h.HealthProbeInterval, "the least time between /readyz probes of a healthy upstream (one that is not healthy is probed every --health-interval); pings go every --health-interval")
 	fs.DurationVar(&h.HealthProbeTimeout, "health-probe-timeout", h.HealthProbeTimeout, "how long an upstream's /readyz may take (an upstream alive but slower than this is degraded, not down)")
 	fs.DurationVar(&h.WatchLagTimeout, "watch-lag-timeout", h.WatchLagTimeout, "a watch that has not delivered an event another upstream delivered this long ago on a watch of the same scope is moved, and its upstream counted lagging; 0: never")
 	fs.Float64Var(&h.WatchRebalanceRate, "watch-rebalance-rate", h.WatchRebalanceRate, "watches moved per second onto healthy upstreams with fewer watches (after a recovery or an addition); 0: never")
@@ -75,6 +79,7 @@ func (h *HA) validate(add func(format string, a ...any)) {
 		v    time.Duration
 	}{
 		{"health-ping-timeout", h.HealthPingTimeout}, {"health-probe-timeout", h.HealthProbeTimeout},
+		{"health-probe-interval", h.HealthProbeInterval},
 		{"upstream-discovery-interval", h.UpstreamDiscoveryInterval},
 	} {
 		if d.v <= 0 {

@@ -42,6 +42,7 @@ type haState struct {
 func (s *Server) haPoolOptions(o *upstream.PoolOptions) {
 	cfg := s.cfg
 	o.ProbeTimeout = cfg.HealthProbeTimeout
+	o.ProbeInterval = cfg.HealthProbeInterval
 	o.PingTimeout = cfg.HealthPingTimeout
 	o.LagTimeout = cfg.PoolLagTimeout()
 	o.RebalanceRate, o.DrainRate = cfg.PoolRates()

@@ -308,7 +308,7 @@ func TestHealthTransitionsLoggedOnce(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
 	var states []State
 	var mu sync.Mutex
-	p := newPool(t, PoolOptions{HealthInterval: 50 * time.Millisecond, Logger: zap.New(core), OnState: func(_ *Backend, s State) {
+	p := newPool(t, PoolOptions{HealthInterval: 50 * time.Millisecond, ProbeInterval: 50 * time.Millisecond, Logger: zap.New(core), OnState: func(_ *Backend, s State) {
 		mu.Lock()
 		states = append(states, s)
 		mu.Unlock()
@@ -398,5 +398,30 @@ func TestDoneEndsTheWaitWithTheLastAnswer(t *testing.T) {
 	resp.Body.Close()
 	if !strings.Contains(string(body), "slow down") || resp.Header.Get("Retry-After") != "30" {
 		t.Fatalf("body %q, Retry-After %q: want the upstream's", body, resp.Header.Get("Retry-After"))
+	}
+}
+
+// A healthy backend's /readyz is asked at most every ProbeInterval, however short the
+// HealthInterval (the pings' period): /readyz goes through the apiserver's handler chain.
+func TestReadyzAtMostEveryProbeInterval(t *testing.T) {
+	var probes atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/readyz" {
+			probes.Add(1)
+		}
+		io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	p := newPool(t, PoolOptions{HealthInterval: 20 * time.Millisecond, ProbeInterval: 400 * time.Millisecond}, srv.URL)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	testutil.Eventually(t, 5*time.Second, "healthy", p.Ready)
+	start := probes.Load()
+	time.Sleep(time.Second) // the window is what is measured
+	cancel()
+	<-done
+	if n := probes.Load() - start; n > 3 || n < 1 {
+		t.Fatalf("%d /readyz probes of a healthy backend in 1s with a 400ms probe interval (20ms health interval): want 2-3", n)
 	}
 }

@@ -77,7 +77,8 @@ type Backend struct {
 	liveness   atomic.Int32
 	readiness  atomic.Int32
 	readyBusy  atomic.Bool
-	pingFailed atomic.Bool // a ping failed since the last one that passed
+	probedAt   atomic.Int64 // when the last /readyz probe started, Unix nanoseconds
+	pingFailed atomic.Bool  // a ping failed since the last one that passed
 
 	inflight atomic.Int64 // short requests sent and not yet finished
 	leases   leaseSet     // open watch attempts

@@ -382,7 +382,7 @@ func TestPingTellsFrozenFromSlow(t *testing.T) {
 	var detect atomic.Int64
 	p := newPool(t, PoolOptions{
 		HealthInterval: 200 * time.Millisecond, PingTimeout: 300 * time.Millisecond, ProbeTimeout: 500 * time.Millisecond,
-		Transport: TransportOptions{RootCAs: roots}, Logger: zaptest.NewLogger(t),
+		ProbeInterval: 200 * time.Millisecond, Transport: TransportOptions{RootCAs: roots}, Logger: zaptest.NewLogger(t),
 		OnDetect: func(_ *Backend, what string, d time.Duration) { detect.Store(int64(d)) },
 	}, front)
 	// The certificate is for 127.0.0.1 (the freezer's address too).

@@ -68,14 +68,27 @@ func (p *Pool) checkLoop(ctx context.Context, b *Backend) {
 	}
 }
 
-// check runs one round: a /readyz probe (in the background when the backend can be pinged),
-// and a ping.
+// probeDue says whether /readyz is to be asked this round: always while the backend is not
+// healthy (to see it recover), else at most every ProbeInterval.
+func (p *Pool) probeDue(b *Backend) bool {
+	now := time.Now().UnixNano()
+	if b.State() == Healthy && now-b.probedAt.Load() < int64(p.opts.ProbeInterval) {
+		return false
+	}
+	b.probedAt.Store(now)
+	return true
+}
+
+// check runs one round: a /readyz probe when due (in the background when the backend can be
+// pinged), and a ping.
 func (p *Pool) check(ctx context.Context, b *Backend) {
 	if !b.pingable.Load() {
-		p.probe(ctx, b)
+		if p.probeDue(b) {
+			p.probe(ctx, b)
+		}
 		return
 	}
-	if b.readyBusy.CompareAndSwap(false, true) {
+	if p.probeDue(b) && b.readyBusy.CompareAndSwap(false, true) {
 		p.loops.Add(1)
 		go func() { // ends within ProbeTimeout
 			defer p.loops.Done()

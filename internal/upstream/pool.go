@@ -23,6 +23,11 @@ const (
 	// etcd (up to its own 2 s check timeout), and a slow /readyz of a live apiserver makes it
 	// degraded, never unhealthy.
 	DefaultProbeTimeout = 3 * time.Second
+	// DefaultProbeInterval is the least time between /readyz probes of a healthy backend that
+	// answers pings. Pings are HTTP/2 frames the apiserver's connection reader answers; /readyz
+	// goes through its handler chain, and a sidecar in every controller pod probing every
+	// second would add hundreds of requests a second to a large cluster.
+	DefaultProbeInterval = 5 * time.Second
 	// DefaultPingTimeout bounds one HTTP/2 PING. A live apiserver answers it from its
 	// connection reader in microseconds, whatever its etcd does.
 	DefaultPingTimeout = time.Second
@@ -55,6 +60,9 @@ type PoolOptions struct {
 	HealthInterval time.Duration
 	// ProbeTimeout bounds one /readyz probe; 0: DefaultProbeTimeout.
 	ProbeTimeout time.Duration
+	// ProbeInterval is the least time between /readyz probes of a healthy backend (one that is
+	// not healthy is probed every HealthInterval, to see it recover); 0: DefaultProbeInterval.
+	ProbeInterval time.Duration
 	// PingTimeout bounds one HTTP/2 PING; 0: DefaultPingTimeout.
 	PingTimeout time.Duration
 	// LagTimeout: a watch that has not delivered an event another watch of its scope delivered
@@ -112,6 +120,7 @@ func NewPool(urls []*url.URL, o PoolOptions) (*Pool, error) {
 	}
 	def(&o.HealthInterval, DefaultHealthInterval)
 	def(&o.ProbeTimeout, DefaultProbeTimeout)
+	def(&o.ProbeInterval, DefaultProbeInterval)
 	def(&o.PingTimeout, DefaultPingTimeout)
 	def(&o.LagTimeout, DefaultLagTimeout)
 	if o.RebalanceRate == 0 {
