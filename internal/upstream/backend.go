@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // State is a backend's health verdict.
@@ -113,15 +115,28 @@ func (b *Backend) RoundTrip(req *http.Request) (*http.Response, error) { return 
 // send is RoundTrip; passive says whether a failed dial is a health verdict (not for the
 // health checker's own probes: it judges those itself).
 func (b *Backend) send(req *http.Request, passive bool) (*http.Response, error) {
+	upgrade := IsUpgrade(req.Header)
 	rt := b.t.forward
+	if upgrade {
+		rt = b.t.forwardUpgrade
+	}
 	if b.t.lend != nil && req.Header.Get("Authorization") == "" {
 		rt = b.t.lend
+		if upgrade {
+			rt = b.t.lendUpgrade
+		}
 	}
 	resp, err := rt.RoundTrip(req)
 	if passive && err != nil && IsDialError(err) && req.Context().Err() == nil {
 		b.pool.passiveFailure(b, err)
 	}
 	return resp, err
+}
+
+// IsUpgrade reports whether a request asks for a protocol upgrade (Connection: Upgrade): exec,
+// attach and port-forward over SPDY or WebSocket. Such requests go over HTTP/1.1.
+func IsUpgrade(h http.Header) bool {
+	return httpguts.HeaderValuesContainsToken(h["Connection"], "upgrade") && h.Get("Upgrade") != ""
 }
 
 // Target rewrites u (a request URL of the client's) to this backend, keeping path and query.
