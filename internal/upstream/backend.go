@@ -120,7 +120,7 @@ func (b *Backend) send(req *http.Request, passive bool) (*http.Response, error) 
 	if upgrade {
 		rt = b.t.forwardUpgrade
 	}
-	if b.t.lend != nil && req.Header.Get("Authorization") == "" {
+	if b.t.lend != nil && Lends(req.Header) {
 		rt = b.t.lend
 		if upgrade {
 			rt = b.t.lendUpgrade
@@ -132,6 +132,11 @@ func (b *Backend) send(req *http.Request, passive bool) (*http.Response, error) 
 	}
 	return resp, err
 }
+
+// Lends reports whether a request with header h gets watchsan's identity when lending is
+// configured: it carries no Authorization of its own. The lending guard and the transports
+// decide by this one rule.
+func Lends(h http.Header) bool { return h.Get("Authorization") == "" }
 
 // IsUpgrade reports whether a request asks for a protocol upgrade (Connection: Upgrade): exec,
 // attach and port-forward over SPDY or WebSocket. Such requests go over HTTP/1.1.
@@ -183,10 +188,11 @@ func IsDialError(err error) bool {
 // SetForwarded sets the X-Forwarded-* headers of out, a request to an upstream, from in, the
 // client's request: the one way every path (pass-through and watch) builds them. The client's
 // X-Forwarded-For chain is kept and its address appended; X-Forwarded-Host and -Proto are what
-// watchsan saw, never what the client sent.
+// watchsan saw, never what the client sent; a client's Forwarded (RFC 7239) is dropped, as
+// httputil.ReverseProxy drops it on the pass-through path.
 func SetForwarded(out, in *http.Request) {
 	prior := in.Header.Values("X-Forwarded-For")
-	for _, k := range []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
+	for _, k := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
 		out.Header.Del(k)
 	}
 	if len(prior) > 0 {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"k8s.io/client-go/rest"
@@ -35,6 +36,11 @@ type TransportOptions struct {
 	// Lend enables lending Credentials' identity. Without it requests are forwarded with only
 	// the Authorization header they carry.
 	Lend bool
+	// StripHeaders (canonical names) and StripPrefixes (canonical prefixes) are removed from
+	// every lent request: the headers an apiserver takes an identity from when the client
+	// certificate watchsan presents is trusted as a front proxy's (--requestheader-*), which a
+	// client must not choose.
+	StripHeaders, StripPrefixes []string
 
 	// onDial, if set, is told the outcome of every dial (the Pool's per-backend hook).
 	onDial func(error)
@@ -117,7 +123,7 @@ func newTransports(o TransportOptions) (*transports, error) {
 			if err != nil {
 				return nil, fmt.Errorf("kubeconfig credentials: %w", err)
 			}
-			*l.rt = rt
+			*l.rt = stripIdentity(rt, o.StripHeaders, o.StripPrefixes)
 			closers = append(closers, lendBase)
 		}
 	}
@@ -128,6 +134,50 @@ func newTransports(o TransportOptions) (*transports, error) {
 	}
 	return t, nil
 }
+
+// stripIdentity removes the identity headers a client must not choose from every request
+// before rt, which lends watchsan's identity, sends it.
+func stripIdentity(rt http.RoundTripper, names, prefixes []string) http.RoundTripper {
+	if len(names) == 0 && len(prefixes) == 0 {
+		return rt
+	}
+	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		var drop []string
+		for k := range req.Header {
+			if identityHeader(k, names, prefixes) {
+				drop = append(drop, k)
+			}
+		}
+		if len(drop) > 0 {
+			out := *req // a shallow copy: the caller's request and headers stay as they are
+			out.Header = req.Header.Clone()
+			for _, k := range drop {
+				delete(out.Header, k)
+			}
+			req = &out
+		}
+		return rt.RoundTrip(req)
+	})
+}
+
+func identityHeader(k string, names, prefixes []string) bool {
+	k = http.CanonicalHeaderKey(k) // a client's HTTP/2 headers arrive canonical too; be sure
+	for _, n := range names {
+		if k == n {
+			return true
+		}
+	}
+	for _, p := range prefixes {
+		if strings.HasPrefix(k, p) {
+			return true
+		}
+	}
+	return false
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // newHTTPTransport builds one upstream transport; upgrade: HTTP/1.1 only (see transports).
 func newHTTPTransport(o TransportOptions, tlsCfg *tls.Config, upgrade bool) *http.Transport {

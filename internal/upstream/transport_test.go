@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -174,5 +175,68 @@ func TestUpgradeOverHTTP1ToHTTP2Upstream(t *testing.T) {
 			t.Fatalf("%s echo: %q, %v", tc.proto, line, err)
 		}
 		rwc.Close()
+	}
+}
+
+// TestAttackForgedIdentityHeadersStripped: a request that gets the lent identity (which here
+// includes a client certificate an apiserver may trust as a front proxy's) reaches the upstream
+// without the X-Remote-* headers the client forged, on the plain and the upgrade transport; a
+// request with its own credentials goes without watchsan's certificate, so its headers mean
+// nothing to the apiserver. The caller's request is never modified.
+func TestAttackForgedIdentityHeadersStripped(t *testing.T) {
+	u := newUpgradeUpstream(t)
+	b := lendingBackend(t, u, TransportOptions{StripPrefixes: []string{"X-Remote-"}, StripHeaders: []string{"X-Auth-User"}})
+	forge := func(req *http.Request) {
+		req.Header.Set("X-Remote-User", "admin")
+		req.Header.Add("X-Remote-Group", "system:masters")
+		req.Header.Set("X-Remote-Extra-Scopes", "all")
+		req.Header.Set("x-auth-user", "admin") // set in a client's non-canonical form
+		req.Header["x-remote-uid"] = []string{"0"}
+	}
+	get, _ := http.NewRequest(http.MethodGet, b.Target(&url.URL{Path: "/api/v1/secrets"}).String(), nil)
+	up := upgradeRequest(t, b, "SPDY/3.1", "")
+	for _, req := range []*http.Request{get, up} {
+		forge(req)
+		resp, err := b.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		s := u.last(t)
+		if s.certs != 1 || s.auth != "Bearer lent-token" {
+			t.Fatalf("lent request: certs %d auth %q, want watchsan's certificate and token", s.certs, s.auth)
+		}
+		for k := range s.header {
+			if strings.HasPrefix(http.CanonicalHeaderKey(k), "X-Remote-") || http.CanonicalHeaderKey(k) == "X-Auth-User" {
+				t.Fatalf("%s %s: forged %s reached the upstream alongside watchsan's client certificate", req.Method, req.URL.Path, k)
+			}
+		}
+		if req.Header.Get("X-Remote-User") != "admin" {
+			t.Fatal("the caller's request was modified")
+		}
+	}
+	own, _ := http.NewRequest(http.MethodGet, b.Target(&url.URL{Path: "/api/v1/secrets"}).String(), nil)
+	forge(own)
+	own.Header.Set("Authorization", "Bearer own")
+	resp, err := b.RoundTrip(own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if s := u.last(t); s.certs != 0 || s.auth != "Bearer own" {
+		t.Fatalf("own credentials: certs %d auth %q, want no certificate of watchsan's", s.certs, s.auth)
+	}
+}
+
+func TestSetForwardedDropsForwarded(t *testing.T) {
+	in := httptest.NewRequest(http.MethodGet, "/api/v1/pods?watch=1", nil)
+	in.Header.Set("Forwarded", "for=1.2.3.4;host=evil")
+	in.Header.Set("X-Forwarded-Host", "evil")
+	in.Header.Set("X-Forwarded-For", "10.0.0.1")
+	out := in.Clone(in.Context())
+	SetForwarded(out, in)
+	if out.Header.Get("Forwarded") != "" || out.Header.Get("X-Forwarded-Host") != in.Host ||
+		out.Header.Get("X-Forwarded-For") != "10.0.0.1, 192.0.2.1" {
+		t.Fatalf("forwarding headers: %v", out.Header)
 	}
 }
