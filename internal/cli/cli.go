@@ -62,8 +62,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	defer func() { _ = log.Sync() }()
-	if completed.InsecureSkipTLSVerify {
-		log.Warn("--insecure-skip-tls-verify: the upstream's certificate is not verified; anyone on the path can read and change traffic, credentials included")
+	for _, w := range completed.Warnings {
+		log.Warn(w)
 	}
 	srv, err := server.New(completed, log)
 	if err != nil {

@@ -33,6 +33,8 @@ type Metrics struct {
 	RelistsForced prometheus.Counter
 	Retries       *prometheus.CounterVec // outcome
 
+	Refused *prometheus.CounterVec // reason: requests watchsan refused itself (RefusalReasons)
+
 	labels *boundedLabels
 }
 
@@ -59,7 +61,8 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	m.ResumeSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "watchsan_watch_resume_duration_seconds", Help: "Time from an upstream watch breaking to its resumption.", Buckets: prometheus.ExponentialBuckets(0.005, 3, 10)})
 	m.RelistsForced = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_relists_forced_total", Help: "410 Expired ERROR events sent to clients (each makes the client relist)."})
 	m.Retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_request_retries_total", Help: "Retries of requests that failed before their response started, by outcome."}, []string{"outcome"})
-	for _, c := range []prometheus.Collector{m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.ResumeSeconds, m.RelistsForced, m.Retries} {
+	m.Refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_requests_refused_total", Help: "Requests watchsan refused itself before anything went upstream, by reason (host, origin, cors_preflight, path, method, dot_segment, connect, absolute_target)."}, []string{"reason"})
+	for _, c := range []prometheus.Collector{m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.ResumeSeconds, m.RelistsForced, m.Retries, m.Refused} {
 		f(c)
 	}
 	if deleteMemoryLen != nil {
@@ -68,6 +71,9 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	}
 	return m
 }
+
+// RefusalReasons are every value of Refused's reason label.
+var RefusalReasons = []string{"host", "origin", "cors_preflight", "path", "method", "dot_segment", "connect", "absolute_target"}
 
 // verbs are the verb label's values besides "other": the apiserver's verbs for resource
 // requests (RequestInfoFactory) and the lower-case methods it serves on other paths.

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/watchsan/watchsan/internal/apistatus"
 	"github.com/watchsan/watchsan/internal/config"
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/metrics"
@@ -34,6 +35,7 @@ type Server struct {
 	pool      *upstream.Pool
 	watch     *watch.Handler
 	proxy     http.Handler
+	guard     *guard
 
 	stopping atomic.Bool
 	// watchesDone ends every open watch cleanly at shutdown (clients then re-watch).
@@ -62,6 +64,8 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 			Insecure:              cfg.InsecureSkipTLSVerify,
 			Credentials:           cfg.Credentials,
 			Lend:                  cfg.Lend,
+			StripHeaders:          cfg.Guard.StripHeaders,
+			StripPrefixes:         cfg.Guard.StripPrefixes,
 		},
 		HealthInterval: cfg.HealthInterval,
 		Logger:         log,
@@ -118,6 +122,10 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	for _, o := range []string{"retried", "recovered", "exhausted"} {
 		s.metrics.Retries.WithLabelValues(o)
 	}
+	for _, r := range metrics.RefusalReasons {
+		s.metrics.Refused.WithLabelValues(r)
+	}
+	s.guard = &guard{cfg.Guard}
 	s.proxy = newProxy(attempts, log.Named("proxy"))
 	return s, nil
 }
@@ -127,14 +135,18 @@ func (s *Server) Metrics() *metrics.Metrics { return s.metrics }
 
 // Handler is the main listener's handler.
 func (s *Server) Handler() http.Handler {
-	return refuseForeign(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info := reqinfo.Parse(r) // once per request: the log, the metrics and the route share it
 		var next http.Handler = s.proxy
 		if info.IsWatch() {
 			next = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.watch.Serve(w, r, info) })
 		}
+		if ref := s.guard.refuse(r); ref != nil { // logged and counted like any request
+			s.metrics.Refused.WithLabelValues(ref.reason).Inc()
+			next = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { apistatus.Write(w, ref.status) })
+		}
 		s.serveInstrumented(w, r, info, next)
-	}))
+	})
 }
 
 // AdminHandler serves watchsan's own endpoints.
