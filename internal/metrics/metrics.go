@@ -33,7 +33,9 @@ type Metrics struct {
 	RelistsForced prometheus.Counter
 	Retries       *prometheus.CounterVec // outcome
 
-	Refused *prometheus.CounterVec // reason: requests watchsan refused itself (RefusalReasons)
+	Refused         *prometheus.CounterVec // reason: requests watchsan refused itself (RefusalReasons)
+	Connections     *prometheus.GaugeVec   // listener: main | admin
+	ConnectionLimit *prometheus.GaugeVec   // listener
 
 	labels *boundedLabels
 }
@@ -62,7 +64,9 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	m.RelistsForced = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_relists_forced_total", Help: "410 Expired ERROR events sent to clients (each makes the client relist)."})
 	m.Retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_request_retries_total", Help: "Retries of requests that failed before their response started, by outcome."}, []string{"outcome"})
 	m.Refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_requests_refused_total", Help: "Requests watchsan refused itself before anything went upstream, by reason (host, origin, cors_preflight, path, method, dot_segment, connect, absolute_target)."}, []string{"reason"})
-	for _, c := range []prometheus.Collector{m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.ResumeSeconds, m.RelistsForced, m.Retries, m.Refused} {
+	m.Connections = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_connections", Help: "Client connections open now, by listener (upgraded ones included)."}, []string{"listener"})
+	m.ConnectionLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_connection_limit", Help: "Most client connections a listener serves at once; more wait in the kernel's backlog."}, []string{"listener"})
+	for _, c := range []prometheus.Collector{m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.ResumeSeconds, m.RelistsForced, m.Retries, m.Refused, m.Connections, m.ConnectionLimit} {
 		f(c)
 	}
 	if deleteMemoryLen != nil {

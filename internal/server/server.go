@@ -180,18 +180,12 @@ func (s *Server) AdminHandler() http.Handler {
 // end cleanly (clients re-watch), short requests finish; all within the shutdown timeout, after
 // which remaining connections are closed.
 func (s *Server) Run(ctx context.Context) error {
-	mainLn, err := net.Listen("tcp", s.cfg.Listen)
+	mainLn, adminLn, err := s.listen()
 	if err != nil {
-		return fmt.Errorf("--listen: %w", err)
-	}
-	adminLn, err := net.Listen("tcp", s.cfg.AdminListen)
-	if err != nil {
-		mainLn.Close()
-		return fmt.Errorf("--admin-listen: %w", err)
+		return err
 	}
 	errLog := zap.NewStdLog(s.log.Named("http"))
-	mainSrv := &http.Server{Handler: s.Handler(), ErrorLog: errLog, ReadHeaderTimeout: 30 * time.Second}
-	adminSrv := &http.Server{Handler: s.AdminHandler(), ErrorLog: errLog, ReadHeaderTimeout: 10 * time.Second}
+	mainSrv, adminSrv := s.newMainServer(errLog), s.newAdminServer(errLog)
 
 	healthCtx, stopHealth := context.WithCancel(context.Background())
 	defer stopHealth()
@@ -215,7 +209,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.log.Info("listening", zap.String("listen", mainLn.Addr().String()), zap.String("admin", adminLn.Addr().String()),
 		zap.Bool("tls", s.cfg.TLSCertFile != ""), zap.Strings("upstreams", upstreams), zap.Bool("lendCredentials", s.cfg.Lend),
-		zap.Stringer("fixMode", s.cfg.Fix))
+		zap.Stringer("fixMode", s.cfg.Fix), zap.Int("maxConnections", s.cfg.MaxConnections), zap.Duration("idleTimeout", s.cfg.IdleTimeout))
 	if s.Listening != nil {
 		s.Listening(mainLn.Addr(), adminLn.Addr())
 	}
