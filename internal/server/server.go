@@ -133,7 +133,9 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 // Metrics exposes the server's metrics (tests and the demo read them).
 func (s *Server) Metrics() *metrics.Metrics { return s.metrics }
 
-// Handler is the main listener's handler.
+// Handler is the main listener's handler: a request the guard refuses is answered with its
+// Status; a watch goes to the watch pipeline; everything else passes through. Every request is
+// logged and counted.
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info := reqinfo.Parse(r) // once per request: the log, the metrics and the route share it

@@ -287,14 +287,15 @@ current-context: x
 		{plain.URL, "cleartext"},
 		{other.URL, "not the kubeconfig's server"},
 	} {
-		cmd := exec.Command(watchsanBin, "--kubeconfig="+kc, "--upstream="+tc.upstream, "--listen=127.0.0.1:0", "--admin-listen=127.0.0.1:0")
+		// Bounded: a watchsan that accepts this configuration serves until killed.
+		cmd := exec.CommandContext(ctxT(t, 20*time.Second), watchsanBin, "--kubeconfig="+kc, "--upstream="+tc.upstream, "--listen=127.0.0.1:0", "--admin-listen=127.0.0.1:0")
 		cmd.Env = append(os.Environ(), "KUBECONFIG=/nonexistent")
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		err := cmd.Run()
 		var ee *exec.ExitError
 		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
-			t.Fatalf("--upstream %s: exit %v, want 2\n%s", tc.upstream, err, stderr.String())
+			t.Fatalf("--upstream %s: exit %v, want 2 at start\n%s", tc.upstream, err, stderr.String())
 		}
 		out := stderr.String()
 		if !strings.Contains(out, tc.want) || !strings.Contains(out, "--allow-credentials-to-upstream="+tc.upstream) || strings.Contains(out, "secret-token-value") {
