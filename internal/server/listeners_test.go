@@ -121,8 +121,8 @@ func TestAttackIdleConnections(t *testing.T) {
 	var watches []watch
 	for _, w := range []struct {
 		name, url string
-		c       *http.Client
-		proto   int
+		c         *http.Client
+		proto     int
 	}{
 		{"HTTP/1.1", "http://" + plain.main, http.DefaultClient, 1},
 		{"HTTP/2", "https://" + secure.main, h2, 2},
