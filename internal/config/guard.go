@@ -234,7 +234,7 @@ func (out *Completed) warnings(nofile uint64) {
 	}
 	if out.Guard.On {
 		host, _, _ := net.SplitHostPort(c.Listen)
-		if h := hostForMatch(host); host != "" && !isUnspecified(host) && !MatchAny(out.Guard.AcceptHosts, h) {
+		if h := HostForMatch(host); host != "" && !isUnspecified(host) && !MatchAny(out.Guard.AcceptHosts, h) {
 			out.Warnings = append(out.Warnings, fmt.Sprintf("--listen %s: requests that name it (Host: %s) will be refused unless they carry their own credentials; add it to --accept-hosts", c.Listen, h))
 		}
 	}
@@ -245,10 +245,10 @@ func isUnspecified(host string) bool {
 	return ip != nil && ip.IsUnspecified()
 }
 
-// hostForMatch is a host name as --accept-hosts matches it: lower case, without a port, an
+// HostForMatch is a host name as --accept-hosts matches it (at start and in the server's guard): lower case, without a port, an
 // IPv6 address in brackets ("[::1]", as kubectl proxy's default expects; kubectl itself strips
 // the brackets along with the port, so its own default never matches "[::1]:8001").
-func hostForMatch(hostport string) string {
+func HostForMatch(hostport string) string {
 	h := hostport
 	if host, _, err := net.SplitHostPort(hostport); err == nil {
 		h = host
@@ -259,9 +259,6 @@ func hostForMatch(hostport string) string {
 	}
 	return h
 }
-
-// HostForMatch exports hostForMatch to the server's guard: one rule for start-up and requests.
-func HostForMatch(hostport string) string { return hostForMatch(hostport) }
 
 // MatchAny reports whether any of res matches s.
 func MatchAny(res []*regexp.Regexp, s string) bool {
