@@ -72,6 +72,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	go newReloader(args, completed, srv.Reload, log).run(ctx) // SIGHUP, --config changes
 	if err := srv.Run(ctx); err != nil {
 		var le *server.ListenError
 		if errors.As(err, &le) {

@@ -84,6 +84,9 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	LogLevel        string
 	LogFormat       string
+
+	// HA frontend: failure detection, balancing, moving watches, membership (issue 9; ha.go).
+	HA
 }
 
 // Default returns the configuration with every default filled in. Where a package owns a
@@ -115,5 +118,6 @@ func Default() Config {
 		ShutdownTimeout:       30 * time.Second,
 		LogLevel:              "info",
 		LogFormat:             "json",
+		HA:                    defaultHA(),
 	}
 }

@@ -68,20 +68,21 @@ func FlagSet(c *Config) *flag.FlagSet {
 	fs.DurationVar(&c.HTTP2ReadIdleTimeout, "http2-read-idle-timeout", c.HTTP2ReadIdleTimeout, "ping an upstream HTTP/2 connection after this long without a frame")
 	fs.DurationVar(&c.HTTP2PingTimeout, "http2-ping-timeout", c.HTTP2PingTimeout, "close an upstream HTTP/2 connection whose ping is not answered within this")
 	fs.DurationVar(&c.ResponseHeaderTimeout, "response-header-timeout", c.ResponseHeaderTimeout, "how long a short request may wait for the upstream's response headers")
-	fs.DurationVar(&c.HealthInterval, "health-interval", c.HealthInterval, "how often each upstream's /readyz is checked")
+	fs.DurationVar(&c.HealthInterval, "health-interval", c.HealthInterval, "how often each upstream is pinged (HTTP/2 PING: does it answer at all) and its /readyz checked")
 	fs.StringVar(&c.FixMode, "fix-mode", c.FixMode, "repair: sanitize watch streams; observe: only log and count what repair would do")
 	fs.Var(&stringList{v: &c.FixExemptResources}, "fix-exempt-resource", "resource (e.g. pods, or apps/deployments) whose watches pass unsanitized (repeatable)")
 	fs.IntVar(&c.MaxFrameSize, "max-frame-size", c.MaxFrameSize, "largest watch event accepted from upstream, bytes")
 	fs.IntVar(&c.DeleteMemoryEntries, "delete-memory-entries", c.DeleteMemoryEntries, "rewritten deletes remembered across re-watches (at most)")
 	fs.DurationVar(&c.DeleteMemoryTTL, "delete-memory-ttl", c.DeleteMemoryTTL, "how long a rewritten delete is remembered")
 	fs.DurationVar(&c.WatchResumeTimeout, "watch-resume-timeout", c.WatchResumeTimeout, "how long a broken upstream watch is retried before the client's stream is ended")
-	fs.DurationVar(&c.WatchStallTimeout, "watch-stall-timeout", c.WatchStallTimeout, "silence on a watch after which its upstream is probed")
+	fs.DurationVar(&c.WatchStallTimeout, "watch-stall-timeout", c.WatchStallTimeout, "an upstream watch that sends nothing, not even a bookmark (always asked for; apiservers send one a minute), for this long is resumed, whatever probes of its upstream say")
 	fs.BoolVar(&c.DisableResume, "disable-watch-resume", c.DisableResume, "end the client's watch when the upstream's breaks, instead of resuming it")
 	fs.DurationVar(&c.RetryBudget, "retry-budget", c.RetryBudget, "how long a request that failed before its response started is retried, and how long after an upstream was last healthy requests wait for it; 0: no retries")
 	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", c.ShutdownDelay, "on SIGTERM, how long /readyz fails while the listeners keep serving (so load balancers stop sending) before they close")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "after the shutdown delay, how long shutdown waits for requests to finish")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "json or console")
+	c.HA.flags(fs)
 	return fs
 }
 

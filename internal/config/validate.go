@@ -104,6 +104,7 @@ func (c *Config) Validate() error {
 	if c.LogFormat != "json" && c.LogFormat != "console" {
 		add("--log-format %q: want json or console", c.LogFormat)
 	}
+	c.HA.validate(add)
 	return errors.Join(errs...)
 }
 

@@ -37,6 +37,9 @@ type Metrics struct {
 	Connections     *prometheus.GaugeVec   // listener: main | admin
 	ConnectionLimit *prometheus.GaugeVec   // listener
 
+	// Per upstream (issue 9; upstream.go).
+	Upstream UpstreamMetrics
+
 	labels *boundedLabels
 }
 
@@ -59,7 +62,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	m.NonIntegerRVs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_non_integer_rv_total", Help: "Watch events whose resourceVersion is not an integer (passed untouched)."}, []string{"resource"})
 	m.StreamEnds = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_stream_ends_total", Help: "Client watch streams ended, by reason."}, []string{"reason"})
 	m.Resumes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_resumes_total", Help: "Upstream watches resumed without ending the client's stream, by the reason the upstream broke."}, []string{"reason"})
-	m.Stalls = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_stalls_total", Help: "Upstream watches found hung by the stall probe."})
+	m.Stalls = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_stalls_total", Help: "Upstream watches found hung: nothing, not even a bookmark, for the stall timeout."})
 	m.ResumeSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "watchsan_watch_resume_duration_seconds", Help: "Time from an upstream watch breaking to its resumption.", Buckets: prometheus.ExponentialBuckets(0.005, 3, 10)})
 	m.RelistsForced = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_relists_forced_total", Help: "410 Expired ERROR events sent to clients (each makes the client relist)."})
 	m.Retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_request_retries_total", Help: "Retries of requests that failed before their response started, by outcome."}, []string{"outcome"})
@@ -69,6 +72,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	for _, c := range []prometheus.Collector{m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.ResumeSeconds, m.RelistsForced, m.Retries, m.Refused, m.Connections, m.ConnectionLimit} {
 		f(c)
 	}
+	m.Upstream.register(reg)
 	if deleteMemoryLen != nil {
 		m.DeleteMemory = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "watchsan_delete_memory_entries", Help: "Rewritten deletes remembered to suppress their replay after a re-watch."}, deleteMemoryLen)
 		f(m.DeleteMemory)

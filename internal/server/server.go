@@ -38,6 +38,7 @@ type Server struct {
 	guard     *guard
 
 	stopping atomic.Bool
+	haState  // the HA frontend: reloads, discovery (ha.go)
 	// watchesDone ends every open watch cleanly at shutdown (clients then re-watch).
 	watchesDone chan struct{}
 
@@ -52,7 +53,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	s := &Server{cfg: cfg, log: log.Named("server"), accessLog: log.Named("access"), watchesDone: make(chan struct{})}
 	memory := fix.NewDeleteMemory(cfg.DeleteMemoryEntries, cfg.DeleteMemoryTTL, nil)
 	s.metrics = metrics.New(func() float64 { return float64(memory.Len()) })
-	pool, err := upstream.NewPool(cfg.Upstreams, upstream.PoolOptions{
+	poolOpts := upstream.PoolOptions{
 		Transport: upstream.TransportOptions{
 			DialTimeout:           cfg.DialTimeout,
 			TLSHandshakeTimeout:   cfg.TLSHandshakeTimeout,
@@ -83,11 +84,14 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 			}
 			s.metrics.UpstreamDials.WithLabelValues(b.String(), result).Inc()
 		},
-	})
+	}
+	s.haPoolOptions(&poolOpts)
+	pool, err := upstream.NewPool(cfg.Upstreams, poolOpts)
 	if err != nil {
 		return nil, err
 	}
 	s.pool = pool
+	s.haMetrics()
 	for _, b := range pool.Backends() { // every series from the start: alerts see 0, not "no data"
 		s.metrics.UpstreamUp.WithLabelValues(b.String()).Set(0)
 		s.metrics.UpstreamDials.WithLabelValues(b.String(), "ok")
@@ -102,6 +106,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		OnRetry: func(o string) { s.metrics.Retries.WithLabelValues(o).Inc() },
 		Done:    s.watchesDone,
 	})
+	s.attempts = attempts
 	s.watch, err = watch.New(watch.Config{
 		Mode:          cfg.Fix,
 		Exempt:        cfg.FixExemptResources,
@@ -109,7 +114,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		ResumeTimeout: cfg.WatchResumeTimeout,
 		StallTimeout:  cfg.WatchStallTimeout,
 		DisableResume: cfg.DisableResume,
-	}, watch.Deps{Attempts: attempts, Metrics: s.metrics, Memory: memory, Done: s.watchesDone, Logger: log})
+	}, watch.Deps{Attempts: attempts, Metrics: s.metrics, Memory: memory, Done: s.watchesDone, Logger: log, OnBreak: s.onBreak})
 	if err != nil {
 		return nil, err
 	}
@@ -138,8 +143,8 @@ func (s *Server) Metrics() *metrics.Metrics { return s.metrics }
 // logged and counted.
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		info := reqinfo.Parse(r) // once per request: the log, the metrics and the route share it
-		var next http.Handler = s.proxy
+		info := reqinfo.Parse(r)              // once per request: the log, the metrics and the route share it
+		next := s.listGuard(r, info, s.proxy) // the time-travel guard, for a list at RV 0
 		if info.IsWatch() {
 			next = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.watch.Serve(w, r, info) })
 		}
@@ -192,6 +197,7 @@ func (s *Server) Run(ctx context.Context) error {
 	healthCtx, stopHealth := context.WithCancel(context.Background())
 	defer stopHealth()
 	go s.pool.Run(healthCtx)
+	go s.discover(healthCtx)
 
 	errc := make(chan error, 2)
 	go func() {

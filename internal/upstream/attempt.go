@@ -93,12 +93,40 @@ type Plan struct {
 	// WaitForBackend waits for a usable backend until Deadline even when none was healthy a
 	// moment ago (a watch's resume: the client's stream is held open anyway). False: fail fast.
 	WaitForBackend bool
+
+	// Watch marks a watch attempt: it goes to the backend with the fewest open watches, and
+	// holds a Lease there (Attempt.Lease) through which the Pool may move it. Otherwise the
+	// backend with the fewest outstanding requests is picked.
+	Watch bool
+	// Scope is a watch's path and selectors: every watch of one scope gets the same events, so
+	// one that falls behind the others is lagging. Empty: no lag detection.
+	Scope string
+	// Resource is a watch's GROUP/RESOURCE (RESOURCE for the core group): the resourceVersions
+	// it delivers raise that resource's high-water mark (Pool.HighWater). Empty: none.
+	Resource string
+	// From is the resourceVersion a watch attempt starts from (its resume point), if known.
+	From uint64
+	// RetryTooLarge: the request carries a raised resourceVersion (the time-travel guard). A
+	// 504 answer (the backend's cache is behind it) marks the backend lagging and is tried on
+	// another backend.
+	RetryTooLarge bool
+}
+
+type planKey struct{}
+
+// WithPlan returns ctx carrying plan for RoundTrip (the pass-through has no other way to
+// give one).
+func WithPlan(ctx context.Context, plan Plan) context.Context {
+	return context.WithValue(ctx, planKey{}, plan)
 }
 
 // Attempt is a response obtained by Do and what it came from.
 type Attempt struct {
 	Resp    *http.Response
 	Backend *Backend
+	// Lease is a watch attempt's place on Backend (Plan.Watch); nil otherwise. It ends with
+	// Cancel.
+	Lease *Lease
 	// Cancel ends the attempt's context (with a cause, read by context.Cause); call it when done
 	// with Resp. It is never nil in an Attempt returned with a nil error.
 	Cancel context.CancelCauseFunc
@@ -146,7 +174,7 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 	avoid := plan.Avoid
 	var lastErr error
 	for attempt := 0; ; attempt++ {
-		b := a.pool.pick(avoid)
+		b := a.pool.pick(plan.Watch, avoid)
 		if b == nil {
 			if err := a.waitUsable(ctx, plan, deadline); err != nil {
 				if ctx.Err() == nil && lastErr != nil {
@@ -157,8 +185,11 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 			}
 			continue
 		}
-		at, err := a.send(ctx, req, b, body)
-		wait, retry := retryable(ctx, idempotent, body, at.Resp, err)
+		at, err := a.send(ctx, req, b, body, plan)
+		wait, retry := retryable(ctx, idempotent, body, at.Resp, err, plan.RetryTooLarge)
+		if retry && at.Resp != nil && at.Resp.StatusCode == http.StatusGatewayTimeout {
+			a.pool.markLagging(b, time.Now(), "it answered 504 to a list at watchsan's high-water resourceVersion")
+		}
 		if !retry {
 			if err != nil {
 				return Attempt{}, err
@@ -211,7 +242,7 @@ func (a *Attempter) waitUsable(ctx context.Context, plan Plan, deadline time.Tim
 	}
 	for {
 		changed := a.pool.changes()
-		if a.pool.pick(nil) != nil {
+		if a.pool.pick(plan.Watch, nil) != nil {
 			return nil
 		}
 		left := time.Until(until)
@@ -249,8 +280,27 @@ func (a *Attempter) last(at Attempt, err error) (Attempt, error) {
 	return at, nil
 }
 
-func (a *Attempter) send(ctx context.Context, req *http.Request, b *Backend, body *countingBody) (Attempt, error) {
-	actx, cancel := context.WithCancelCause(ctx)
+func (a *Attempter) send(ctx context.Context, req *http.Request, b *Backend, body *countingBody, plan Plan) (Attempt, error) {
+	actx, cancelCtx := context.WithCancelCause(ctx)
+	// The attempt counts toward b's load from now until Cancel: a watch as a lease, anything
+	// else as an outstanding request.
+	var lease *Lease
+	var ended atomic.Bool
+	cancel := func(cause error) {
+		if !ended.Swap(true) {
+			if lease != nil {
+				lease.release()
+			} else {
+				b.inflight.Add(-1)
+			}
+		}
+		cancelCtx(cause)
+	}
+	if plan.Watch {
+		lease = a.pool.newLease(b, plan, cancelCtx)
+	} else {
+		b.inflight.Add(1)
+	}
 	out := req.Clone(actx)
 	out.URL = b.Target(req.URL)
 	out.Host = ""
@@ -261,10 +311,13 @@ func (a *Attempter) send(ctx context.Context, req *http.Request, b *Backend, bod
 	}
 	resp, err := b.RoundTrip(out)
 	if err != nil {
+		if ctx.Err() == nil && !IsDialError(err) {
+			b.ReportFailure(err) // a reset or a timeout: check it now (a refused dial is judged already)
+		}
 		cancel(err)
 		return Attempt{}, &Error{Backend: b, Err: err}
 	}
-	return Attempt{Resp: resp, Backend: b, Cancel: cancel}, nil
+	return Attempt{Resp: resp, Backend: b, Lease: lease, Cancel: cancel}, nil
 }
 
 func (a *Attempter) outcome(attempt int, what string) {
@@ -276,7 +329,8 @@ func (a *Attempter) outcome(attempt int, what string) {
 // RoundTrip is Do with a request's plan, as an http.RoundTripper (for httputil.ReverseProxy):
 // closing the response body ends the attempt.
 func (a *Attempter) RoundTrip(req *http.Request) (*http.Response, error) {
-	at, err := a.Do(req.Context(), req, Plan{})
+	plan, _ := req.Context().Value(planKey{}).(Plan)
+	at, err := a.Do(req.Context(), req, plan)
 	if err != nil {
 		return nil, err
 	}
@@ -311,7 +365,7 @@ func (c *cancelRWC) Close() error {
 }
 
 // retryable decides whether an attempt's outcome may be retried, and the least wait first.
-func retryable(ctx context.Context, idempotent bool, body *countingBody, resp *http.Response, err error) (time.Duration, bool) {
+func retryable(ctx context.Context, idempotent bool, body *countingBody, resp *http.Response, err error, tooLarge bool) (time.Duration, bool) {
 	if ctx.Err() != nil {
 		return 0, false
 	}
@@ -328,6 +382,10 @@ func retryable(ctx context.Context, idempotent bool, body *countingBody, resp *h
 	switch resp.StatusCode {
 	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
 		return retryAfter(resp), true
+	case http.StatusGatewayTimeout:
+		// "Too large resource version": the backend's cache is behind the raised RV; another
+		// backend may have it now (its Retry-After, 1 s, is for the same backend).
+		return 0, tooLarge
 	}
 	return 0, false
 }

@@ -145,7 +145,7 @@ func TestPostRetriedOnAnotherBackendWhenDialFailed(t *testing.T) {
 			t.Fatalf("body at upstream %q", body.Load())
 		}
 	}
-	if s := p.backends[0].State(); s != Unhealthy {
+	if s := p.Backends()[0].State(); s != Unhealthy {
 		t.Fatalf("a refused backend is %v, want unhealthy", s)
 	}
 }
@@ -263,7 +263,7 @@ func TestHealthCheckerManners(t *testing.T) {
 	var dials atomic.Int32
 	interval := 200 * time.Millisecond
 	p := newPool(t, PoolOptions{HealthInterval: interval, Logger: zap.New(core), OnDial: func(*Backend, error) { dials.Add(1) }}, deadURL(t))
-	b := p.backends[0]
+	b := p.Backends()[0]
 	if b.State() != Unknown || p.Ready() {
 		t.Fatalf("a new backend is %v, ready %v: want unknown, not ready", b.State(), p.Ready())
 	}
@@ -318,7 +318,7 @@ func TestHealthTransitionsLoggedOnce(t *testing.T) {
 	go p.Run(ctx)
 	testutil.Eventually(t, 5*time.Second, "healthy", p.Ready)
 	up.Store(false)
-	testutil.Eventually(t, 5*time.Second, "degraded", func() bool { return p.backends[0].State() == Degraded })
+	testutil.Eventually(t, 5*time.Second, "degraded", func() bool { return p.Backends()[0].State() == Degraded })
 	up.Store(true)
 	testutil.Eventually(t, 5*time.Second, "healthy again", p.Ready)
 	time.Sleep(300 * time.Millisecond) // several more probes: none may log again
@@ -334,29 +334,29 @@ func TestHealthTransitionsLoggedOnce(t *testing.T) {
 
 func TestPickAvoidsAndSkipsUnhealthy(t *testing.T) {
 	p := newPool(t, PoolOptions{}, "http://a", "http://b", "http://c")
-	a, b, c := p.backends[0], p.backends[1], p.backends[2]
+	a, b, c := p.Backends()[0], p.Backends()[1], p.Backends()[2]
 	p.setState(b, Unhealthy, errors.New("down"))
 	for i := 0; i < 10; i++ {
-		if got := p.pick(a); got != c {
+		if got := p.pick(false, a); got != c {
 			t.Fatalf("pick(avoid a) with b down = %v, want c", got)
 		}
 	}
 	p.setState(c, Unhealthy, errors.New("down"))
-	if got := p.pick(a); got != a {
+	if got := p.pick(false, a); got != a {
 		t.Fatalf("pick(avoid a) with only a usable = %v, want a", got)
 	}
 	p.setState(b, Degraded, errors.New("readyz 500"))
 	for i := 0; i < 10; i++ {
-		if got := p.pick(nil); got != a {
+		if got := p.pick(false, nil); got != a {
 			t.Fatalf("pick with a healthy and b degraded = %v, want a", got)
 		}
 	}
 	p.setState(a, Unhealthy, errors.New("down"))
-	if got := p.pick(nil); got != b {
+	if got := p.pick(false, nil); got != b {
 		t.Fatalf("only b degraded: pick = %v, want b (it answers: a last resort)", got)
 	}
 	p.setState(b, Unhealthy, errors.New("down"))
-	if got := p.pick(nil); got != nil {
+	if got := p.pick(false, nil); got != nil {
 		t.Fatalf("every backend down: pick = %v, want none", got)
 	}
 }
@@ -374,33 +374,6 @@ func TestBackoffGrowsWithJitterAndResets(t *testing.T) {
 	b.Reset()
 	if d := b.Next(); d > time.Second {
 		t.Fatalf("after Reset: %v", d)
-	}
-}
-
-// Every quiet watch's stall watchdog probes its backend; however many ask at once, the
-// upstream sees one probe (issue #7: a budget on the apiserver).
-func TestSharedProbeCoalesces(t *testing.T) {
-	var probes atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		probes.Add(1)
-		time.Sleep(50 * time.Millisecond)
-		io.WriteString(w, "ok")
-	}))
-	defer srv.Close()
-	b := newPool(t, PoolOptions{}, srv.URL).backends[0]
-	var wg sync.WaitGroup
-	for i := 0; i < 200; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if _, err := b.SharedProbe(context.Background(), time.Second); err != nil {
-				t.Error(err)
-			}
-		}()
-	}
-	wg.Wait()
-	if n := probes.Load(); n != 1 {
-		t.Fatalf("200 concurrent stall probes reached the upstream %d times, want 1", n)
 	}
 }
 

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,21 +20,27 @@ type State int32
 
 const (
 	// Unknown: no probe has answered yet. An unknown backend is tried (it is not known to be
-	// bad), but it does not make watchsan ready.
+	// bad), but it does not make watchsan ready. One added by a reload is not tried until its
+	// first probe answers.
 	Unknown State = iota
-	// Healthy: the last probe answered, and no connection has been refused since.
+	// Healthy: it answers (pings, when it speaks HTTP/2) and its /readyz passes.
 	Healthy
-	// Degraded: the last probe got an answer, a 5xx (an apiserver shutting down, or one whose
-	// etcd check fails while its watch cache still serves). Requests go to it only when no
-	// backend is healthy or unknown: a proxy must not refuse what the apiserver would serve.
+	// Degraded: it is alive but not ready: /readyz answered a 5xx (an apiserver shutting down,
+	// or one whose etcd check fails while its watch cache still serves), or it answers pings
+	// while /readyz takes longer than the probe timeout. Requests go to it only when no backend
+	// is healthy or unknown (a proxy must not refuse what the apiserver would serve); its
+	// watches move to healthy backends at the drain rate.
 	Degraded
-	// Unhealthy: the last probe got no answer (refused, reset, timed out), or a connection to
-	// it was refused since. Requests do not go to it; only the health checker dials it, with
-	// backoff, until it answers again.
+	// Unhealthy: it does not answer at all (pings and probes time out, or connections are
+	// refused). Requests do not go to it; only the health checker dials it, with backoff, until
+	// it answers again. Its watches move at once.
 	Unhealthy
+	// Removed: no longer in the configured or discovered set. It gets no new request; its
+	// watches move at the drain rate, and it is forgotten once they have.
+	Removed
 )
 
-var stateNames = [...]string{Unknown: "unknown", Healthy: "healthy", Degraded: "degraded", Unhealthy: "unhealthy"}
+var stateNames = [...]string{Unknown: "unknown", Healthy: "healthy", Degraded: "degraded", Unhealthy: "unhealthy", Removed: "removed"}
 
 func (s State) String() string {
 	if int(s) < len(stateNames) && s >= 0 {
@@ -44,68 +49,92 @@ func (s State) String() string {
 	return fmt.Sprintf("State(%d)", int32(s))
 }
 
+// States lists every state (to initialise metric series).
+func States() []State { return []State{Unknown, Healthy, Degraded, Unhealthy, Removed} }
+
 // Backend is one apiserver. Its health is kept by the Pool that made it.
 type Backend struct {
 	// URL is the apiserver's base URL (scheme, host, optional path prefix).
 	URL  *url.URL
+	name string
 	t    *transports
 	pool *Pool
+	ping *pinger // nil: not https; its probes alone tell whether it answers
+	// pingable: ping is set and the backend speaks HTTP/2 (cleared on the first answer
+	// without it).
+	pingable atomic.Bool
 
 	state       atomic.Int32
 	healthyAt   atomic.Int64 // the last time it was known healthy, Unix nanoseconds; 0: never
+	aliveAt     atomic.Int64 // the last time anything came from it (ping ack, answer, event)
 	kickedAt    atomic.Int64 // the last early re-check asked for, Unix nanoseconds
 	probeStatus atomic.Int32 // the last probe's HTTP status, to log a 401/403 once
+	laggingTill atomic.Int64 // its watches were found behind the others' until then (Unix ns)
 	// kick wakes the health loop for an early re-check (a passive failure signal).
 	kick chan struct{}
+	// late: added by a reload; not tried before its first probe answers.
+	late bool
+	// liveness is the last ping verdict, readiness the last /readyz verdict (health.go);
+	// readyBusy: a /readyz probe is in flight.
+	liveness   atomic.Int32
+	readiness  atomic.Int32
+	readyBusy  atomic.Bool
+	pingFailed atomic.Bool // a ping failed since the last one that passed
 
-	probeMu sync.Mutex
-	shared  *sharedProbe // the last probe started by SharedProbe
-}
+	inflight atomic.Int64 // short requests sent and not yet finished
+	leases   leaseSet     // open watch attempts
 
-// sharedProbe is one probe whose answer several callers share.
-type sharedProbe struct {
-	start time.Time
-	done  chan struct{} // closed when code and err are set
-	code  int
-	err   error
-}
-
-// SharedProbeFresh is how long a SharedProbe answer is reused.
-const SharedProbeFresh = time.Second
-
-// SharedProbe is Probe for callers that may be many at once (every quiet watch's stall
-// watchdog): callers within SharedProbeFresh of a probe's start share its answer, so the
-// upstream sees at most about one such probe a second however many watches are open. The probe
-// runs under its own timeout; ctx only stops this caller's wait.
-func (b *Backend) SharedProbe(ctx context.Context, timeout time.Duration) (int, error) {
-	b.probeMu.Lock()
-	p := b.shared
-	if p == nil || time.Since(p.start) > SharedProbeFresh {
-		p = &sharedProbe{start: time.Now(), done: make(chan struct{})}
-		b.shared = p
-		go func() {
-			p.code, p.err = b.Probe(context.Background(), timeout)
-			close(p.done)
-		}()
-	}
-	b.probeMu.Unlock()
-	select {
-	case <-p.done:
-		return p.code, p.err
-	case <-ctx.Done():
-		return 0, context.Cause(ctx)
-	}
+	removedAt atomic.Int64       // when it was removed (Unix ns); 0: it was not
+	stopLoop  context.CancelFunc // ends its health loop; set before the loop starts
+	loopDone  chan struct{}      // closed when its health loop has ended
 }
 
 // String names the backend in logs and metrics (scheme://host[/prefix], no credentials).
-func (b *Backend) String() string { return b.URL.String() }
+func (b *Backend) String() string { return b.name }
 
 // State reports the backend's health verdict.
 func (b *Backend) State() State { return State(b.state.Load()) }
 
+// InFlight reports the short requests sent to it and not finished (metrics).
+func (b *Backend) InFlight() int64 { return b.inflight.Load() }
+
+// OpenWatches reports the watch attempts open on it (metrics).
+func (b *Backend) OpenWatches() int64 { return b.leases.count.Load() }
+
+// Lagging reports whether its watches were found behind the other backends' lately.
+func (b *Backend) Lagging() bool { return time.Now().UnixNano() < b.laggingTill.Load() }
+
 // preferred says whether requests go to it when there is a choice; usable, whether they may.
-func (b *Backend) preferred() bool { s := b.State(); return s == Healthy || s == Unknown }
-func (b *Backend) usable() bool    { return b.State() != Unhealthy }
+func (b *Backend) preferred() bool {
+	switch b.State() {
+	case Healthy:
+		return !b.Lagging()
+	case Unknown:
+		return !b.late && !b.Lagging()
+	}
+	return false
+}
+
+func (b *Backend) usable() bool {
+	switch b.State() {
+	case Unhealthy, Removed:
+		return false
+	case Unknown:
+		return !b.late
+	}
+	return true
+}
+
+// alive records a sign of life: anything that came from it.
+func (b *Backend) alive() { b.aliveAt.Store(time.Now().UnixNano()) }
+
+// load is what balancing compares: open watches for a watch, outstanding requests otherwise.
+func (b *Backend) load(watch bool) int64 {
+	if watch {
+		return b.leases.count.Load()
+	}
+	return b.inflight.Load()
+}
 
 // RoundTrip sends req (whose URL must already point at this backend) with the client's own
 // Authorization when it has one, and with watchsan's lent identity otherwise (when lending is
@@ -127,7 +156,9 @@ func (b *Backend) send(req *http.Request, passive bool) (*http.Response, error) 
 		}
 	}
 	resp, err := rt.RoundTrip(req)
-	if passive && err != nil && IsDialError(err) && req.Context().Err() == nil {
+	if err == nil {
+		b.alive()
+	} else if passive && IsDialError(err) && req.Context().Err() == nil {
 		b.pool.passiveFailure(b, err)
 	}
 	return resp, err

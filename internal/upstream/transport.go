@@ -76,6 +76,8 @@ type transports struct {
 	forwardUpgrade, lendUpgrade http.RoundTripper
 	// closeIdle drops pooled connections of all (after a GOAWAY storm or a failed health check).
 	closeIdle func()
+	// tls is forward's TLS configuration (the pinger's: a ping needs no identity).
+	tls *tls.Config
 }
 
 func newTransports(o TransportOptions) (*transports, error) {
@@ -111,7 +113,7 @@ func newTransports(o TransportOptions) (*transports, error) {
 	forwardTLS.GetClientCertificate = nil
 	forward := newHTTPTransport(o, forwardTLS, false)
 	forwardUpgrade := newHTTPTransport(o, forwardTLS, true)
-	t := &transports{forward: forward, forwardUpgrade: forwardUpgrade}
+	t := &transports{forward: forward, forwardUpgrade: forwardUpgrade, tls: forwardTLS}
 	closers := []*http.Transport{forward, forwardUpgrade}
 	if o.Lend && o.Credentials != nil {
 		for _, l := range []struct {

@@ -33,8 +33,9 @@ import (
 // Defaults of Config, the flags' defaults.
 const (
 	DefaultResumeTimeout = 60 * time.Second
-	DefaultStallTimeout  = 90 * time.Second
-	DefaultProbeTimeout  = 5 * time.Second
+	// DefaultStallTimeout is longer than the apiserver's bookmark period (a minute,
+	// docs/design.md section 2): a healthy quiet watch always hears something within it.
+	DefaultStallTimeout = 90 * time.Second
 )
 
 // Config tunes every watch. Every field's zero value is usable.
@@ -48,10 +49,10 @@ type Config struct {
 	// ResumeTimeout bounds how long a watch is resumed without progress (no event, no
 	// bookmark) before the client's stream ends; 0: DefaultResumeTimeout.
 	ResumeTimeout time.Duration
-	// StallTimeout is the silence after which the upstream is probed; 0: DefaultStallTimeout.
+	// StallTimeout: an upstream watch that sends nothing, not even a bookmark (watchsan always
+	// asks for them), for this long is stalled and resumed, whatever a probe of its upstream
+	// says (the hop between may be what hangs; resuming is lossless); 0: DefaultStallTimeout.
 	StallTimeout time.Duration
-	// ProbeTimeout bounds the stall probe; 0: DefaultProbeTimeout.
-	ProbeTimeout time.Duration
 	// DisableResume ends the client's watch when the upstream's breaks.
 	DisableResume bool
 }
@@ -68,6 +69,9 @@ type Deps struct {
 	Done <-chan struct{}
 	// Logger is named "watch" below; nil: no logging.
 	Logger *zap.Logger
+	// OnBreak, if set, is told every upstream watch attempt that broke and is resumed, with
+	// its backend (still a member of the pool when told) and why (per-upstream metrics).
+	OnBreak func(b *upstream.Backend, r ResumeReason)
 }
 
 // Handler serves watch requests.
@@ -95,7 +99,6 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	}
 	def(&cfg.ResumeTimeout, DefaultResumeTimeout)
 	def(&cfg.StallTimeout, DefaultStallTimeout)
-	def(&cfg.ProbeTimeout, DefaultProbeTimeout)
 	if cfg.MaxFrameSize <= 0 {
 		cfg.MaxFrameSize = stream.DefaultMaxFrameSize
 	}
@@ -147,6 +150,14 @@ func scopeOf(r *http.Request) string {
 	return path + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector") + "&a=" + hex.EncodeToString(who[:8])
 }
 
+// progressScope names what a watch selects, whoever asks: every watch of one scope gets the
+// same events, so one that stays behind another's is lagging (upstream.Plan.Scope).
+func progressScope(r *http.Request) string {
+	q := r.URL.Query()
+	path := strings.Replace(r.URL.Path, "/watch/", "/", 1)
+	return path + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector")
+}
+
 // ServeHTTP serves one watch request, classifying it first.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.Serve(w, r, reqinfo.Parse(r)) }
 
@@ -178,10 +189,12 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 	}
 
 	s := &session{
-		h: h, w: w, rc: http.NewResponseController(w), client: r, ctx: ctx, params: p,
-		resource: resource, deadline: deadline, log: h.log, backoff: upstream.ResumeBackoff,
+		h: h, client: r, ctx: ctx, params: p, resource: resource, deadline: deadline, log: h.log,
+		upstreamSide: upstreamSide{backoff: upstream.ResumeBackoff, scope: progressScope(r), groupResource: info.GroupResource()},
+		clientSide:   clientSide{w: w, rc: http.NewResponseController(w)},
 	}
-	first, err := h.deps.Attempts.Do(ctx, s.upstreamRequest(true), upstream.Plan{})
+	from, _ := stream.ParseRV(p.rv)
+	first, err := h.deps.Attempts.Do(ctx, s.upstreamRequest(true), s.plan(from))
 	if err != nil {
 		if r.Context().Err() != nil {
 			return

@@ -71,8 +71,11 @@ const (
 	ResumeReset
 	// ResumeTruncated: the stream ended inside an event.
 	ResumeTruncated
-	// ResumeStall: the upstream went silent and did not answer a probe.
+	// ResumeStall: the upstream sent nothing, not even a bookmark, for the stall timeout.
 	ResumeStall
+	// ResumeMoved: watchsan moved the watch to another upstream (upstream.MoveReason: the
+	// upstream failed, lagged, left, or another one has fewer watches).
+	ResumeMoved
 
 	numResumeReasons
 )
@@ -82,6 +85,7 @@ var resumeNames = [numResumeReasons]string{
 	ResumeReset:     "reset",
 	ResumeTruncated: "truncated",
 	ResumeStall:     "stall",
+	ResumeMoved:     "moved",
 }
 
 func (r ResumeReason) String() string {

@@ -19,12 +19,14 @@ import (
 	"github.com/watchsan/watchsan/internal/upstream"
 )
 
-// session is one client watch. fix owns the initial phase and the resume point
+// session is one client watch: an upstream side (its attempts, where they are, how they are
+// resumed and moved) and a client side (the one response, the RV policy, what was written).
+// The two meet only in pump, which hands each upstream event to the client side, and in the
+// resume point the client side keeps (fix.Stream.LastDelivered), so that one upstream side
+// could later feed several client sides. fix owns the initial phase and the resume point
 // (fix.Stream.InInitialPhase, LastDelivered), for exempt resources too (fix.PassAll).
 type session struct {
 	h        *Handler
-	w        http.ResponseWriter
-	rc       *http.ResponseController
 	client   *http.Request
 	ctx      context.Context // ends with the client, its deadline, or shutdown (with a cause)
 	params   params
@@ -32,10 +34,19 @@ type session struct {
 	deadline time.Time // the client's timeoutSeconds; zero: none
 	log      *zap.Logger
 
-	format  stream.Format
-	writer  *stream.Writer
-	fix     *fix.Stream
+	upstreamSide
+	clientSide
+}
+
+// upstreamSide is the upstream half of a session.
+type upstreamSide struct {
 	backend *upstream.Backend
+	lease   *upstream.Lease // the current attempt's place on backend
+
+	// scope and groupResource tell the pool what the watch selects (lag detection) and of
+	// which resource it delivers resourceVersions (the high-water mark).
+	scope         string
+	groupResource string
 
 	// backoff paces resumes that make no progress. brokeAt is when the upstream last broke after
 	// progress (for a stall: when it went silent), giveUpAt when resuming without progress since
@@ -43,10 +54,19 @@ type session struct {
 	backoff  upstream.Backoff
 	brokeAt  time.Time
 	giveUpAt time.Time
+	resumes  int
+}
+
+// clientSide is the client half of a session.
+type clientSide struct {
+	w      http.ResponseWriter
+	rc     *http.ResponseController
+	format stream.Format
+	writer *stream.Writer
+	fix    *fix.Stream
 
 	events    uint64
 	progress  uint64 // events written to the client, and bookmarks (shown or not)
-	resumes   int
 	regressed bool
 	counters  [6][3]prometheus.Counter // by event type index and fix.Action
 }
@@ -61,12 +81,36 @@ type attemptEnd struct {
 	// silentSince, for a stall, is when the upstream last sent anything: the client's gap
 	// began then, not when the stall was detected.
 	silentSince time.Time
+	// move, for ResumeMoved, is why the pool moved the watch.
+	move upstream.MoveReason
+}
+
+// plan is the Attempter's plan for an attempt of this watch starting from resourceVersion from.
+func (s *session) plan(from uint64) upstream.Plan {
+	return upstream.Plan{Watch: true, Scope: s.scope, Resource: s.groupResource, From: from}
+}
+
+// movable says whether the watch can resume elsewhere without its client noticing.
+func (s *session) movable() bool {
+	return !s.h.cfg.DisableResume && !s.fix.InInitialPhase() && s.fix.LastDelivered() != ""
 }
 
 // run pumps the first attempt and every resume until the client's stream ends.
 func (s *session) run(at upstream.Attempt) EndReason {
 	for {
 		end := s.pump(at)
+		if end.end == endNone {
+			end.end = s.resumable(end)
+			if end.end == endNone && s.h.deps.OnBreak != nil {
+				// Told while the attempt still holds its backend (a removed backend is not
+				// forgotten before its watches have left it).
+				s.h.deps.OnBreak(at.Backend, end.resume)
+			}
+			if end.resume != ResumeEOF && end.resume != ResumeMoved {
+				at.Backend.ReportFailure(end.err) // a reset or a silence may be the upstream's health
+			}
+		}
+		at.Cancel(nil)
 		if end.end != endNone {
 			return end.end
 		}
@@ -74,22 +118,15 @@ func (s *session) run(at upstream.Attempt) EndReason {
 		if !end.silentSince.IsZero() {
 			brokeAt = end.silentSince
 		}
-		if s.h.cfg.DisableResume || s.fix.InInitialPhase() || s.fix.LastDelivered() == "" {
-			s.log.Info("upstream watch ended; ending the client's stream so it re-watches",
-				zap.String("path", s.client.URL.Path), zap.Stringer("why", end.resume), zap.Bool("initialPhase", s.fix.InInitialPhase()), zap.Error(end.err))
-			return EndNoResume
-		}
-		if !s.deadline.IsZero() && !time.Now().Before(s.deadline) {
-			return EndDeadline
-		}
 		// Why: a resume that delivers nothing is a failure, whatever its status line said: an
 		// upstream that ends every watch at once would otherwise be asked again at once,
-		// forever (issue #7: 15,209 requests in 10 s from one client watch).
-		if end.progress || s.brokeAt.IsZero() {
+		// forever (issue #7: 15,209 requests in 10 s from one client watch). A move is no
+		// failure: watchsan ended the attempt itself.
+		if end.progress || end.resume == ResumeMoved || s.brokeAt.IsZero() {
 			s.brokeAt = brokeAt
 			s.giveUpAt = time.Now().Add(s.h.cfg.ResumeTimeout)
 		}
-		if end.progress {
+		if end.progress || end.resume == ResumeMoved {
 			s.backoff.Reset()
 		}
 		next, final := s.resume(end)
@@ -100,13 +137,28 @@ func (s *session) run(at upstream.Attempt) EndReason {
 	}
 }
 
-// pump reads one upstream response until it ends, writing what the policy lets through, and
-// ends the attempt.
+// resumable says how the client's stream ends after its upstream watch broke, or endNone
+// when the watch is resumed.
+func (s *session) resumable(end attemptEnd) EndReason {
+	if s.h.cfg.DisableResume || s.fix.InInitialPhase() || s.fix.LastDelivered() == "" {
+		s.log.Info("upstream watch ended; ending the client's stream so it re-watches",
+			zap.String("path", s.client.URL.Path), zap.Stringer("why", end.resume), zap.Bool("initialPhase", s.fix.InInitialPhase()), zap.Error(end.err))
+		return EndNoResume
+	}
+	if !s.deadline.IsZero() && !time.Now().Before(s.deadline) {
+		return EndDeadline
+	}
+	return endNone
+}
+
+// pump reads one upstream response until it ends, writing what the policy lets through. The
+// caller ends the attempt.
 func (s *session) pump(at upstream.Attempt) attemptEnd {
 	resp := at.Resp
 	attemptCtx := resp.Request.Context()
-	defer at.Cancel(nil)
 	defer resp.Body.Close()
+	s.lease = at.Lease
+	s.lease.SetMovable(s.movable())
 
 	var activity atomic.Int64
 	activity.Store(time.Now().UnixNano())
@@ -130,6 +182,7 @@ func (s *session) pump(at upstream.Attempt) attemptEnd {
 		if werr := s.deliver(ev); werr != nil {
 			return attemptEnd{end: EndClientGone, err: werr}
 		}
+		s.lease.SetMovable(s.movable())
 		if ev.Type == stream.Error {
 			return s.endAfterError(ev)
 		}
@@ -171,6 +224,7 @@ func (s *session) deliver(ev *stream.Event) error {
 	if d.Action == fix.Drop {
 		return nil
 	}
+	s.reportProgress(ev, d)
 	s.progress++
 	// Bookmarks go only to clients that asked for them (watchsan asks upstream always, to see
 	// progress on quiet watches); they still advance the resume point (fix.LastDelivered).
@@ -187,6 +241,29 @@ func (s *session) deliver(ev *stream.Event) error {
 		err = s.rc.Flush()
 	}
 	return err
+}
+
+// reportProgress tells the lease how far the watch got: its resume point, and (in the live
+// phase) the RV of an object event that every watch of its scope must deliver too.
+func (s *session) reportProgress(ev *stream.Event, d fix.Decision) {
+	rv := ev.RV
+	if d.Action == fix.Rewrite {
+		rv = d.RV
+	}
+	n, ok := stream.ParseRV(rv)
+	switch {
+	case ev.Type == stream.Error || !ok:
+		s.lease.Progress(0, 0)
+		return
+	case s.fix.InInitialPhase():
+		s.lease.Observed(n) // a real RV of the upstream's, for the high-water mark
+		return
+	}
+	var event uint64
+	if ev.Type != stream.Bookmark && d.Action == fix.Pass {
+		event = n
+	}
+	s.lease.Progress(n, event)
 }
 
 var typeNames = [...]string{stream.Added, stream.Modified, stream.Deleted, stream.Bookmark, stream.Error, "other"}
@@ -226,6 +303,10 @@ func (s *session) classify(attemptCtx context.Context, err error) attemptEnd {
 	case errors.Is(cause, errStalled):
 		return attemptEnd{resume: ResumeStall, err: err}
 	}
+	var moved *upstream.MoveError
+	if errors.As(context.Cause(attemptCtx), &moved) {
+		return attemptEnd{resume: ResumeMoved, err: moved, move: moved.Reason}
+	}
 	switch {
 	case errors.Is(err, io.EOF):
 		if !s.deadline.IsZero() && time.Until(s.deadline) < time.Second {
@@ -243,16 +324,18 @@ func (s *session) classify(attemptCtx context.Context, err error) attemptEnd {
 	}
 }
 
-// watchdog probes the upstream when its watch has been silent for the stall timeout; a failed
-// probe cancels the attempt (cause errStalled), an answer means the watch is only quiet. The
-// goroutine exits when stop is called or the attempt ends.
+// watchdog ends the attempt (cause errStalled) when the upstream has sent nothing, not even a
+// bookmark, for the stall timeout. watchsan always asks for bookmarks, and an apiserver sends
+// one about every minute (docs/design.md section 2), so a longer silence means a hung stream,
+// even if the upstream answers probes: the hop between may be what hangs. Resuming is
+// lossless, so a false alarm costs one request. The goroutine exits when stop is called or
+// the attempt ends.
 func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, at upstream.Attempt) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		stall := s.h.cfg.StallTimeout
 		t := time.NewTimer(stall)
 		defer t.Stop()
-		var quietAt time.Time // the last probe that found the upstream answering
 		for {
 			select {
 			case <-done:
@@ -261,24 +344,16 @@ func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, at upstr
 				return
 			case <-t.C:
 			}
-			last := time.Unix(0, activity.Load())
-			if quietAt.After(last) {
-				last = quietAt
-			}
-			idle := time.Since(last)
+			idle := time.Since(time.Unix(0, activity.Load()))
 			if idle < stall {
 				t.Reset(stall - idle)
 				continue
 			}
-			if _, err := at.Backend.SharedProbe(ctx, s.h.cfg.ProbeTimeout); err != nil && ctx.Err() == nil {
-				s.h.deps.Metrics.Stalls.Inc()
-				s.log.Warn("upstream watch stalled: no event and the upstream does not answer a probe",
-					zap.String("path", s.client.URL.Path), zap.Stringer("upstream", at.Backend), zap.Duration("silent", idle), zap.Error(err))
-				at.Cancel(errStalled)
-				return
-			}
-			quietAt = time.Now() // only quiet; look again after another period
-			t.Reset(stall)
+			s.h.deps.Metrics.Stalls.Inc()
+			s.log.Warn("upstream watch stalled: nothing, not even a bookmark, for the stall timeout; resuming it",
+				zap.String("path", s.client.URL.Path), zap.Stringer("upstream", at.Backend), zap.Duration("silent", idle))
+			at.Cancel(errStalled)
+			return
 		}
 	}()
 	return func() { close(done) }
@@ -289,7 +364,7 @@ func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, at upstr
 // progress. It gives up at giveUpAt. It returns the new attempt, or the end reason.
 func (s *session) resume(end attemptEnd) (upstream.Attempt, EndReason) {
 	deadline := s.giveUpAt
-	if !end.progress {
+	if !end.progress && end.resume != ResumeMoved {
 		wait := s.backoff.Next()
 		if time.Now().Add(wait).After(deadline) {
 			return upstream.Attempt{}, s.giveUp(end)
@@ -303,9 +378,10 @@ func (s *session) resume(end attemptEnd) (upstream.Attempt, EndReason) {
 		avoid = s.backend
 	}
 	fromRV := s.fix.LastDelivered()
-	at, err := s.h.deps.Attempts.Do(s.ctx, s.upstreamRequest(false), upstream.Plan{
-		Avoid: avoid, Deadline: deadline, Backoff: &s.backoff, WaitForBackend: true,
-	})
+	from, _ := stream.ParseRV(fromRV)
+	plan := s.plan(from)
+	plan.Avoid, plan.Deadline, plan.Backoff, plan.WaitForBackend = avoid, deadline, &s.backoff, true
+	at, err := s.h.deps.Attempts.Do(s.ctx, s.upstreamRequest(false), plan)
 	if err != nil {
 		if s.ctx.Err() != nil {
 			return upstream.Attempt{}, s.endFromContext()
@@ -322,9 +398,13 @@ func (s *session) resume(end attemptEnd) (upstream.Attempt, EndReason) {
 		s.backend = at.Backend
 		s.h.deps.Metrics.Resumes.WithLabelValues(end.resume.String()).Inc()
 		s.h.deps.Metrics.ResumeSeconds.Observe(gap.Seconds())
-		s.log.Info("resumed upstream watch", zap.String("path", s.client.URL.Path), zap.Stringer("reason", end.resume),
+		fields := []zap.Field{zap.String("path", s.client.URL.Path), zap.Stringer("reason", end.resume),
 			zap.Bool("progress", end.progress), zap.String("fromRV", fromRV), zap.Duration("gap", gap), zap.Stringer("upstream", at.Backend),
-			zap.Int("failures", s.backoff.Failures()))
+			zap.Int("failures", s.backoff.Failures())}
+		if end.resume == ResumeMoved {
+			fields = append(fields, zap.Stringer("movedBecause", end.move))
+		}
+		s.log.Info("resumed upstream watch", fields...)
 		return at, endNone
 	case resp.StatusCode == http.StatusGone:
 		st := readStatus(resp)

@@ -295,7 +295,7 @@ func testStallResumed(t *testing.T, stall, resume time.Duration) {
 			send(w, obj("ADDED", "b", "11"))
 		},
 	}
-	f := newFixture(t, Config{StallTimeout: stall, ResumeTimeout: resume, ProbeTimeout: 200 * time.Millisecond}, up)
+	f := newFixture(t, Config{StallTimeout: stall, ResumeTimeout: resume}, up)
 	go func() { // the apiserver comes back after the stall was noticed
 		testutil.Until(10*time.Second, func() bool { return promtest.ToFloat64(f.m.Stalls) > 0 })
 		up.frozen.Store(false)
@@ -310,14 +310,52 @@ func testStallResumed(t *testing.T, stall, resume time.Duration) {
 	}
 }
 
-func TestQuietUpstreamIsNotResumed(t *testing.T) {
+func bookmark(rv string) string {
+	return fmt.Sprintf(`{"type":"BOOKMARK","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"resourceVersion":%q}}}`+"\n", rv)
+}
+
+// A quiet watch hears a bookmark within the stall timeout (an apiserver sends one about every
+// minute, and the stall timeout is longer): it is never taken for stalled.
+func TestQuietUpstreamWithBookmarksIsNotResumed(t *testing.T) {
 	up := &upstreamScript{}
-	up.steps = []func(http.ResponseWriter, *http.Request){thenHang(up, obj("ADDED", "a", "10"))}
-	f := newFixture(t, Config{StallTimeout: 200 * time.Millisecond, ProbeTimeout: 200 * time.Millisecond}, up)
-	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2") // ~10 stall periods
+	up.steps = []func(http.ResponseWriter, *http.Request){func(w http.ResponseWriter, r *http.Request) {
+		send(w, obj("ADDED", "a", "10"))
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-r.Context().Done():
+				return
+			case <-tick.C:
+				send(w, bookmark("10"))
+			}
+		}
+	}}
+	f := newFixture(t, Config{StallTimeout: 300 * time.Millisecond}, up)
+	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2") // ~7 stall periods
 	expectStream(t, gs, err, "ADDED a 10")
 	if up.attempts() != 1 || promtest.ToFloat64(f.m.Stalls) != 0 {
-		t.Fatalf("a quiet but healthy upstream was treated as stalled: %d attempts, %v stalls", up.attempts(), promtest.ToFloat64(f.m.Stalls))
+		t.Fatalf("a quiet watch that gets bookmarks was treated as stalled: %d attempts, %v stalls", up.attempts(), promtest.ToFloat64(f.m.Stalls))
+	}
+}
+
+// Issue 9: a watch on which bookmarks were asked for and nothing arrived for the stall timeout
+// is stalled even though its upstream answers probes (the hop between may be what hangs); it
+// is resumed, losslessly.
+func TestSilentUpstreamIsResumedThoughItAnswersProbes(t *testing.T) {
+	up := &upstreamScript{}
+	up.steps = []func(http.ResponseWriter, *http.Request){thenHang(up, obj("ADDED", "a", "10")), events(obj("ADDED", "b", "11"))}
+	f := newFixture(t, Config{StallTimeout: 300 * time.Millisecond}, up)
+	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2")
+	expectStream(t, gs, err, "ADDED a 10, ADDED b 11")
+	if q := up.query(0); q.Get("allowWatchBookmarks") != "true" {
+		t.Fatalf("the upstream watch did not ask for bookmarks: %v", q)
+	}
+	if v := promtest.ToFloat64(f.m.Resumes.WithLabelValues("stall")); v < 1 {
+		t.Fatalf("resumes{stall} = %v, want at least 1", v)
+	}
+	if q := up.query(1); q.Get("resourceVersion") != "10" {
+		t.Fatalf("resume from %q, want 10", q.Get("resourceVersion"))
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -22,14 +23,43 @@ type APIServer struct {
 	Port int
 	// LogFile holds the process's output, appended to on every restart.
 	LogFile string
+	// Address is the loopback address it binds to and advertises (Options.BindAddresses).
+	Address string
 
 	c    *Cluster
-	proc *proc // guarded by c.mu
+	proc *proc       // guarded by c.mu
+	etcd *pauseProxy // its own way to etcd, with Options.EtcdProxy
 }
 
 func (a *APIServer) setPort(port int) {
 	a.Port = port
-	a.URL = "https://127.0.0.1:" + strconv.Itoa(port)
+	a.URL = "https://" + net.JoinHostPort(a.Address, strconv.Itoa(port))
+}
+
+func (a *APIServer) etcdURL() string {
+	if a.etcd != nil {
+		return a.etcd.URL()
+	}
+	return a.c.EtcdURL
+}
+
+// PauseEtcd stops forwarding between this apiserver and etcd (Options.EtcdProxy), keeping the
+// connections open: the apiserver keeps serving, from a watch cache that no longer advances.
+func (a *APIServer) PauseEtcd() error {
+	if a.etcd == nil {
+		return errors.New(a.name() + ": no etcd proxy (Options.EtcdProxy)")
+	}
+	a.etcd.Pause()
+	return nil
+}
+
+// ResumeEtcd forwards between this apiserver and etcd again.
+func (a *APIServer) ResumeEtcd() error {
+	if a.etcd == nil {
+		return errors.New(a.name() + ": no etcd proxy (Options.EtcdProxy)")
+	}
+	a.etcd.Resume()
+	return nil
 }
 
 func (a *APIServer) name() string { return "apiserver-" + strconv.Itoa(a.Index) }
@@ -43,11 +73,11 @@ func (a *APIServer) current() *proc {
 func (a *APIServer) args() []string {
 	c := a.c
 	args := []string{
-		"--etcd-servers=" + c.EtcdURL,
+		"--etcd-servers=" + a.etcdURL(),
 		"--etcd-prefix=" + etcdPrefix,
 		"--secure-port=" + strconv.Itoa(a.Port),
-		"--bind-address=127.0.0.1",
-		"--advertise-address=127.0.0.1",
+		"--bind-address=" + a.Address,
+		"--advertise-address=" + a.Address,
 		"--cert-dir=" + filepath.Join(c.Dir, a.name()),
 		"--tls-cert-file=" + c.pki.servingCert,
 		"--tls-private-key-file=" + c.pki.servingKey,

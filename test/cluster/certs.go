@@ -25,10 +25,10 @@ type pki struct {
 	adminCert, adminKey     string // client certificate in system:masters
 }
 
-// writePKI generates a CA, a serving certificate for 127.0.0.1, ::1 and localhost, a client
+// writePKI generates a CA, a serving certificate for 127.0.0.1, ::1, localhost and extra, a client
 // certificate for an admin in system:masters, and a service-account key, all ECDSA P-256, and
 // writes them as PEM files into dir.
-func writePKI(dir string) (*pki, error) {
+func writePKI(dir string, extra []string) (*pki, error) {
 	now := time.Now()
 	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -83,10 +83,16 @@ func writePKI(dir string) (*pki, error) {
 		}
 		return writeECKey(keyPath, key)
 	}
+	ips := []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+	for _, a := range extra {
+		if ip := net.ParseIP(a); ip != nil && !ip.Equal(ips[0]) {
+			ips = append(ips, ip)
+		}
+	}
 	if err := leaf(&x509.Certificate{
 		Subject:     pkix.Name{CommonName: "watchsan-test-apiserver"},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+		IPAddresses: ips,
 		DNSNames:    []string{"localhost"},
 	}, p.servingCert, p.servingKey); err != nil {
 		return nil, fmt.Errorf("serving certificate: %w", err)

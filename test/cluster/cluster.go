@@ -65,6 +65,14 @@ type Options struct {
 	// FeatureGates, if set, is passed as --feature-gates to every apiserver, e.g.
 	// "CBORServingAndStorage=true" to serve CBOR (alpha in 1.37, off by default).
 	FeatureGates string
+	// EtcdProxy puts a TCP proxy of its own between each apiserver and etcd, so that a test
+	// can cut one apiserver off etcd while it keeps serving (APIServer.PauseEtcd): its watch
+	// cache stops advancing, as a lagging apiserver's does.
+	EtcdProxy bool
+	// BindAddresses, if set, binds apiserver i to BindAddresses[i] (all loopback, e.g.
+	// 127.0.0.2), advertised as its address, all on one port; the serving certificate covers
+	// them. Empty: every apiserver on 127.0.0.1, each on a port of its own.
+	BindAddresses []string
 	// Log, if set, also receives every process's output, each line prefixed with the process
 	// name. Output always goes to log files in Dir too (their tails are in start errors and in
 	// LogTails); nil means only there. Errors from Log are ignored.
@@ -145,7 +153,10 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 		}
 	}()
 
-	if c.pki, err = writePKI(dir); err != nil {
+	if len(o.BindAddresses) > 0 && len(o.BindAddresses) != n {
+		return nil, fmt.Errorf("cluster: %d BindAddresses for %d apiservers", len(o.BindAddresses), n)
+	}
+	if c.pki, err = writePKI(dir, o.BindAddresses); err != nil {
 		return nil, err
 	}
 	c.CAFile, c.CAData = c.pki.caPath, c.pki.caData
@@ -164,13 +175,21 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	}
 	c.phase("etcd", &t0)
 
-	ports, err := c.freePorts(n)
+	ports, err := c.apiserverPorts(n)
 	if err != nil {
 		return nil, err
 	}
 	for i := range n {
-		a := &APIServer{Index: i, c: c, LogFile: filepath.Join(dir, fmt.Sprintf("apiserver-%d.log", i))}
+		a := &APIServer{Index: i, c: c, LogFile: filepath.Join(dir, fmt.Sprintf("apiserver-%d.log", i)), Address: "127.0.0.1"}
+		if len(o.BindAddresses) > 0 {
+			a.Address = o.BindAddresses[i]
+		}
 		a.setPort(ports[i])
+		if o.EtcdProxy {
+			if a.etcd, err = newPauseProxy(strings.TrimPrefix(c.EtcdURL, "http://")); err != nil {
+				return nil, fmt.Errorf("etcd proxy: %w", err)
+			}
+		}
 		c.APIServers = append(c.APIServers, a)
 	}
 	errs := make([]error, n)
@@ -210,6 +229,11 @@ func (c *Cluster) Stop() {
 			wg.Go(p.kill)
 		}
 		wg.Wait()
+		for _, a := range c.APIServers {
+			if a.etcd != nil {
+				a.etcd.Close()
+			}
+		}
 		if etcd != nil {
 			etcd.kill()
 		}
@@ -545,6 +569,37 @@ func (c *Cluster) freePorts(n int) ([]int, error) {
 		return c.pickPorts(n)
 	}
 	return freePorts(n)
+}
+
+// apiserverPorts returns a port for each of n apiservers: n distinct free ones, or, with
+// BindAddresses, one port free on every address, n times.
+func (c *Cluster) apiserverPorts(n int) ([]int, error) {
+	if len(c.opts.BindAddresses) == 0 {
+		return c.freePorts(n)
+	}
+	for attempt := 0; attempt < 20; attempt++ {
+		ports, err := c.freePorts(1)
+		if err != nil {
+			return nil, err
+		}
+		free := true
+		for _, addr := range c.opts.BindAddresses {
+			l, err := net.Listen("tcp", net.JoinHostPort(addr, strconv.Itoa(ports[0])))
+			if err != nil {
+				free = false
+				break
+			}
+			l.Close()
+		}
+		if free {
+			out := make([]int, n)
+			for i := range out {
+				out[i] = ports[0]
+			}
+			return out, nil
+		}
+	}
+	return nil, errors.New("cluster: no port free on every bind address")
 }
 
 // freePorts returns n distinct loopback ports that were free a moment ago (all held open at once

@@ -43,8 +43,9 @@ import (
 	"github.com/watchsan/watchsan/test/cluster"
 )
 
-// Timeouts every resilience test gives watchsan, short for speed. The stall probe's own
-// deadline is not a flag: watch.Config.ProbeTimeout's default, 5s.
+// Timeouts every resilience test gives watchsan, short for speed. resProbeTimeout is what a
+// health verdict may take beyond the stall timeout (a health interval, two ping timeouts, a
+// /readyz probe).
 const (
 	resStallTimeout = 3 * time.Second
 	resProbeTimeout = 5 * time.Second

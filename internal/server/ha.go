@@ -1,0 +1,328 @@
+package server
+
+// watchsan as the HA frontend of several apiservers (issue 9): the pool's HA settings and
+// per-upstream metrics, the time-travel guard for lists, live reloads of the upstream set,
+// and upstream discovery from the default/kubernetes Service's EndpointSlices.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/watchsan/watchsan/internal/config"
+	"github.com/watchsan/watchsan/internal/metrics"
+	"github.com/watchsan/watchsan/internal/reqinfo"
+	"github.com/watchsan/watchsan/internal/upstream"
+	"github.com/watchsan/watchsan/internal/watch"
+)
+
+// haState is the server's HA frontend state.
+type haState struct {
+	attempts *upstream.Attempter
+
+	reloadMu sync.Mutex
+	applied  *config.Completed // the last configuration applied (at start, or by Reload)
+	// discovered is the set the EndpointSlices named last; nil: discovery has not succeeded
+	// (the configured upstreams are used).
+	discovered []*url.URL
+}
+
+// haPoolOptions completes the pool's options with the HA settings and the per-upstream
+// metric hooks.
+func (s *Server) haPoolOptions(o *upstream.PoolOptions) {
+	cfg := s.cfg
+	o.ProbeTimeout = cfg.HealthProbeTimeout
+	o.PingTimeout = cfg.HealthPingTimeout
+	o.LagTimeout = cfg.PoolLagTimeout()
+	o.RebalanceRate, o.DrainRate = cfg.PoolRates()
+	o.OnMove = func(b *upstream.Backend, r upstream.MoveReason) {
+		s.metrics.Upstream.Moves.WithLabelValues(b.String(), r.String()).Inc()
+	}
+	o.OnDetect = func(b *upstream.Backend, what string, d time.Duration) {
+		s.metrics.Upstream.Detection.WithLabelValues(b.String(), what).Observe(d.Seconds())
+	}
+	o.OnAdd = s.initUpstreamSeries
+	o.OnForget = func(b *upstream.Backend) {
+		name := b.String()
+		s.metrics.UpstreamUp.DeleteLabelValues(name)
+		s.metrics.UpstreamDials.DeletePartialMatch(map[string]string{"upstream": name})
+		s.metrics.Upstream.Forget(name)
+	}
+}
+
+// haMetrics sets up the per-upstream series of the pool's first backends and the gauges read
+// at each scrape.
+func (s *Server) haMetrics() {
+	s.applied = s.cfg
+	for _, b := range s.pool.Backends() {
+		s.initUpstreamSeries(b)
+	}
+	var states []string
+	for _, st := range upstream.States() {
+		states = append(states, st.String())
+	}
+	s.metrics.Upstream.Source(func() []metrics.UpstreamSample {
+		bs := s.pool.Backends()
+		out := make([]metrics.UpstreamSample, len(bs))
+		for i, b := range bs {
+			out[i] = metrics.UpstreamSample{Name: b.String(), State: b.State().String(), States: states,
+				InFlight: b.InFlight(), OpenWatches: b.OpenWatches(), Lagging: b.Lagging()}
+		}
+		return out
+	})
+	for _, o := range []string{"sent", "too-large"} {
+		s.metrics.Upstream.ListsRaised.WithLabelValues(o)
+	}
+}
+
+// initUpstreamSeries creates an upstream's series at 0: alerts see 0, not "no data".
+func (s *Server) initUpstreamSeries(b *upstream.Backend) {
+	name := b.String()
+	s.metrics.UpstreamUp.WithLabelValues(name).Set(0)
+	s.metrics.UpstreamDials.WithLabelValues(name, "ok")
+	s.metrics.UpstreamDials.WithLabelValues(name, "error")
+	for _, r := range upstream.MoveReasons() {
+		s.metrics.Upstream.Moves.WithLabelValues(name, r.String())
+	}
+	for _, r := range watch.ResumeReasons() {
+		s.metrics.Upstream.Resumes.WithLabelValues(name, r.String())
+	}
+}
+
+// onBreak counts a watch that broke on b and is resumed.
+func (s *Server) onBreak(b *upstream.Backend, r watch.ResumeReason) {
+	s.metrics.Upstream.Resumes.WithLabelValues(b.String(), r.String()).Inc()
+}
+
+// listGuard is the time-travel guard (kubernetes#59848): a list at resourceVersion=0 may be
+// answered from any apiserver's watch cache, one behind what the client has already seen
+// included. When watchsan has seen a higher resourceVersion of the resource (on any watch,
+// from any upstream), the list is sent at that RV with resourceVersionMatch=NotOlderThan: a
+// lagging apiserver then waits for its cache, or answers 504 after 3 s, which the Attempter
+// tries on another upstream (docs/design.md section 2). The answer is at least as new as
+// anything watchsan delivered, and as RV=0 allows, it may be newer; like a list at RV=0 it is
+// not paged (the client's limit is dropped). When every upstream
+// answers 504 (an etcd restored from a backup starts below the mark), the mark is dropped.
+func (s *Server) listGuard(r *http.Request, info reqinfo.Info, next http.Handler) http.Handler {
+	if !s.cfg.TimeTravelGuard || info.Verb != "list" || r.Method != http.MethodGet {
+		return next
+	}
+	q := r.URL.Query()
+	if q.Get("resourceVersion") != "0" {
+		return next
+	}
+	if m := q.Get("resourceVersionMatch"); m != "" && m != "NotOlderThan" {
+		return next
+	}
+	resource := info.GroupResource()
+	high, ok := s.pool.HighWater(resource)
+	if !ok {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		q.Set("resourceVersion", strconv.FormatUint(high, 10))
+		q.Set("resourceVersionMatch", "NotOlderThan")
+		// A list at RV 0 is served whole from the watch cache, its limit ignored; at an RV
+		// above 0 the limit would page it, and a client that knows RV 0 is never paged may
+		// not follow a continue token.
+		q.Del("limit")
+		u := *r.URL
+		u.RawQuery = q.Encode()
+		r = r.WithContext(upstream.WithPlan(r.Context(), upstream.Plan{RetryTooLarge: true}))
+		r.URL = &u
+		rec := &recorder{ResponseWriter: w}
+		next.ServeHTTP(rec, r)
+		outcome := "sent"
+		if rec.code == http.StatusGatewayTimeout {
+			outcome = "too-large"
+			s.pool.ForgetHighWater(resource)
+			s.log.Warn("no upstream could serve a list at watchsan's high-water resourceVersion; the mark is dropped",
+				zap.String("resource", resource), zap.Uint64("resourceVersion", high))
+		}
+		s.metrics.Upstream.ListsRaised.WithLabelValues(outcome).Inc()
+	})
+}
+
+// Reload applies a new configuration: its upstream set (with discovery, the configured set is
+// only the seed, used until the EndpointSlices have been read). Every other change needs a
+// restart: it is logged and ignored.
+func (s *Server) Reload(c *config.Completed) error {
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	if ignored := config.LiveChanges(s.applied.Config, c.Config); len(ignored) > 0 {
+		s.log.Warn("configuration reloaded: these settings change only at a restart and are ignored until then",
+			zap.Strings("flags", ignored))
+	}
+	s.applied = c
+	if s.cfg.UpstreamDiscovery != "" && s.discovered != nil {
+		s.log.Info("configuration reloaded; the upstreams follow discovery", zap.Int("discovered", len(s.discovered)))
+		return nil
+	}
+	return s.setUpstreams(c.Upstreams, "configuration reloaded")
+}
+
+// setUpstreams applies a set of upstreams and logs what changed; reloadMu is held.
+func (s *Server) setUpstreams(urls []*url.URL, why string) error {
+	added, removed, err := s.pool.SetUpstreams(urls)
+	if err != nil {
+		s.log.Error(why+"; the upstreams are unchanged", zap.Error(err))
+		return err
+	}
+	names := make([]string, len(urls))
+	for i, u := range urls {
+		names[i] = u.String()
+	}
+	lvl := s.log.Debug
+	if len(added)+len(removed) > 0 {
+		lvl = s.log.Info
+	}
+	lvl(why, zap.Strings("upstreams", names), zap.Strings("added", added), zap.Strings("removed", removed))
+	return nil
+}
+
+// discover follows the EndpointSlices of the default/kubernetes Service (the apiservers'
+// own registrations, kept by their endpoint reconciler) until ctx ends, reading them every
+// discovery interval through the pool, with backoff after a failure. An empty or unreadable
+// answer changes nothing.
+func (s *Server) discover(ctx context.Context) {
+	if s.cfg.UpstreamDiscovery != config.DiscoveryEndpoints {
+		return
+	}
+	interval := s.cfg.UpstreamDiscoveryInterval
+	bo := upstream.Backoff{Initial: min(time.Second, interval), Max: interval, Jitter: 0.2}
+	failing := false
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		next := interval
+		urls, err := s.readEndpoints(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			if !failing {
+				s.log.Warn("upstream discovery failed; the upstreams are unchanged", zap.Error(err))
+			}
+			failing = true
+			next = bo.Next()
+		default:
+			if failing {
+				s.log.Info("upstream discovery works again")
+			}
+			failing = false
+			bo.Reset()
+			s.reloadMu.Lock()
+			if !sameURLs(s.discovered, urls) {
+				if s.setUpstreams(urls, "upstreams discovered") == nil {
+					s.discovered = urls
+				}
+			}
+			s.reloadMu.Unlock()
+		}
+		t.Reset(next)
+	}
+}
+
+func sameURLs(a, b []*url.URL) bool {
+	if a == nil || len(a) != len(b) {
+		return false
+	}
+	as, bs := make([]string, len(a)), make([]string, len(b))
+	for i := range a {
+		as[i], bs[i] = a[i].String(), b[i].String()
+	}
+	slices.Sort(as)
+	slices.Sort(bs)
+	return slices.Equal(as, bs)
+}
+
+// endpointSlices is the part of a discovery.k8s.io/v1 EndpointSliceList discovery reads.
+type endpointSlices struct {
+	Items []struct {
+		AddressType string `json:"addressType"`
+		Endpoints   []struct {
+			Addresses  []string `json:"addresses"`
+			Conditions struct {
+				Ready *bool `json:"ready"`
+			} `json:"conditions"`
+		} `json:"endpoints"`
+		Ports []struct {
+			Name *string `json:"name"`
+			Port *int32  `json:"port"`
+		} `json:"ports"`
+	} `json:"items"`
+}
+
+// readEndpoints reads the apiservers' addresses: every ready endpoint of the kubernetes
+// Service's slices, at its https port.
+func (s *Server) readEndpoints(ctx context.Context) ([]*url.URL, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet,
+		"/apis/discovery.k8s.io/v1/namespaces/default/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dkubernetes", nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "application/json")
+	at, err := s.attempts.Do(ctx, req, upstream.Plan{})
+	if err != nil {
+		return nil, err
+	}
+	defer at.Cancel(nil)
+	defer at.Resp.Body.Close()
+	if at.Resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(at.Resp.Body, 512))
+		return nil, fmt.Errorf("%s answered %d: %s", at.Backend, at.Resp.StatusCode, body)
+	}
+	var list endpointSlices
+	if err := json.NewDecoder(io.LimitReader(at.Resp.Body, 8<<20)).Decode(&list); err != nil {
+		return nil, fmt.Errorf("%s: endpointslices: %w", at.Backend, err)
+	}
+	seen := map[string]bool{}
+	var urls []*url.URL
+	for _, sl := range list.Items {
+		port := int32(0)
+		for _, p := range sl.Ports {
+			if p.Port != nil && (port == 0 || (p.Name != nil && *p.Name == "https")) {
+				port = *p.Port
+			}
+		}
+		if port == 0 || (sl.AddressType != "IPv4" && sl.AddressType != "IPv6") {
+			continue
+		}
+		for _, ep := range sl.Endpoints {
+			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+				continue
+			}
+			for _, a := range ep.Addresses {
+				if net.ParseIP(a) == nil {
+					continue
+				}
+				u := &url.URL{Scheme: "https", Host: net.JoinHostPort(a, strconv.Itoa(int(port)))}
+				if !seen[u.String()] {
+					seen[u.String()] = true
+					urls = append(urls, u)
+				}
+			}
+		}
+	}
+	if len(urls) == 0 {
+		return nil, fmt.Errorf("%s: the kubernetes Service's EndpointSlices name no ready apiserver", at.Backend)
+	}
+	return urls, nil
+}

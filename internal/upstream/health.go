@@ -1,0 +1,188 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// How a backend is judged (issue 9: found in seconds, without false alarms). Two questions,
+// asked every HealthInterval:
+//   - Does the process answer at all? An HTTP/2 PING on a connection of the health checker's
+//     own (ping.go), answered by the server's connection reader: a frozen (SIGSTOP) or dead
+//     apiserver does not answer within PingTimeout; a slow one (etcd slow, CPU starved by a
+//     handler) still does. A ping that times out is tried once more on a fresh connection
+//     before the verdict, and anything else that came from the backend meanwhile (an event, a
+//     response) counts as an answer: a loaded machine does not make a live backend dead.
+//   - Is it ready? Its /readyz, with the lent identity, bounded by ProbeTimeout, one at a time
+//     and off the ping's path, so a /readyz waiting on etcd never delays the next ping.
+//
+// A backend that answers pings is healthy when ready, degraded when /readyz fails or is slow;
+// one that does not, or refuses connections, is unhealthy. A backend that cannot be pinged
+// (plain http://, or no HTTP/2) is judged by /readyz alone, as before: no answer is unhealthy.
+// Traffic adds signals: a refused dial is a verdict at once (passiveFailure); a reset, a lost
+// connection or a silent watch asks for a check at once (ReportFailure); watches behind their
+// peers on other backends mark it lagging (the mover).
+
+const (
+	livenessUnknown int32 = iota
+	livenessAlive
+	livenessDead
+)
+
+const (
+	readyUnknown int32 = iota
+	readyOK
+	readyNotReady
+	readyNoAnswer
+)
+
+func (p *Pool) checkLoop(ctx context.Context, b *Backend) {
+	interval := p.opts.HealthInterval
+	down := Backoff{Initial: min(time.Second, interval), Max: interval, Jitter: 0.2}
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-b.kick:
+		}
+		p.check(ctx, b)
+		next := interval
+		if b.State() == Unhealthy {
+			next = down.Next()
+		} else {
+			down.Reset()
+		}
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(next)
+	}
+}
+
+// check runs one round: a /readyz probe (in the background when the backend can be pinged),
+// and a ping.
+func (p *Pool) check(ctx context.Context, b *Backend) {
+	if !b.pingable.Load() {
+		p.probe(ctx, b)
+		return
+	}
+	if b.readyBusy.CompareAndSwap(false, true) {
+		p.loops.Add(1)
+		go func() { // ends within ProbeTimeout
+			defer p.loops.Done()
+			defer b.readyBusy.Store(false)
+			p.probe(ctx, b)
+		}()
+	}
+	start := time.Now().UnixNano()
+	err := b.ping.ping(ctx, p.opts.PingTimeout)
+	if ctx.Err() != nil {
+		return
+	}
+	if errors.Is(err, errNoH2) {
+		p.log.Info("upstream does not speak HTTP/2; judged by its /readyz alone", zap.Stringer("upstream", b))
+		b.pingable.Store(false)
+		return
+	}
+	if err != nil {
+		b.pingFailed.Store(true)
+	}
+	if err != nil && !IsDialError(err) && b.aliveAt.Load() <= start {
+		// No answer, and nothing else from it meanwhile: once more, on a fresh connection.
+		err = b.ping.ping(ctx, p.opts.PingTimeout)
+		if ctx.Err() != nil {
+			return
+		}
+	}
+	switch {
+	case err == nil:
+		b.alive()
+		b.liveness.Store(livenessAlive)
+		if b.pingFailed.Swap(false) && b.laggingTill.Load() != 0 {
+			// It did not answer for a while and does again: the lag came with that (a short
+			// freeze, found lagging before it was found unhealthy) and its cache catches up now.
+			b.laggingTill.Store(0)
+			p.log.Info("upstream answers again; no longer held back as lagging", zap.Stringer("upstream", b))
+		}
+	case b.aliveAt.Load() > start:
+		b.liveness.Store(livenessAlive) // the ping was slow, but the backend answered something
+	default:
+		b.liveness.Store(livenessDead)
+	}
+	p.judge(b, err)
+}
+
+// probe asks /readyz once and records the verdict.
+func (p *Pool) probe(ctx context.Context, b *Backend) {
+	code, err := b.Probe(ctx, p.opts.ProbeTimeout)
+	if ctx.Err() != nil {
+		return
+	}
+	if prev := b.probeStatus.Swap(int32(code)); prev != int32(code) {
+		switch code {
+		case 401:
+			p.log.Warn("upstream answers /readyz with 401: the identity watchsan probes with (its lent credentials, or none) is not accepted; counted as reachable, but lent requests will fail too",
+				zap.Stringer("upstream", b))
+		case 403:
+			p.log.Info("upstream answers /readyz with 403: watchsan's identity may not read /readyz (system:public-info-viewer normally allows it); counted as reachable",
+				zap.Stringer("upstream", b))
+		}
+	}
+	switch {
+	case err == nil:
+		b.readiness.Store(readyOK)
+	case code != 0:
+		b.readiness.Store(readyNotReady)
+	default:
+		b.readiness.Store(readyNoAnswer)
+		if IsDialError(err) {
+			b.liveness.Store(livenessDead) // refused: nothing listens
+		}
+	}
+	if code != 0 && b.pingable.Load() && b.liveness.Load() == livenessDead {
+		b.liveness.Store(livenessAlive) // it answered: it is back
+	}
+	p.judge(b, err)
+}
+
+// judge turns the last verdicts into the backend's state.
+func (p *Pool) judge(b *Backend, cause error) {
+	live, ready := b.liveness.Load(), b.readiness.Load()
+	if !b.pingable.Load() { // /readyz alone
+		switch ready {
+		case readyOK:
+			p.setState(b, Healthy, nil)
+		case readyNotReady:
+			p.setState(b, Degraded, cause)
+		case readyNoAnswer:
+			p.setState(b, Unhealthy, cause)
+		}
+		return
+	}
+	switch {
+	case live == livenessDead:
+		if cause == nil {
+			cause = errors.New("no answer to HTTP/2 PING")
+		}
+		p.setState(b, Unhealthy, cause)
+	case live == livenessUnknown:
+	case ready == readyOK:
+		p.setState(b, Healthy, nil)
+	case ready == readyNotReady || ready == readyNoAnswer:
+		if cause == nil {
+			cause = errors.New("/readyz did not pass")
+		}
+		p.setState(b, Degraded, cause)
+	case b.State() == Unhealthy:
+		p.setState(b, Degraded, errors.New("it answers pings; /readyz not answered yet"))
+	}
+}

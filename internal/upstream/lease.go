@@ -1,0 +1,281 @@
+package upstream
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// MoveReason says why the Pool moved a watch to another backend; its String is the stable
+// value of the moves metric's reason label.
+type MoveReason uint8
+
+const (
+	// MoveUnhealthy: its backend stopped answering; every watch on it moves at once.
+	MoveUnhealthy MoveReason = iota
+	// MoveDegraded: its backend answers but is not ready (shutting down, etcd failing).
+	MoveDegraded
+	// MoveRemoved: its backend left the configured or discovered set.
+	MoveRemoved
+	// MoveRebalance: a backend with fewer watches is healthy (recovered or added).
+	MoveRebalance
+	// MoveLagging: a watch of the same scope on another backend delivered an event this one
+	// did not deliver within the lag timeout.
+	MoveLagging
+
+	numMoveReasons
+)
+
+var moveNames = [numMoveReasons]string{"unhealthy", "degraded", "removed", "rebalance", "lagging"}
+
+func (r MoveReason) String() string {
+	if r < numMoveReasons {
+		return moveNames[r]
+	}
+	return "MoveReason(?)"
+}
+
+// MoveReasons lists every move reason (to initialise metric series).
+func MoveReasons() []MoveReason {
+	out := make([]MoveReason, 0, numMoveReasons)
+	for r := MoveReason(0); r < numMoveReasons; r++ {
+		out = append(out, r)
+	}
+	return out
+}
+
+// MoveError is the cause with which the Pool ends a watch attempt so that the watch resumes
+// on another backend (context.Cause of the attempt's context). The watch's owner resumes it at
+// once, without backoff: nothing is wrong with the watch.
+type MoveError struct {
+	From   *Backend
+	Reason MoveReason
+}
+
+func (e *MoveError) Error() string {
+	return "watch moved off " + e.From.String() + " (" + e.Reason.String() + ")"
+}
+
+// leaseSet is a backend's open watch attempts.
+type leaseSet struct {
+	mu     sync.Mutex
+	set    map[*Lease]struct{}
+	count  atomic.Int64
+	moving atomic.Int64 // moved, not yet released
+}
+
+func (s *leaseSet) add(l *Lease) {
+	s.mu.Lock()
+	if s.set == nil {
+		s.set = map[*Lease]struct{}{}
+	}
+	s.set[l] = struct{}{}
+	s.count.Store(int64(len(s.set)))
+	s.mu.Unlock()
+}
+
+func (s *leaseSet) remove(l *Lease) {
+	s.mu.Lock()
+	delete(s.set, l)
+	s.count.Store(int64(len(s.set)))
+	s.mu.Unlock()
+}
+
+// snapshot returns the open leases (in no order).
+func (s *leaseSet) snapshot() []*Lease {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*Lease, 0, len(s.set))
+	for l := range s.set {
+		out = append(out, l)
+	}
+	return out
+}
+
+// Lease is one watch attempt's place on its backend: it counts toward the backend's open
+// watches (balancing), and through it the Pool can end the attempt to move the watch
+// elsewhere. The watch's owner tells it how far the watch got (Progress) and whether the watch
+// could resume without its client noticing (SetMovable). It ends with the attempt (Cancel).
+type Lease struct {
+	b      *Backend
+	cancel context.CancelCauseFunc
+	scope  *scopeEntry    // its watch's scope on the progress board; nil: none
+	high   *atomic.Uint64 // the high-water mark of its resource; nil: not tracked
+	pos    atomic.Uint64  // the resume point its watch has reached (events and bookmarks)
+	ok     atomic.Bool    // movable: resuming it is invisible to its client
+	done   atomic.Bool    // released
+	moved  atomic.Bool    // the Pool ended it (only once)
+	behind atomic.Uint64  // a scope value it had not reached when the mover last looked (mover)
+	since  atomic.Int64   // when the mover first saw it behind that value (Unix ns)
+}
+
+// Backend is the backend the lease is on.
+func (l *Lease) Backend() *Backend { return l.b }
+
+// SetMovable says whether the watch can be resumed elsewhere without its client noticing
+// (past its initial phase, with a resume point). Only movable watches are rebalanced or
+// drained from a backend that still answers; an unhealthy backend's watches all move.
+func (l *Lease) SetMovable(ok bool) { l.ok.Store(ok) }
+
+// Progress tells the lease that its watch has delivered up to resourceVersion pos (events and
+// bookmarks). event > 0 is the RV of an object event of the watch's live phase: every watch of
+// the same scope must deliver it too, and one that does not within the lag timeout is behind.
+func (l *Lease) Progress(pos, event uint64) {
+	l.b.alive()
+	if pos > 0 {
+		storeMax(&l.pos, pos)
+		if l.high != nil {
+			storeMax(l.high, pos)
+		}
+	}
+	if event > 0 && l.scope != nil {
+		storeMax(&l.scope.max, event)
+	}
+}
+
+// Observed raises the resource's high-water mark to rv, an RV the watch delivered that is no
+// resume point (an event of the initial phase, in no order).
+func (l *Lease) Observed(rv uint64) {
+	l.b.alive()
+	if l.high != nil && rv > 0 {
+		storeMax(l.high, rv)
+	}
+}
+
+// move ends the attempt with a MoveError, once; false if it had ended or moved already.
+func (l *Lease) move(r MoveReason) bool {
+	if l.done.Load() || !l.moved.CompareAndSwap(false, true) {
+		return false
+	}
+	l.b.leases.moving.Add(1)
+	l.cancel(&MoveError{From: l.b, Reason: r})
+	return true
+}
+
+// release ends the lease (the attempt is over).
+func (l *Lease) release() {
+	if l.done.Swap(true) {
+		return
+	}
+	l.b.leases.remove(l)
+	if l.moved.Load() {
+		l.b.leases.moving.Add(-1)
+	}
+	if l.scope != nil {
+		l.b.pool.progress.unref(l.scope)
+	}
+}
+
+func storeMax(a *atomic.Uint64, v uint64) {
+	for {
+		cur := a.Load()
+		if v <= cur || a.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}
+
+// progress is what the Pool knows of how far watches got: per watch scope (a path and its
+// selectors: every watch of one scope gets the same events), the highest object event any of
+// them delivered, for lag detection; per resource, the highest resourceVersion seen from any
+// backend (the high-water mark that keeps a list from travelling back in time).
+type progress struct {
+	mu     sync.Mutex
+	scopes map[string]*scopeEntry
+
+	highMu sync.RWMutex
+	high   map[string]*atomic.Uint64
+}
+
+type scopeEntry struct {
+	key  string
+	refs int // guarded by progress.mu
+	max  atomic.Uint64
+}
+
+// maxTrackedResources bounds the high-water marks kept (resources come from request paths).
+const maxTrackedResources = 4096
+
+func (p *progress) ref(key string) *scopeEntry {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.scopes == nil {
+		p.scopes = map[string]*scopeEntry{}
+	}
+	e := p.scopes[key]
+	if e == nil {
+		e = &scopeEntry{key: key}
+		p.scopes[key] = e
+	}
+	e.refs++
+	return e
+}
+
+func (p *progress) unref(e *scopeEntry) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if e.refs--; e.refs <= 0 {
+		delete(p.scopes, e.key)
+	}
+}
+
+// highWater returns the mark of resource, creating it unless too many are tracked (nil).
+func (p *progress) highWater(resource string) *atomic.Uint64 {
+	p.highMu.RLock()
+	h := p.high[resource]
+	p.highMu.RUnlock()
+	if h != nil {
+		return h
+	}
+	p.highMu.Lock()
+	defer p.highMu.Unlock()
+	if p.high == nil {
+		p.high = map[string]*atomic.Uint64{}
+	}
+	if h = p.high[resource]; h == nil && len(p.high) < maxTrackedResources {
+		h = new(atomic.Uint64)
+		p.high[resource] = h
+	}
+	return h
+}
+
+// HighWater returns the highest resourceVersion watchsan has seen on watches of resource
+// (GROUP/RESOURCE, or RESOURCE for the core group) from any backend; false when none is known.
+// Marks are kept per resource, not globally: an aggregated API's resourceVersions are not the
+// cluster etcd's.
+func (p *Pool) HighWater(resource string) (uint64, bool) {
+	p.progress.highMu.RLock()
+	h := p.progress.high[resource]
+	p.progress.highMu.RUnlock()
+	if h == nil || h.Load() == 0 {
+		return 0, false
+	}
+	return h.Load(), true
+}
+
+// ForgetHighWater drops resource's mark (no backend can serve it: an etcd restored from a
+// backup starts below it).
+func (p *Pool) ForgetHighWater(resource string) {
+	p.progress.highMu.RLock()
+	h := p.progress.high[resource]
+	p.progress.highMu.RUnlock()
+	if h != nil {
+		h.Store(0)
+	}
+}
+
+// newLease puts a watch attempt on b.
+func (p *Pool) newLease(b *Backend, plan Plan, cancel context.CancelCauseFunc) *Lease {
+	l := &Lease{b: b, cancel: cancel}
+	if plan.Scope != "" {
+		l.scope = p.progress.ref(plan.Scope)
+	}
+	if plan.Resource != "" {
+		l.high = p.progress.highWater(plan.Resource)
+	}
+	l.pos.Store(plan.From)
+	l.since.Store(time.Now().UnixNano())
+	b.leases.add(l)
+	return l
+}
