@@ -23,7 +23,7 @@ import (
 const (
 	exitOK    = 0
 	exitError = 1 // the proxy failed while running
-	exitUsage = 2 // bad flags or configuration
+	exitUsage = 2 // bad flags or configuration, a listen address that cannot be bound
 )
 
 // Version is set at build time (-ldflags "-X github.com/watchsan/watchsan/internal/cli.Version=...");
@@ -62,22 +62,33 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	defer func() { _ = log.Sync() }()
-	if completed.InsecureSkipTLSVerify {
-		log.Warn("--insecure-skip-tls-verify: the upstream's certificate is not verified; anyone on the path can read and change traffic, credentials included")
+	for _, w := range completed.Warnings {
+		log.Warn(w)
 	}
 	srv, err := server.New(completed, log)
-	if err != nil {
-		log.Error("cannot start", zap.Error(err))
-		return exitError
+	if err != nil { // the kubeconfig's TLS or credential settings: configuration too
+		reportStartError(stderr, err)
+		return exitUsage
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	go newReloader(args, completed, srv.Reload, log).run(ctx) // SIGHUP, --config changes
 	if err := srv.Run(ctx); err != nil {
+		var le *server.ListenError
+		if errors.As(err, &le) {
+			reportStartError(stderr, le)
+			return exitUsage
+		}
 		log.Error("stopped with an error", zap.Error(err))
 		return exitError
 	}
 	return exitOK
+}
+
+// reportStartError reports a configuration problem found only when starting (an address in
+// use, kubeconfig credentials that do not load) as one line, as an operator reads it.
+func reportStartError(w io.Writer, err error) {
+	fmt.Fprintf(w, "watchsan: cannot start: %s\n", strings.ReplaceAll(err.Error(), "\n", "; "))
 }
 
 func reportConfigErrors(w io.Writer, err error) {

@@ -38,6 +38,24 @@ type Config struct {
 	// AllowNonLoopbackCredentials lets a listener on a non-loopback address lend the
 	// kubeconfig's credentials to every caller that can reach it (off: refused at start).
 	AllowNonLoopbackCredentials bool
+	// AllowCredentialsToUpstream lists upstreams that may receive the lent identity although
+	// they are plain http:// or not the kubeconfig's server (off: refused at start).
+	AllowCredentialsToUpstream []string
+
+	// The lending guard (issue #8): what a request that would get the lent identity must
+	// satisfy. Each is a comma-separated list of regular expressions, as kubectl proxy's.
+	AcceptHosts   string
+	RejectPaths   string
+	RejectMethods string
+	// StripIdentityHeaders are removed from every lent request: the headers an apiserver reads
+	// an identity from when the client certificate watchsan presents is a front proxy's
+	// (--requestheader-*). A name ending in "*" is a prefix.
+	StripIdentityHeaders string
+
+	// Main listener limits.
+	IdleTimeout     time.Duration
+	MaxConnections  int
+	HTTP2MaxStreams int
 
 	// Upstream transport.
 	DialTimeout           time.Duration
@@ -77,6 +95,12 @@ func Default() Config {
 	return Config{
 		Listen:                "127.0.0.1:8001",
 		AdminListen:           "127.0.0.1:9091",
+		AcceptHosts:           DefaultAcceptHosts,
+		RejectPaths:           DefaultRejectPaths,
+		StripIdentityHeaders:  DefaultStripIdentityHeaders,
+		IdleTimeout:           DefaultIdleTimeout,
+		MaxConnections:        DefaultMaxConnections,
+		HTTP2MaxStreams:       DefaultHTTP2MaxStreams,
 		DialTimeout:           10 * time.Second,
 		TLSHandshakeTimeout:   10 * time.Second,
 		KeepAlive:             30 * time.Second,

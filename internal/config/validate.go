@@ -92,6 +92,7 @@ func (c *Config) Validate() error {
 	if c.RetryBudget < 0 {
 		add("--retry-budget %s: must not be negative", c.RetryBudget)
 	}
+	c.validateGuard(add)
 	if c.ShutdownDelay < 0 {
 		add("--shutdown-delay %s: must not be negative", c.ShutdownDelay)
 	}
@@ -176,7 +177,17 @@ type Completed struct {
 	UpstreamCA *x509.CertPool
 	// Fix is Config.FixMode parsed.
 	Fix fix.Mode
+	// Guard is the lending guard, compiled; Guard.On when Lend.
+	Guard Guard
+	// MaxConnections is the main listener's connection limit in effect: Config.MaxConnections,
+	// lowered to fit the open-file limit (FitConnections).
+	MaxConnections int
+	// Warnings are what is allowed but unsafe, or was adjusted; logged at start.
+	Warnings []string
 }
+
+// openFileLimit reads the process's open-file limit (0: unknown); tests may replace it.
+var openFileLimit = nofileLimit
 
 // Complete validates c and resolves the kubeconfig, returning every problem at once.
 func (c Config) Complete() (*Completed, error) {
@@ -213,9 +224,14 @@ func (c Config) Complete() (*Completed, error) {
 	if out.Lend && !IsLoopback(c.Listen) && !c.AllowNonLoopbackCredentials {
 		errs = append(errs, fmt.Errorf("--listen %q is not a loopback address and the kubeconfig's credentials would be lent to anyone who reaches it: listen on 127.0.0.1, pass --no-credentials, or accept this with --allow-non-loopback-credentials", c.Listen))
 	}
+	if out.Lend {
+		errs = append(errs, checkLending(out.Upstreams, out.Credentials, c.AllowCredentialsToUpstream)...)
+	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
+	out.Guard = c.completeGuard(out.Lend)
+	out.warnings(openFileLimit())
 	return out, nil
 }
 

@@ -33,6 +33,10 @@ type Metrics struct {
 	RelistsForced prometheus.Counter
 	Retries       *prometheus.CounterVec // outcome
 
+	Refused         *prometheus.CounterVec // reason: requests watchsan refused itself (RefusalReasons)
+	Connections     *prometheus.GaugeVec   // listener: main | admin
+	ConnectionLimit *prometheus.GaugeVec   // listener
+
 	// Per upstream (issue 9; upstream.go).
 	Upstream UpstreamMetrics
 
@@ -62,7 +66,10 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	m.ResumeSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "watchsan_watch_resume_duration_seconds", Help: "Time from an upstream watch breaking to its resumption.", Buckets: prometheus.ExponentialBuckets(0.005, 3, 10)})
 	m.RelistsForced = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_relists_forced_total", Help: "410 Expired ERROR events sent to clients (each makes the client relist)."})
 	m.Retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_request_retries_total", Help: "Retries of requests that failed before their response started, by outcome."}, []string{"outcome"})
-	for _, c := range []prometheus.Collector{m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.ResumeSeconds, m.RelistsForced, m.Retries} {
+	m.Refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_requests_refused_total", Help: "Requests watchsan refused itself before anything went upstream, by reason (host, origin, cors_preflight, path, method, dot_segment, connect, absolute_target)."}, []string{"reason"})
+	m.Connections = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_connections", Help: "Client connections open now, by listener (upgraded ones included)."}, []string{"listener"})
+	m.ConnectionLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_connection_limit", Help: "Most client connections a listener serves at once; more wait in the kernel's backlog."}, []string{"listener"})
+	for _, c := range []prometheus.Collector{m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.ResumeSeconds, m.RelistsForced, m.Retries, m.Refused, m.Connections, m.ConnectionLimit} {
 		f(c)
 	}
 	m.Upstream.register(reg)
@@ -71,6 +78,27 @@ func New(deleteMemoryLen func() float64) *Metrics {
 		f(m.DeleteMemory)
 	}
 	return m
+}
+
+// RefusalReasons are every value of Refused's reason label.
+var RefusalReasons = []string{"host", "origin", "cors_preflight", "path", "method", "dot_segment", "connect", "absolute_target"}
+
+// verbs are the verb label's values besides "other": the apiserver's verbs for resource
+// requests (RequestInfoFactory) and the lower-case methods it serves on other paths.
+var verbs = map[string]bool{
+	"get": true, "list": true, "watch": true, "create": true, "update": true, "patch": true,
+	"delete": true, "deletecollection": true, "proxy": true,
+	"head": true, "post": true, "put": true, "options": true,
+}
+
+// Verb bounds the verb label to a closed set: a verb the apiserver knows, else "other". A
+// client chooses the method, and a label taken from it as it came let 20000 random methods
+// grow /metrics to 71 MB (issue #8).
+func Verb(v string) string {
+	if verbs[v] {
+		return v
+	}
+	return "other"
 }
 
 // Resource bounds the cardinality of resource labels: the first few hundred distinct values are

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/watchsan/watchsan/internal/metrics"
 	"github.com/watchsan/watchsan/internal/reqinfo"
 )
 
@@ -65,10 +66,10 @@ func (s *Server) serveInstrumented(w http.ResponseWriter, r *http.Request, info 
 			code = http.StatusOK
 		}
 		d := time.Since(start)
-		res := s.metrics.Resource(resource)
-		s.metrics.Requests.WithLabelValues(info.Verb, res, strconv.Itoa(code)).Inc()
+		res, verb := s.metrics.Resource(resource), metrics.Verb(info.Verb)
+		s.metrics.Requests.WithLabelValues(verb, res, strconv.Itoa(code)).Inc()
 		if info.Verb != "watch" && code != http.StatusSwitchingProtocols {
-			s.metrics.RequestSeconds.WithLabelValues(info.Verb, res).Observe(d.Seconds())
+			s.metrics.RequestSeconds.WithLabelValues(verb, res).Observe(d.Seconds())
 		}
 		s.metrics.Bytes.WithLabelValues("upstream_to_client").Add(float64(rec.bytes))
 		if ce := s.accessLog.Check(zapcore.InfoLevel, "request"); ce != nil {

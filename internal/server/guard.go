@@ -3,28 +3,113 @@ package server
 import (
 	"fmt"
 	"net/http"
+	"net/url"
+	"path"
+	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/watchsan/watchsan/internal/apistatus"
+	"github.com/watchsan/watchsan/internal/config"
+	"github.com/watchsan/watchsan/internal/upstream"
 )
 
-// refuseForeign keeps watchsan from being an open proxy: CONNECT and absolute-form request
-// targets are refused before anything reaches an upstream (issue #2). Every absolute form is
-// refused, not only those naming another host: Go takes Host from an absolute target, so the
-// host cannot be told apart, and no Kubernetes client sends one to a server that is not a proxy.
-func refuseForeign(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodConnect {
-			apistatus.Write(w, apistatus.New(http.StatusMethodNotAllowed, metav1.StatusReasonMethodNotAllowed,
-				"watchsan: CONNECT is not supported; this is an apiserver proxy, not a forward proxy"))
-			return
+// refusal is a request watchsan answers itself, before anything goes upstream: the Status
+// the client gets and the reason it is counted under (metrics.RefusalReasons).
+type refusal struct {
+	status *metav1.Status
+	reason string
+}
+
+// refuse decides whether r is refused. Every request is checked for what no apiserver client
+// sends and a proxy must not pass on (issue #2, #8):
+//   - CONNECT and absolute-form targets: watchsan is not a forward proxy. Every absolute form
+//     is refused, not only those naming another host: Go takes Host from an absolute target,
+//     so the host cannot be told apart, and no Kubernetes client sends one to a server that is
+//     not a proxy;
+//   - dot segments in the path, raw or percent-encoded ("..", ".", "%2e%2e", "..%2f"): behind
+//     an upstream with a path prefix (https://host/k8s/clusters/c1) they would climb out of it
+//     with the client's or the lent credentials.
+//
+// A request that would get the lent identity (lending is on and it carries no Authorization:
+// upstream.Lends) must also pass the lending guard, so that only programs on this machine
+// that address it by a loopback name use the identity, as with kubectl proxy:
+//   - its Host names an accepted host (--accept-hosts): a page whose DNS name was rebound to
+//     127.0.0.1 sends its own name;
+//   - it is no browser request from another origin: no CORS preflight, no Origin header that
+//     names a host not accepted, no Sec-Fetch-Site: cross-site. A cross-origin WebSocket (exec)
+//     is not subject to CORS, so only this check stops it;
+//   - its method and path are not rejected (--reject-methods, --reject-paths).
+func (g *guard) refuse(r *http.Request) *refusal {
+	switch {
+	case r.Method == http.MethodConnect:
+		return refused("connect", http.StatusMethodNotAllowed, metav1.StatusReasonMethodNotAllowed,
+			"watchsan: CONNECT is not supported; this is an apiserver proxy, not a forward proxy")
+	case r.URL.IsAbs() || r.URL.Host != "":
+		return refused("absolute_target", http.StatusBadRequest, metav1.StatusReasonBadRequest,
+			fmt.Sprintf("watchsan: absolute request target for host %q refused; this is an apiserver proxy, not a forward proxy", clip(r.URL.Host)))
+	case hasDotSegment(r.URL):
+		return refused("dot_segment", http.StatusBadRequest, metav1.StatusReasonBadRequest,
+			fmt.Sprintf("watchsan: path %q has a dot segment (., .., or either percent-encoded); no apiserver client sends one, and it could climb out of the upstream's path", clip(r.URL.EscapedPath())))
+	}
+	if !g.On || !upstream.Lends(r.Header) {
+		return nil
+	}
+	const own = "or send the request with credentials of its own"
+	if host := config.HostForMatch(r.Host); r.Host == "" || !config.MatchAny(g.AcceptHosts, host) {
+		return refused("host", http.StatusForbidden, metav1.StatusReasonForbidden,
+			fmt.Sprintf("watchsan: Host %q is not accepted for a request that would get watchsan's identity (a web page whose name resolves to this machine sends its own name); accept it with --accept-hosts, %s", clip(r.Host), own))
+	}
+	if r.Method == http.MethodOptions && r.Header.Get("Access-Control-Request-Method") != "" {
+		return refused("cors_preflight", http.StatusForbidden, metav1.StatusReasonForbidden,
+			"watchsan: CORS preflight refused: watchsan does not lend its identity to web pages of another origin; send the request with credentials of its own")
+	}
+	for _, o := range r.Header.Values("Origin") {
+		if u, err := url.Parse(o); err != nil || u.Host == "" || !config.MatchAny(g.AcceptHosts, config.HostForMatch(u.Host)) {
+			return refused("origin", http.StatusForbidden, metav1.StatusReasonForbidden,
+				fmt.Sprintf("watchsan: a browser request from origin %q would get watchsan's identity; accept its host with --accept-hosts, %s", clip(o), own))
 		}
-		if r.URL.IsAbs() || r.URL.Host != "" {
-			apistatus.Write(w, apistatus.New(http.StatusBadRequest, metav1.StatusReasonBadRequest,
-				fmt.Sprintf("watchsan: absolute request target for host %q refused; this is an apiserver proxy, not a forward proxy", r.URL.Host)))
-			return
+	}
+	if strings.EqualFold(r.Header.Get("Sec-Fetch-Site"), "cross-site") {
+		return refused("origin", http.StatusForbidden, metav1.StatusReasonForbidden,
+			"watchsan: a cross-site browser request (Sec-Fetch-Site: cross-site) would get watchsan's identity; "+own)
+	}
+	if config.MatchAny(g.RejectMethods, r.Method) {
+		return refused("method", http.StatusMethodNotAllowed, metav1.StatusReasonMethodNotAllowed,
+			fmt.Sprintf("watchsan: method %s is refused to requests that would get watchsan's identity (--reject-methods); %s", clip(r.Method), own))
+	}
+	if p := r.URL.Path; config.MatchAny(g.RejectPaths, p) || config.MatchAny(g.RejectPaths, path.Clean("/"+p)) {
+		return refused("path", http.StatusForbidden, metav1.StatusReasonForbidden,
+			fmt.Sprintf("watchsan: path %q is refused to requests that would get watchsan's identity (--reject-paths; set it without this path to allow it), %s", clip(p), own))
+	}
+	return nil
+}
+
+// guard is the configured lending guard.
+type guard struct{ config.Guard }
+
+func refused(reason string, code int32, why metav1.StatusReason, msg string) *refusal {
+	return &refusal{status: apistatus.New(code, why, msg), reason: reason}
+}
+
+// hasDotSegment reports a "." or ".." segment in u's decoded path, which is where the
+// percent-encoded forms (%2e%2e, ..%2f, %2E) show as dots too.
+func hasDotSegment(u *url.URL) bool {
+	p := u.Path
+	for p != "" {
+		var seg string
+		seg, p, _ = strings.Cut(p, "/")
+		if seg == "." || seg == ".." {
+			return true
 		}
-		next.ServeHTTP(w, r)
-	})
+	}
+	return false
+}
+
+// clip keeps what a client sent short in a message.
+func clip(s string) string {
+	if len(s) > 128 {
+		return s[:128] + "..."
+	}
+	return s
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/watchsan/watchsan/internal/apistatus"
 	"github.com/watchsan/watchsan/internal/config"
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/metrics"
@@ -34,6 +35,7 @@ type Server struct {
 	pool      *upstream.Pool
 	watch     *watch.Handler
 	proxy     http.Handler
+	guard     *guard
 
 	stopping atomic.Bool
 	haState  // the HA frontend: reloads, discovery (ha.go)
@@ -63,6 +65,8 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 			Insecure:              cfg.InsecureSkipTLSVerify,
 			Credentials:           cfg.Credentials,
 			Lend:                  cfg.Lend,
+			StripHeaders:          cfg.Guard.StripHeaders,
+			StripPrefixes:         cfg.Guard.StripPrefixes,
 		},
 		HealthInterval: cfg.HealthInterval,
 		Logger:         log,
@@ -123,6 +127,10 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	for _, o := range []string{"retried", "recovered", "exhausted"} {
 		s.metrics.Retries.WithLabelValues(o)
 	}
+	for _, r := range metrics.RefusalReasons {
+		s.metrics.Refused.WithLabelValues(r)
+	}
+	s.guard = &guard{cfg.Guard}
 	s.proxy = newProxy(attempts, log.Named("proxy"))
 	return s, nil
 }
@@ -130,16 +138,22 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 // Metrics exposes the server's metrics (tests and the demo read them).
 func (s *Server) Metrics() *metrics.Metrics { return s.metrics }
 
-// Handler is the main listener's handler.
+// Handler is the main listener's handler: a request the guard refuses is answered with its
+// Status; a watch goes to the watch pipeline; everything else passes through. Every request is
+// logged and counted.
 func (s *Server) Handler() http.Handler {
-	return refuseForeign(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info := reqinfo.Parse(r)              // once per request: the log, the metrics and the route share it
 		next := s.listGuard(r, info, s.proxy) // the time-travel guard, for a list at RV 0
 		if info.IsWatch() {
 			next = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.watch.Serve(w, r, info) })
 		}
+		if ref := s.guard.refuse(r); ref != nil { // logged and counted like any request
+			s.metrics.Refused.WithLabelValues(ref.reason).Inc()
+			next = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { apistatus.Write(w, ref.status) })
+		}
 		s.serveInstrumented(w, r, info, next)
-	}))
+	})
 }
 
 // AdminHandler serves watchsan's own endpoints.
@@ -173,18 +187,12 @@ func (s *Server) AdminHandler() http.Handler {
 // end cleanly (clients re-watch), short requests finish; all within the shutdown timeout, after
 // which remaining connections are closed.
 func (s *Server) Run(ctx context.Context) error {
-	mainLn, err := net.Listen("tcp", s.cfg.Listen)
+	mainLn, adminLn, err := s.listen()
 	if err != nil {
-		return fmt.Errorf("--listen: %w", err)
-	}
-	adminLn, err := net.Listen("tcp", s.cfg.AdminListen)
-	if err != nil {
-		mainLn.Close()
-		return fmt.Errorf("--admin-listen: %w", err)
+		return err
 	}
 	errLog := zap.NewStdLog(s.log.Named("http"))
-	mainSrv := &http.Server{Handler: s.Handler(), ErrorLog: errLog, ReadHeaderTimeout: 30 * time.Second}
-	adminSrv := &http.Server{Handler: s.AdminHandler(), ErrorLog: errLog, ReadHeaderTimeout: 10 * time.Second}
+	mainSrv, adminSrv := s.newMainServer(errLog), s.newAdminServer(errLog)
 
 	healthCtx, stopHealth := context.WithCancel(context.Background())
 	defer stopHealth()
@@ -209,7 +217,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.log.Info("listening", zap.String("listen", mainLn.Addr().String()), zap.String("admin", adminLn.Addr().String()),
 		zap.Bool("tls", s.cfg.TLSCertFile != ""), zap.Strings("upstreams", upstreams), zap.Bool("lendCredentials", s.cfg.Lend),
-		zap.Stringer("fixMode", s.cfg.Fix))
+		zap.Stringer("fixMode", s.cfg.Fix), zap.Int("maxConnections", s.cfg.MaxConnections), zap.Duration("idleTimeout", s.cfg.IdleTimeout))
 	if s.Listening != nil {
 		s.Listening(mainLn.Addr(), adminLn.Addr())
 	}

@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/watchsan/watchsan/internal/config"
+	wtestutil "github.com/watchsan/watchsan/internal/testutil"
 )
 
 func newTestServer(t *testing.T, upstream string) (*Server, *observer.ObservedLogs) {
@@ -58,6 +59,9 @@ func TestProxyCountsBothDirectionsAndNeverLogsTokens(t *testing.T) {
 	if resp.StatusCode != 201 || len(body) != 20 {
 		t.Fatalf("got %d %q", resp.StatusCode, body)
 	}
+	// The request is counted and logged after its response went out: wait for the log line,
+	// written last.
+	wtestutil.Eventually(t, 5*time.Second, "the request to be logged", func() bool { return logs.FilterMessage("request").Len() == 1 })
 	m := s.Metrics()
 	if v := testutil.ToFloat64(m.Bytes.WithLabelValues("client_to_upstream")); v != 10 {
 		t.Fatalf("client_to_upstream bytes %v, want 10", v)

@@ -11,6 +11,8 @@ import (
 	"net/url"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // State is a backend's health verdict.
@@ -143,9 +145,16 @@ func (b *Backend) RoundTrip(req *http.Request) (*http.Response, error) { return 
 // send is RoundTrip; passive says whether a failed dial is a health verdict (not for the
 // health checker's own probes: it judges those itself).
 func (b *Backend) send(req *http.Request, passive bool) (*http.Response, error) {
+	upgrade := IsUpgrade(req.Header)
 	rt := b.t.forward
-	if b.t.lend != nil && req.Header.Get("Authorization") == "" {
+	if upgrade {
+		rt = b.t.forwardUpgrade
+	}
+	if b.t.lend != nil && Lends(req.Header) {
 		rt = b.t.lend
+		if upgrade {
+			rt = b.t.lendUpgrade
+		}
 	}
 	resp, err := rt.RoundTrip(req)
 	if err == nil {
@@ -154,6 +163,17 @@ func (b *Backend) send(req *http.Request, passive bool) (*http.Response, error) 
 		b.pool.passiveFailure(b, err)
 	}
 	return resp, err
+}
+
+// Lends reports whether a request with header h gets watchsan's identity when lending is
+// configured: it carries no Authorization of its own. The lending guard and the transports
+// decide by this one rule.
+func Lends(h http.Header) bool { return h.Get("Authorization") == "" }
+
+// IsUpgrade reports whether a request asks for a protocol upgrade (Connection: Upgrade): exec,
+// attach and port-forward over SPDY or WebSocket. Such requests go over HTTP/1.1.
+func IsUpgrade(h http.Header) bool {
+	return httpguts.HeaderValuesContainsToken(h["Connection"], "upgrade") && h.Get("Upgrade") != ""
 }
 
 // Target rewrites u (a request URL of the client's) to this backend, keeping path and query.
@@ -200,10 +220,11 @@ func IsDialError(err error) bool {
 // SetForwarded sets the X-Forwarded-* headers of out, a request to an upstream, from in, the
 // client's request: the one way every path (pass-through and watch) builds them. The client's
 // X-Forwarded-For chain is kept and its address appended; X-Forwarded-Host and -Proto are what
-// watchsan saw, never what the client sent.
+// watchsan saw, never what the client sent; a client's Forwarded (RFC 7239) is dropped, as
+// httputil.ReverseProxy drops it on the pass-through path.
 func SetForwarded(out, in *http.Request) {
 	prior := in.Header.Values("X-Forwarded-For")
-	for _, k := range []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
+	for _, k := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
 		out.Header.Del(k)
 	}
 	if len(prior) > 0 {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"k8s.io/client-go/rest"
@@ -35,6 +36,11 @@ type TransportOptions struct {
 	// Lend enables lending Credentials' identity. Without it requests are forwarded with only
 	// the Authorization header they carry.
 	Lend bool
+	// StripHeaders (canonical names) and StripPrefixes (canonical prefixes) are removed from
+	// every lent request: the headers an apiserver takes an identity from when the client
+	// certificate watchsan presents is trusted as a front proxy's (--requestheader-*), which a
+	// client must not choose.
+	StripHeaders, StripPrefixes []string
 
 	// onDial, if set, is told the outcome of every dial (the Pool's per-backend hook).
 	onDial func(error)
@@ -54,7 +60,7 @@ func (o *TransportOptions) defaults() {
 	def(&o.ResponseHeaderTimeout, 60*time.Second)
 }
 
-// transports are the two round trippers of a backend.
+// transports are the round trippers of a backend.
 type transports struct {
 	// forward carries a client's own Authorization and never presents watchsan's client
 	// certificate: with both a certificate and a token the apiserver authenticates the
@@ -62,7 +68,13 @@ type transports struct {
 	forward http.RoundTripper
 	// lend adds watchsan's identity (token, exec plugin, client certificate); nil when not lending.
 	lend http.RoundTripper
-	// closeIdle drops pooled connections of both (after a GOAWAY storm or a failed health check).
+	// forwardUpgrade and lendUpgrade are forward and lend for protocol upgrades (exec, attach,
+	// port-forward over SPDY or WebSocket): the same TLS and credentials, HTTP/1.1 only. An
+	// upgrade cannot travel over HTTP/2, and Go's transport falls back to HTTP/1.1 by itself
+	// only for "Upgrade: websocket"; "SPDY/3.1" would fail with "http2: invalid Upgrade
+	// request header".
+	forwardUpgrade, lendUpgrade http.RoundTripper
+	// closeIdle drops pooled connections of all (after a GOAWAY storm or a failed health check).
 	closeIdle func()
 	// tls is forward's TLS configuration (the pinger's: a ping needs no identity).
 	tls *tls.Config
@@ -99,25 +111,78 @@ func newTransports(o TransportOptions) (*transports, error) {
 	forwardTLS := base.Clone()
 	forwardTLS.Certificates = nil
 	forwardTLS.GetClientCertificate = nil
-	forward, err := newHTTPTransport(o, forwardTLS)
-	if err != nil {
-		return nil, err
-	}
-	t := &transports{forward: forward, closeIdle: forward.CloseIdleConnections, tls: forwardTLS}
+	forward := newHTTPTransport(o, forwardTLS, false)
+	forwardUpgrade := newHTTPTransport(o, forwardTLS, true)
+	t := &transports{forward: forward, forwardUpgrade: forwardUpgrade, tls: forwardTLS}
+	closers := []*http.Transport{forward, forwardUpgrade}
 	if o.Lend && o.Credentials != nil {
-		lendBase, err := newHTTPTransport(o, base)
-		if err != nil {
-			return nil, err
+		for _, l := range []struct {
+			rt      *http.RoundTripper
+			upgrade bool
+		}{{&t.lend, false}, {&t.lendUpgrade, true}} {
+			lendBase := newHTTPTransport(o, base, l.upgrade)
+			rt, err := transport.HTTPWrappersForConfig(tc, lendBase)
+			if err != nil {
+				return nil, fmt.Errorf("kubeconfig credentials: %w", err)
+			}
+			*l.rt = stripIdentity(rt, o.StripHeaders, o.StripPrefixes)
+			closers = append(closers, lendBase)
 		}
-		if t.lend, err = transport.HTTPWrappersForConfig(tc, lendBase); err != nil {
-			return nil, fmt.Errorf("kubeconfig credentials: %w", err)
+	}
+	t.closeIdle = func() {
+		for _, c := range closers {
+			c.CloseIdleConnections()
 		}
-		t.closeIdle = func() { forward.CloseIdleConnections(); lendBase.CloseIdleConnections() }
 	}
 	return t, nil
 }
 
-func newHTTPTransport(o TransportOptions, tlsCfg *tls.Config) (*http.Transport, error) {
+// stripIdentity removes the identity headers a client must not choose from every request
+// before rt, which lends watchsan's identity, sends it.
+func stripIdentity(rt http.RoundTripper, names, prefixes []string) http.RoundTripper {
+	if len(names) == 0 && len(prefixes) == 0 {
+		return rt
+	}
+	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		var drop []string
+		for k := range req.Header {
+			if identityHeader(k, names, prefixes) {
+				drop = append(drop, k)
+			}
+		}
+		if len(drop) > 0 {
+			out := *req // a shallow copy: the caller's request and headers stay as they are
+			out.Header = req.Header.Clone()
+			for _, k := range drop {
+				delete(out.Header, k)
+			}
+			req = &out
+		}
+		return rt.RoundTrip(req)
+	})
+}
+
+func identityHeader(k string, names, prefixes []string) bool {
+	k = http.CanonicalHeaderKey(k) // a client's HTTP/2 headers arrive canonical too; be sure
+	for _, n := range names {
+		if k == n {
+			return true
+		}
+	}
+	for _, p := range prefixes {
+		if strings.HasPrefix(k, p) {
+			return true
+		}
+	}
+	return false
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// newHTTPTransport builds one upstream transport; upgrade: HTTP/1.1 only (see transports).
+func newHTTPTransport(o TransportOptions, tlsCfg *tls.Config, upgrade bool) *http.Transport {
 	d := &net.Dialer{Timeout: o.DialTimeout, KeepAlive: o.KeepAlive}
 	dial := d.DialContext
 	if o.onDial != nil {
@@ -130,10 +195,10 @@ func newHTTPTransport(o TransportOptions, tlsCfg *tls.Config) (*http.Transport, 
 	t := &http.Transport{
 		Proxy:                 nil, // never through $HTTPS_PROXY: watchsan is the proxy
 		DialContext:           dial,
-		TLSClientConfig:       tlsCfg,
+		TLSClientConfig:       tlsCfg.Clone(),
 		TLSHandshakeTimeout:   o.TLSHandshakeTimeout,
 		ResponseHeaderTimeout: o.ResponseHeaderTimeout,
-		ForceAttemptHTTP2:     true,
+		ForceAttemptHTTP2:     !upgrade,
 		MaxIdleConns:          1000,
 		MaxIdleConnsPerHost:   100,
 		IdleConnTimeout:       90 * time.Second,
@@ -142,9 +207,14 @@ func newHTTPTransport(o TransportOptions, tlsCfg *tls.Config) (*http.Transport, 
 		// gzip (the watch path asks for identity itself, since it parses).
 		DisableCompression: true,
 	}
+	if upgrade {
+		t.Protocols = new(http.Protocols)
+		t.Protocols.SetHTTP1(true)
+		return t
+	}
 	// Why: a dead HTTP/2 connection otherwise stays in the pool for the 13-30 minutes Linux
 	// needs to notice (docs/design.md section 1b); client-go pings with these values since 1.20. net/http's
 	// own HTTP/2 settings replace golang.org/x/net/http2.ConfigureTransports (deprecated).
 	t.HTTP2 = &http.HTTP2Config{SendPingTimeout: o.HTTP2ReadIdleTimeout, PingTimeout: o.HTTP2PingTimeout}
-	return t, nil
+	return t
 }

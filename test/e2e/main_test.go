@@ -70,8 +70,16 @@ type proxy struct {
 // listens. It is stopped (SIGTERM, then SIGKILL) in t.Cleanup; its log is dumped on failure.
 func startProxy(t testing.TB, args ...string) *proxy {
 	t.Helper()
+	return startProxyUnder(t, nil, args...)
+}
+
+// startProxyUnder is startProxy with watchsan run by the command wrap (e.g. prlimit with its
+// arguments), when wrap is not empty.
+func startProxyUnder(t testing.TB, wrap []string, args ...string) *proxy {
+	t.Helper()
 	all := append([]string{"--listen=127.0.0.1:0", "--admin-listen=127.0.0.1:0", "--log-format=json", "--log-level=debug"}, args...)
-	p := &proxy{t: t, cmd: exec.Command(watchsanBin, all...), exited: make(chan struct{})}
+	argv := append(append(append([]string(nil), wrap...), watchsanBin), all...)
+	p := &proxy{t: t, cmd: exec.Command(argv[0], argv[1:]...), exited: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), "KUBECONFIG=/nonexistent") // never the developer's kubeconfig
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := p.cmd.StderrPipe()
