@@ -1,7 +1,8 @@
 // Package watch serves one client watch from top to bottom: it owns the upstream side (the
 // first attempt, and every resume after the upstream breaks, both through upstream.Attempter),
 // reads the upstream's events with internal/stream, lets internal/fix decide each one, and
-// writes the result into the one client response, flushed per event. How a client watch may
+// writes the result into the one client response, flushed whenever it would wait for the
+// upstream (never with an event held back while it waits). How a client watch may
 // end (docs/design.md section 5):
 //   - cleanly (the client re-watches from its last RV): shutdown, the client's timeoutSeconds,
 //     resume given up, garbage from upstream;
@@ -220,7 +221,8 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 	w.Header().Del("Content-Length")
 	w.WriteHeader(http.StatusOK)
 	_ = s.rc.Flush()
-	s.writer = stream.NewWriter(format, w)
+	s.out = batchWriter{w: w, rc: s.rc}
+	s.writer = stream.NewWriter(format, &s.out)
 
 	m.OpenWatches.WithLabelValues(resource).Inc()
 	defer m.OpenWatches.WithLabelValues(resource).Dec()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,6 +34,7 @@ type session struct {
 	log      *zap.Logger
 
 	format  stream.Format
+	out     batchWriter // what writer writes, batched until the pump would wait
 	writer  *stream.Writer
 	fix     *fix.Stream
 	backend *upstream.Backend
@@ -114,10 +116,19 @@ func (s *session) pump(at upstream.Attempt) attemptEnd {
 	defer stopWatchdog()
 
 	start := s.progress
-	rd := stream.NewReader(s.format, resp.Body, s.h.cfg.MaxFrameSize)
+	// Events are batched and flushed only when the reader is about to wait for the upstream
+	// (flushBeforeRead), as the apiserver flushes only when no further event is queued: one
+	// write(2) per read instead of one per event, and no event ever waits unflushed for the
+	// network. What is still batched when the attempt ends goes out before the session waits
+	// for anything else (a resume, the end of the stream).
+	defer s.out.flush()
+	rd := stream.NewReader(s.format, flushBeforeRead{r: resp.Body, out: &s.out}, s.h.cfg.MaxFrameSize)
 	for {
 		ev, err := rd.Next()
 		if err != nil {
+			if s.out.err != nil {
+				return attemptEnd{end: EndClientGone, err: s.out.err}
+			}
 			end := s.classify(attemptCtx, err)
 			end.progress = s.progress > start
 			if end.resume == ResumeStall {
@@ -183,10 +194,99 @@ func (s *session) deliver(ev *stream.Event) error {
 	} else {
 		err = s.writer.Write(ev)
 	}
-	if err == nil {
-		err = s.rc.Flush()
-	}
+	// Not flushed here: the pump's reader flushes before it waits (flushBeforeRead).
 	return err
+}
+
+// batchSize is the most a batch of events holds before it is written: the copy buffer of
+// io.Copy and httputil.ReverseProxy, so a busy watch costs the same writes as a pass-through.
+const batchSize = 32 << 10
+
+// batchPool holds batch buffers between bursts: a quiet watch holds none.
+var batchPool = sync.Pool{New: func() any { b := make([]byte, 0, batchSize); return &b }}
+
+// batchWriter collects whole events for the client's response and writes them in one go when
+// flushed (or when the next event would not fit). The first error is sticky: the client's
+// connection is broken then, and nothing more is written to it.
+type batchWriter struct {
+	w   http.ResponseWriter
+	rc  *http.ResponseController
+	buf *[]byte // from batchPool while it holds something; nil otherwise
+	// unflushed: bytes were handed to w since its last flush.
+	unflushed bool
+	err       error
+}
+
+func (b *batchWriter) Write(p []byte) (int, error) {
+	if b.err != nil {
+		return 0, b.err
+	}
+	if b.buf != nil && len(*b.buf)+len(p) > batchSize {
+		b.writeOut()
+		if b.err != nil {
+			return 0, b.err
+		}
+	}
+	if len(p) >= batchSize {
+		// Nothing to gain from copying a frame this big; it goes out as it is.
+		b.unflushed = true
+		if _, err := b.w.Write(p); err != nil {
+			b.err = err
+			return 0, err
+		}
+		return len(p), nil
+	}
+	if b.buf == nil {
+		b.buf = batchPool.Get().(*[]byte)
+	}
+	*b.buf = append(*b.buf, p...)
+	return len(p), nil
+}
+
+// writeOut hands the batch to the response writer, without flushing it, and returns the
+// buffer to the pool.
+func (b *batchWriter) writeOut() {
+	if b.buf == nil {
+		return
+	}
+	if len(*b.buf) > 0 && b.err == nil {
+		b.unflushed = true
+		if _, err := b.w.Write(*b.buf); err != nil {
+			b.err = err
+		}
+	}
+	*b.buf = (*b.buf)[:0]
+	batchPool.Put(b.buf)
+	b.buf = nil
+}
+
+// flush writes the batch out and flushes the response to the client.
+func (b *batchWriter) flush() error {
+	if b.buf == nil && !b.unflushed {
+		return b.err
+	}
+	b.writeOut()
+	b.unflushed = false
+	if b.err == nil {
+		if err := b.rc.Flush(); err != nil {
+			b.err = err
+		}
+	}
+	return b.err
+}
+
+// flushBeforeRead flushes the client's pending events before every read from the upstream:
+// a read is where the pump may wait for the network, and an event must not wait with it.
+type flushBeforeRead struct {
+	r   io.Reader
+	out *batchWriter
+}
+
+func (f flushBeforeRead) Read(p []byte) (int, error) {
+	if err := f.out.flush(); err != nil {
+		return 0, err
+	}
+	return f.r.Read(p)
 }
 
 var typeNames = [...]string{stream.Added, stream.Modified, stream.Deleted, stream.Bookmark, stream.Error, "other"}
@@ -358,7 +458,7 @@ func (s *session) forceRelist(st *metav1.Status) EndReason {
 			Code: http.StatusGone, Reason: metav1.StatusReasonExpired, Message: "too old resource version: " + s.fix.LastDelivered()}
 	}
 	if err := s.writer.WriteStatus(st); err == nil {
-		_ = s.rc.Flush()
+		_ = s.out.flush()
 	}
 	s.h.deps.Metrics.RelistsForced.Inc()
 	s.log.Info("resume point expired upstream; told the client to relist", zap.String("path", s.client.URL.Path), zap.String("fromRV", s.fix.LastDelivered()))
