@@ -79,6 +79,9 @@ type Handler struct {
 	log    *zap.Logger
 	// sleep waits between resumes without progress; tests may replace it.
 	sleep func(ctx context.Context, d time.Duration) error
+	// done is deps.Done as a context, so that each watch can register a callback with
+	// context.AfterFunc instead of running a goroutine to wait for it; nil when Done is nil.
+	done context.Context
 }
 
 // New builds a Handler.
@@ -106,6 +109,14 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, sleep: sleepCtx}
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
+	}
+	if d.Done != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { // one per Handler; exits at shutdown
+			<-d.Done
+			cancel()
+		}()
+		h.done = ctx
 	}
 	return h, nil
 }
@@ -168,14 +179,10 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 	case p.timeout < 0:
 		deadline = time.Now() // over already: the first attempt is the only one
 	}
-	if h.deps.Done != nil {
-		go func() { // exits when the watch ends: ctx is cancelled on return
-			select {
-			case <-h.deps.Done:
-				cancel(errShutdown)
-			case <-ctx.Done():
-			}
-		}()
+	if h.done != nil {
+		// A callback, not a goroutine per watch: it runs once, at shutdown.
+		stop := context.AfterFunc(h.done, func() { cancel(errShutdown) })
+		defer stop()
 	}
 
 	s := &session{

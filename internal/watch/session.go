@@ -344,44 +344,60 @@ func (s *session) classify(attemptCtx context.Context, err error) attemptEnd {
 }
 
 // watchdog probes the upstream when its watch has been silent for the stall timeout; a failed
-// probe cancels the attempt (cause errStalled), an answer means the watch is only quiet. The
-// goroutine exits when stop is called or the attempt ends.
+// probe cancels the attempt (cause errStalled), an answer means the watch is only quiet. It is
+// a timer, not a goroutine: activity is checked lazily when it fires (a busy watch never
+// touches the timer), and it runs only until stop is called or the attempt ends.
 func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, at upstream.Attempt) (stop func()) {
-	done := make(chan struct{})
-	go func() {
-		stall := s.h.cfg.StallTimeout
-		t := time.NewTimer(stall)
-		defer t.Stop()
-		var quietAt time.Time // the last probe that found the upstream answering
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			last := time.Unix(0, activity.Load())
-			if quietAt.After(last) {
-				last = quietAt
-			}
-			idle := time.Since(last)
-			if idle < stall {
-				t.Reset(stall - idle)
-				continue
-			}
-			if _, err := at.Backend.SharedProbe(ctx, s.h.cfg.ProbeTimeout); err != nil && ctx.Err() == nil {
-				s.h.deps.Metrics.Stalls.Inc()
-				s.log.Warn("upstream watch stalled: no event and the upstream does not answer a probe",
-					zap.String("path", s.client.URL.Path), zap.Stringer("upstream", at.Backend), zap.Duration("silent", idle), zap.Error(err))
-				at.Cancel(errStalled)
-				return
-			}
-			quietAt = time.Now() // only quiet; look again after another period
-			t.Reset(stall)
+	stall := s.h.cfg.StallTimeout
+	var (
+		mu      sync.Mutex
+		stopped bool
+		quietAt time.Time // the last probe that found the upstream answering
+		t       *time.Timer
+	)
+	rearm := func(d time.Duration) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			t.Reset(d)
 		}
-	}()
-	return func() { close(done) }
+	}
+	check := func() {
+		if ctx.Err() != nil {
+			return
+		}
+		mu.Lock()
+		last := time.Unix(0, activity.Load())
+		if quietAt.After(last) {
+			last = quietAt
+		}
+		mu.Unlock()
+		idle := time.Since(last)
+		if idle < stall {
+			rearm(stall - idle)
+			return
+		}
+		if _, err := at.Backend.SharedProbe(ctx, s.h.cfg.ProbeTimeout); err != nil && ctx.Err() == nil {
+			s.h.deps.Metrics.Stalls.Inc()
+			s.log.Warn("upstream watch stalled: no event and the upstream does not answer a probe",
+				zap.String("path", s.client.URL.Path), zap.Stringer("upstream", at.Backend), zap.Duration("silent", idle), zap.Error(err))
+			at.Cancel(errStalled)
+			return
+		}
+		mu.Lock()
+		quietAt = time.Now() // only quiet; look again after another period
+		mu.Unlock()
+		rearm(stall)
+	}
+	mu.Lock()
+	t = time.AfterFunc(stall, check)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
+	}
 }
 
 // resume opens the watch again from the resume point, through the Attempter (another backend
