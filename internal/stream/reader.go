@@ -196,7 +196,9 @@ func (r *Reader) fill() {
 		}
 		r.buf = r.idle
 	}
-	if len(r.buf)-r.end < minRead {
+	// An empty buffer takes a Read of any size: that is where the idle buffer waits for the
+	// next event. A frame begun in it grows it.
+	if r.end > 0 && len(r.buf)-r.end < minRead {
 		if r.start > 0 {
 			r.end = copy(r.buf, r.buf[r.start:r.end])
 			r.start = 0
