@@ -553,7 +553,9 @@ func TestEventsFlushedWhileUpstreamWaits(t *testing.T) {
 	go func() { // ends when the response body is closed
 		dec := json.NewDecoder(resp.Body)
 		for {
-			var ev struct{ Object struct{ Metadata struct{ Name string } } }
+			var ev struct {
+				Object struct{ Metadata struct{ Name string } }
+			}
 			if dec.Decode(&ev) != nil {
 				return
 			}
