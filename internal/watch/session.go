@@ -122,7 +122,7 @@ func (s *session) pump(at upstream.Attempt) attemptEnd {
 	// network. What is still batched when the attempt ends goes out before the session waits
 	// for anything else (a resume, the end of the stream).
 	defer s.out.flush()
-	rd := stream.NewReader(s.format, flushBeforeRead{r: resp.Body, out: &s.out}, s.h.cfg.MaxFrameSize)
+	rd := stream.NewReader(s.format, flushBeforeRead{r: resp.Body, out: &s.out, activity: &activity}, s.h.cfg.MaxFrameSize)
 	for {
 		ev, err := rd.Next()
 		if err != nil {
@@ -136,7 +136,6 @@ func (s *session) pump(at upstream.Attempt) attemptEnd {
 			}
 			return end
 		}
-		activity.Store(time.Now().UnixNano())
 		s.events++
 		if werr := s.deliver(ev); werr != nil {
 			return attemptEnd{end: EndClientGone, err: werr}
@@ -277,16 +276,23 @@ func (b *batchWriter) flush() error {
 
 // flushBeforeRead flushes the client's pending events before every read from the upstream:
 // a read is where the pump may wait for the network, and an event must not wait with it.
+// It also notes when the upstream last sent anything, for the watchdog: per read, not per
+// event (a clock read per event was 3% of the CPU at saturation).
 type flushBeforeRead struct {
-	r   io.Reader
-	out *batchWriter
+	r        io.Reader
+	out      *batchWriter
+	activity *atomic.Int64
 }
 
 func (f flushBeforeRead) Read(p []byte) (int, error) {
 	if err := f.out.flush(); err != nil {
 		return 0, err
 	}
-	return f.r.Read(p)
+	n, err := f.r.Read(p)
+	if n > 0 {
+		f.activity.Store(time.Now().UnixNano())
+	}
+	return n, err
 }
 
 var typeNames = [...]string{stream.Added, stream.Modified, stream.Deleted, stream.Bookmark, stream.Error, "other"}
