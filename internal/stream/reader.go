@@ -18,9 +18,11 @@ const (
 	// it waits (a 16 KiB buffer per idle watch was 38% of the heap with 5,000 of them).
 	idleBufSize = 512
 	// busyBufSize is the buffer of a Reader that has more to read than idleBufSize: taken
-	// from busyPool, so bursts on many watches share a few; the size of the pass-through's
-	// copy buffer, so a busy stream costs as few Reads. It grows beyond for bigger frames.
-	busyBufSize = 32 << 10
+	// from busyPool, so bursts on many watches share a few. Each Read is followed by a flush
+	// to the client (internal/watch), so its size sets the syscalls per byte of a busy
+	// stream: 64 KiB measured 5-15% less CPU per event than the pass-through's 32 KiB copy
+	// buffer. It grows beyond for bigger frames.
+	busyBufSize = 64 << 10
 	// minRead is the least free space a Reader offers to one Read before it compacts or grows.
 	minRead = 4 << 10
 	// frameSlack is what a buffer holds beyond the frame limit: the protobuf length prefix and

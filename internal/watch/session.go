@@ -197,9 +197,9 @@ func (s *session) deliver(ev *stream.Event) error {
 	return err
 }
 
-// batchSize is the most a batch of events holds before it is written: the copy buffer of
-// io.Copy and httputil.ReverseProxy, so a busy watch costs the same writes as a pass-through.
-const batchSize = 32 << 10
+// batchSize is the most a batch of events holds before it is written: what the Reader reads
+// at most at once (stream's busy buffer), so a busy watch writes once per upstream read.
+const batchSize = 64 << 10
 
 // batchPool holds batch buffers between bursts: a quiet watch holds none.
 var batchPool = sync.Pool{New: func() any { b := make([]byte, 0, batchSize); return &b }}
