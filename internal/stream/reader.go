@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 )
 
 // DefaultMaxFrameSize is the frame size limit a Reader applies when given none: 16 MiB, the
@@ -11,8 +12,17 @@ import (
 const DefaultMaxFrameSize = 16 << 20
 
 const (
-	// initialBufSize is a Reader's first buffer; it grows to fit the largest frame seen.
-	initialBufSize = 16 << 10
+	// idleBufSize is the buffer a Reader reads into at a frame boundary once its source has
+	// caught up (the last Read returned less than it was offered): there a Read is likely to
+	// wait for the next event, maybe for minutes, and a quiet watch should hold little while
+	// it waits (a 16 KiB buffer per idle watch was 38% of the heap with 5,000 of them).
+	idleBufSize = 512
+	// busyBufSize is the buffer of a Reader that has more to read than idleBufSize: taken
+	// from busyPool, so bursts on many watches share a few. Each Read is followed by a flush
+	// to the client (internal/watch), so its size sets the syscalls per byte of a busy
+	// stream: 64 KiB measured 5-15% less CPU per event than the pass-through's 32 KiB copy
+	// buffer. It grows beyond for bigger frames.
+	busyBufSize = 64 << 10
 	// minRead is the least free space a Reader offers to one Read before it compacts or grows.
 	minRead = 4 << 10
 	// frameSlack is what a buffer holds beyond the frame limit: the protobuf length prefix and
@@ -21,7 +31,7 @@ const (
 	// maxEmptyReads is how many (0, nil) reads in a row are taken before io.ErrNoProgress.
 	maxEmptyReads = 100
 	// shrinkAfter is how many small frames in a row let a Reader drop a buffer grown
-	// beyond four times the initial size.
+	// beyond busyBufSize.
 	shrinkAfter = 64
 	// maxDepth bounds nesting in JSON and CBOR, as apimachinery's decoders do.
 	maxDepth = 10000
@@ -44,9 +54,14 @@ type Reader struct {
 	rerr error
 	// err is sticky: once Next fails, it fails the same way forever.
 	err error
-	// small counts the frames in a row that would have fit the initial buffer; after a run
-	// of them a buffer grown for one big frame is let go.
+	// small counts the frames in a row that would have fit busyBufSize; after a run of them
+	// a buffer grown for one big frame is let go.
 	small int
+	// idle is the idleBufSize buffer, kept for the Reader's life; pooled is buf's pool entry
+	// while buf is a busyPool buffer. short: the last Read returned less than it was offered.
+	idle   []byte
+	pooled *[]byte
+	short  bool
 
 	split splitter
 	ev    Event
@@ -119,7 +134,7 @@ func (r *Reader) Next() (*Event, error) {
 			if n > 0 {
 				raw := b[:n:n]
 				r.start += n
-				if n <= initialBufSize/2 {
+				if n <= busyBufSize/2 {
 					r.small++
 				} else {
 					r.small = 0
@@ -131,6 +146,7 @@ func (r *Reader) Next() (*Event, error) {
 			}
 		}
 		if r.rerr != nil {
+			r.release()
 			switch {
 			case r.rerr == io.EOF && len(b) == 0:
 				return nil, r.fail(io.EOF)
@@ -148,31 +164,61 @@ func (r *Reader) Next() (*Event, error) {
 func (r *Reader) fail(err error) error {
 	r.err = err
 	r.ev = Event{}
+	r.release()
 	return err
 }
+
+// release gives a pooled buffer back once nothing in it is needed any more: the Event
+// returned last still points into it, so it is called only when Next fails for good (the
+// caller gets no Event then) or from fill, before the buffer's bytes are overwritten anyway.
+func (r *Reader) release() {
+	if r.pooled != nil {
+		busyPool.Put(r.pooled)
+		r.pooled = nil
+	}
+	r.buf, r.start, r.end = nil, 0, 0
+}
+
+var busyPool = sync.Pool{New: func() any { b := make([]byte, busyBufSize); return &b }}
 
 // fill reads once into the buffer's free space, making room first by compacting or growing it
 // (never beyond one frame), and records what Read returned.
 func (r *Reader) fill() {
 	limit := r.max + frameSlack
 	if r.start == r.end {
+		// At a frame boundary nothing in the buffer is needed any more.
 		r.start, r.end = 0, 0
-		if len(r.buf) > 4*initialBufSize && r.small >= shrinkAfter {
-			r.buf = nil
+		if r.short && r.pooled != nil || len(r.buf) > busyBufSize && r.small >= shrinkAfter {
+			r.release()
 		}
 	}
 	if r.buf == nil {
-		r.buf = make([]byte, min(initialBufSize, limit))
+		if r.idle == nil {
+			r.idle = make([]byte, min(idleBufSize, limit))
+		}
+		r.buf = r.idle
 	}
-	if len(r.buf)-r.end < minRead {
+	// An empty buffer takes a Read of any size: that is where the idle buffer waits for the
+	// next event. A frame begun in it grows it.
+	if r.end > 0 && len(r.buf)-r.end < minRead {
 		if r.start > 0 {
 			r.end = copy(r.buf, r.buf[r.start:r.end])
 			r.start = 0
 		}
 		if len(r.buf)-r.end < minRead && len(r.buf) < limit {
-			nb := make([]byte, min(max(2*len(r.buf), r.end+minRead), limit))
+			var nb []byte
+			var pooled *[]byte
+			if n := max(2*len(r.buf), r.end+minRead); n <= busyBufSize && limit >= busyBufSize {
+				pooled = busyPool.Get().(*[]byte)
+				nb = *pooled
+			} else {
+				nb = make([]byte, min(n, limit))
+			}
 			copy(nb, r.buf[:r.end])
-			r.buf = nb
+			if r.pooled != nil {
+				busyPool.Put(r.pooled)
+			}
+			r.buf, r.pooled = nb, pooled
 		}
 	}
 	if r.end == len(r.buf) {
@@ -186,6 +232,7 @@ func (r *Reader) fill() {
 			r.rerr = fmt.Errorf("invalid Read count %d", n)
 			return
 		}
+		r.short = r.end+n < len(r.buf)
 		r.end += n
 		if err != nil {
 			r.rerr = err

@@ -175,7 +175,7 @@ func TestFrameTooLarge(t *testing.T) {
 			if !errors.Is(err, ErrFrameTooLarge) {
 				t.Fatalf("got %v, want ErrFrameTooLarge", err)
 			}
-			if cr.n > limit+frameSlack+minRead+initialBufSize {
+			if cr.n > limit+frameSlack+minRead+busyBufSize {
 				t.Fatalf("read %d bytes for a %d-byte limit", cr.n, limit)
 			}
 		})
@@ -213,7 +213,7 @@ func TestReaderBufferBounded(t *testing.T) {
 				break
 			}
 		}
-		if len(rd.buf) > initialBufSize {
+		if len(rd.buf) > busyBufSize {
 			t.Fatalf("%s: buffer grew to %d for %d-byte events", f, len(rd.buf), len(one))
 		}
 	}
@@ -331,7 +331,49 @@ func TestReaderBufferShrinks(t *testing.T) {
 			break
 		}
 	}
-	if len(rd.buf) > initialBufSize {
+	if len(rd.buf) > busyBufSize {
 		t.Fatalf("buffer still %d bytes after %d small frames", len(rd.buf), 2*shrinkAfter)
+	}
+}
+
+// readSizes replays data in reads of at most step bytes, noting the size of each buffer it is
+// offered, then fails.
+type readSizes struct {
+	data   []byte
+	step   int
+	offers []int
+}
+
+func (r *readSizes) Read(p []byte) (int, error) {
+	r.offers = append(r.offers, len(p))
+	if len(r.data) == 0 {
+		return 0, errors.New("no more")
+	}
+	n := copy(p[:min(len(p), r.step)], r.data)
+	r.data = r.data[n:]
+	return n, nil
+}
+
+// TestReaderWaitsInSmallBuffer: once the source has nothing more queued, the Reader waits for
+// the next event in its idle buffer, not in a busy one (memory per idle watch).
+func TestReaderWaitsInSmallBuffer(t *testing.T) {
+	for _, f := range formats {
+		ev := apiStream(t, f, []testEvent{{watch.Added, configMap("ns", "a", "u", "5")}}, false)
+		src := &readSizes{data: bytes.Repeat(ev, 3), step: 700}
+		rd := NewReader(f, src, 0)
+		for range 3 {
+			if _, err := rd.Next(); err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+		}
+		if _, err := rd.Next(); err == nil {
+			t.Fatalf("%s: no error after the data", f)
+		}
+		if last := src.offers[len(src.offers)-1]; last > idleBufSize {
+			t.Fatalf("%s: waited for the next event with a %d-byte buffer (offers %v)", f, last, src.offers)
+		}
+		if rd.pooled != nil {
+			t.Fatalf("%s: pooled buffer kept after the stream failed", f)
+		}
 	}
 }

@@ -1,7 +1,8 @@
 // Package watch serves one client watch from top to bottom: it owns the upstream side (the
 // first attempt, and every resume after the upstream breaks, both through upstream.Attempter),
 // reads the upstream's events with internal/stream, lets internal/fix decide each one, and
-// writes the result into the one client response, flushed per event. How a client watch may
+// writes the result into the one client response, flushed whenever it would wait for the
+// upstream (never with an event held back while it waits). How a client watch may
 // end (docs/design.md section 5):
 //   - cleanly (the client re-watches from its last RV): shutdown, the client's timeoutSeconds,
 //     resume given up, garbage from upstream;
@@ -82,6 +83,9 @@ type Handler struct {
 	log    *zap.Logger
 	// sleep waits between resumes without progress; tests may replace it.
 	sleep func(ctx context.Context, d time.Duration) error
+	// done is deps.Done as a context, so that each watch can register a callback with
+	// context.AfterFunc instead of running a goroutine to wait for it; nil when Done is nil.
+	done context.Context
 }
 
 // New builds a Handler.
@@ -108,6 +112,14 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, sleep: sleepCtx}
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
+	}
+	if d.Done != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { // one per Handler; exits at shutdown
+			<-d.Done
+			cancel()
+		}()
+		h.done = ctx
 	}
 	return h, nil
 }
@@ -178,14 +190,10 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 	case p.timeout < 0:
 		deadline = time.Now() // over already: the first attempt is the only one
 	}
-	if h.deps.Done != nil {
-		go func() { // exits when the watch ends: ctx is cancelled on return
-			select {
-			case <-h.deps.Done:
-				cancel(errShutdown)
-			case <-ctx.Done():
-			}
-		}()
+	if h.done != nil {
+		// A callback, not a goroutine per watch: it runs once, at shutdown.
+		stop := context.AfterFunc(h.done, func() { cancel(errShutdown) })
+		defer stop()
 	}
 
 	s := &session{
@@ -233,7 +241,8 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 	w.Header().Del("Content-Length")
 	w.WriteHeader(http.StatusOK)
 	_ = s.rc.Flush()
-	s.writer = stream.NewWriter(format, w)
+	s.out = batchWriter{w: w, rc: s.rc}
+	s.writer = stream.NewWriter(format, &s.out)
 
 	m.OpenWatches.WithLabelValues(resource).Inc()
 	defer m.OpenWatches.WithLabelValues(resource).Dec()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -62,6 +63,7 @@ type clientSide struct {
 	w      http.ResponseWriter
 	rc     *http.ResponseController
 	format stream.Format
+	out    batchWriter // what writer writes, batched until the pump would wait
 	writer *stream.Writer
 	fix    *fix.Stream
 
@@ -166,10 +168,19 @@ func (s *session) pump(at upstream.Attempt) attemptEnd {
 	defer stopWatchdog()
 
 	start := s.progress
-	rd := stream.NewReader(s.format, resp.Body, s.h.cfg.MaxFrameSize)
+	// Events are batched and flushed only when the reader is about to wait for the upstream
+	// (flushBeforeRead), as the apiserver flushes only when no further event is queued: one
+	// write(2) per read instead of one per event, and no event ever waits unflushed for the
+	// network. What is still batched when the attempt ends goes out before the session waits
+	// for anything else (a resume, the end of the stream).
+	defer s.out.flush()
+	rd := stream.NewReader(s.format, flushBeforeRead{r: resp.Body, out: &s.out, activity: &activity}, s.h.cfg.MaxFrameSize)
 	for {
 		ev, err := rd.Next()
 		if err != nil {
+			if s.out.err != nil {
+				return attemptEnd{end: EndClientGone, err: s.out.err}
+			}
 			end := s.classify(attemptCtx, err)
 			end.progress = s.progress > start
 			if end.resume == ResumeStall {
@@ -177,7 +188,6 @@ func (s *session) pump(at upstream.Attempt) attemptEnd {
 			}
 			return end
 		}
-		activity.Store(time.Now().UnixNano())
 		s.events++
 		if werr := s.deliver(ev); werr != nil {
 			return attemptEnd{end: EndClientGone, err: werr}
@@ -237,9 +247,7 @@ func (s *session) deliver(ev *stream.Event) error {
 	} else {
 		err = s.writer.Write(ev)
 	}
-	if err == nil {
-		err = s.rc.Flush()
-	}
+	// Not flushed here: the pump's reader flushes before it waits (flushBeforeRead).
 	return err
 }
 
@@ -264,6 +272,104 @@ func (s *session) reportProgress(ev *stream.Event, d fix.Decision) {
 		event = n
 	}
 	s.lease.Progress(n, event)
+}
+
+// batchSize is the most a batch of events holds before it is written: what the Reader reads
+// at most at once (stream's busy buffer), so a busy watch writes once per upstream read.
+const batchSize = 64 << 10
+
+// batchPool holds batch buffers between bursts: a quiet watch holds none.
+var batchPool = sync.Pool{New: func() any { b := make([]byte, 0, batchSize); return &b }}
+
+// batchWriter collects whole events for the client's response and writes them in one go when
+// flushed (or when the next event would not fit). The first error is sticky: the client's
+// connection is broken then, and nothing more is written to it.
+type batchWriter struct {
+	w   http.ResponseWriter
+	rc  *http.ResponseController
+	buf *[]byte // from batchPool while it holds something; nil otherwise
+	// unflushed: bytes were handed to w since its last flush.
+	unflushed bool
+	err       error
+}
+
+func (b *batchWriter) Write(p []byte) (int, error) {
+	if b.err != nil {
+		return 0, b.err
+	}
+	if b.buf != nil && len(*b.buf)+len(p) > batchSize {
+		b.writeOut()
+		if b.err != nil {
+			return 0, b.err
+		}
+	}
+	if len(p) >= batchSize {
+		// Nothing to gain from copying a frame this big; it goes out as it is.
+		b.unflushed = true
+		if _, err := b.w.Write(p); err != nil {
+			b.err = err
+			return 0, err
+		}
+		return len(p), nil
+	}
+	if b.buf == nil {
+		b.buf = batchPool.Get().(*[]byte)
+	}
+	*b.buf = append(*b.buf, p...)
+	return len(p), nil
+}
+
+// writeOut hands the batch to the response writer, without flushing it, and returns the
+// buffer to the pool.
+func (b *batchWriter) writeOut() {
+	if b.buf == nil {
+		return
+	}
+	if len(*b.buf) > 0 && b.err == nil {
+		b.unflushed = true
+		if _, err := b.w.Write(*b.buf); err != nil {
+			b.err = err
+		}
+	}
+	*b.buf = (*b.buf)[:0]
+	batchPool.Put(b.buf)
+	b.buf = nil
+}
+
+// flush writes the batch out and flushes the response to the client.
+func (b *batchWriter) flush() error {
+	if b.buf == nil && !b.unflushed {
+		return b.err
+	}
+	b.writeOut()
+	b.unflushed = false
+	if b.err == nil {
+		if err := b.rc.Flush(); err != nil {
+			b.err = err
+		}
+	}
+	return b.err
+}
+
+// flushBeforeRead flushes the client's pending events before every read from the upstream:
+// a read is where the pump may wait for the network, and an event must not wait with it.
+// It also notes when the upstream last sent anything, for the watchdog: per read, not per
+// event (a clock read per event was 3% of the CPU at saturation).
+type flushBeforeRead struct {
+	r        io.Reader
+	out      *batchWriter
+	activity *atomic.Int64
+}
+
+func (f flushBeforeRead) Read(p []byte) (int, error) {
+	if err := f.out.flush(); err != nil {
+		return 0, err
+	}
+	n, err := f.r.Read(p)
+	if n > 0 {
+		f.activity.Store(time.Now().UnixNano())
+	}
+	return n, err
 }
 
 var typeNames = [...]string{stream.Added, stream.Modified, stream.Deleted, stream.Bookmark, stream.Error, "other"}
@@ -328,35 +434,43 @@ func (s *session) classify(attemptCtx context.Context, err error) attemptEnd {
 // bookmark, for the stall timeout. watchsan always asks for bookmarks, and an apiserver sends
 // one about every minute (docs/design.md section 2), so a longer silence means a hung stream,
 // even if the upstream answers probes: the hop between may be what hangs. Resuming is
-// lossless, so a false alarm costs one request. The goroutine exits when stop is called or
-// the attempt ends.
+// lossless, so a false alarm costs one request. It is a timer, not a goroutine: activity is
+// checked lazily when it fires (a busy watch never touches the timer), and it runs only until
+// stop is called or the attempt ends.
 func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, at upstream.Attempt) (stop func()) {
-	done := make(chan struct{})
-	go func() {
-		stall := s.h.cfg.StallTimeout
-		t := time.NewTimer(stall)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			idle := time.Since(time.Unix(0, activity.Load()))
-			if idle < stall {
-				t.Reset(stall - idle)
-				continue
-			}
-			s.h.deps.Metrics.Stalls.Inc()
-			s.log.Warn("upstream watch stalled: nothing, not even a bookmark, for the stall timeout; resuming it",
-				zap.String("path", s.client.URL.Path), zap.Stringer("upstream", at.Backend), zap.Duration("silent", idle))
-			at.Cancel(errStalled)
+	stall := s.h.cfg.StallTimeout
+	var (
+		mu      sync.Mutex
+		stopped bool
+		t       *time.Timer
+	)
+	check := func() {
+		if ctx.Err() != nil {
 			return
 		}
-	}()
-	return func() { close(done) }
+		idle := time.Since(time.Unix(0, activity.Load()))
+		if idle < stall {
+			mu.Lock()
+			if !stopped {
+				t.Reset(stall - idle)
+			}
+			mu.Unlock()
+			return
+		}
+		s.h.deps.Metrics.Stalls.Inc()
+		s.log.Warn("upstream watch stalled: nothing, not even a bookmark, for the stall timeout; resuming it",
+			zap.String("path", s.client.URL.Path), zap.Stringer("upstream", at.Backend), zap.Duration("silent", idle))
+		at.Cancel(errStalled)
+	}
+	mu.Lock()
+	t = time.AfterFunc(stall, check)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
+	}
 }
 
 // resume opens the watch again from the resume point, through the Attempter (another backend
@@ -438,7 +552,7 @@ func (s *session) forceRelist(st *metav1.Status) EndReason {
 			Code: http.StatusGone, Reason: metav1.StatusReasonExpired, Message: "too old resource version: " + s.fix.LastDelivered()}
 	}
 	if err := s.writer.WriteStatus(st); err == nil {
-		_ = s.rc.Flush()
+		_ = s.out.flush()
 	}
 	s.h.deps.Metrics.RelistsForced.Inc()
 	s.log.Info("resume point expired upstream; told the client to relist", zap.String("path", s.client.URL.Path), zap.String("fromRV", s.fix.LastDelivered()))

@@ -572,3 +572,42 @@ func TestClientLeavesDuringRetryAfterWait(t *testing.T) {
 		t.Fatalf("%d attempts: Retry-After 5 must hold the retry", up.attempts())
 	}
 }
+
+// TestEventsFlushedWhileUpstreamWaits: events are batched, but never held while the pump
+// waits for the upstream: a burst followed by silence reaches the client at once.
+func TestEventsFlushedWhileUpstreamWaits(t *testing.T) {
+	up := &upstreamScript{}
+	up.steps = []func(http.ResponseWriter, *http.Request){thenHang(up, obj("ADDED", "a", "10"), obj("ADDED", "b", "11"))}
+	f := newFixture(t, Config{}, up)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", f.srv.URL+"/api/v1/namespaces/d/configmaps?watch=true&resourceVersion=5", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got := make(chan string, 2)
+	go func() { // ends when the response body is closed
+		dec := json.NewDecoder(resp.Body)
+		for {
+			var ev struct {
+				Object struct{ Metadata struct{ Name string } }
+			}
+			if dec.Decode(&ev) != nil {
+				return
+			}
+			got <- ev.Object.Metadata.Name
+		}
+	}()
+	for _, want := range []string{"a", "b"} {
+		select {
+		case name := <-got:
+			if name != want {
+				t.Fatalf("got %q, want %q", name, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("event %q not delivered while the upstream is silent", want)
+		}
+	}
+}
