@@ -9,29 +9,14 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/watchsan/watchsan/internal/config"
 	wtestutil "github.com/watchsan/watchsan/internal/testutil"
 )
 
 func newTestServer(t *testing.T, upstream string) (*Server, *observer.ObservedLogs) {
 	t.Helper()
-	c, err := config.Load([]string{"--upstream=" + upstream, "--listen=127.0.0.1:0", "--admin-listen=127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done, err := c.Complete()
-	if err != nil {
-		t.Fatal(err)
-	}
-	core, logs := observer.New(zap.DebugLevel)
-	s, err := New(done, zap.New(core))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s, logs
+	return newTestServerArgs(t, "--upstream="+upstream)
 }
 
 func TestProxyCountsBothDirectionsAndNeverLogsTokens(t *testing.T) {
