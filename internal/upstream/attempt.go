@@ -187,8 +187,11 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 		}
 		at, err := a.send(ctx, req, b, body, plan)
 		wait, retry := retryable(ctx, idempotent, body, at.Resp, err, plan.RetryTooLarge)
-		if retry && at.Resp != nil && at.Resp.StatusCode == http.StatusGatewayTimeout {
+		if retry && plan.RetryTooLarge && at.Resp != nil && at.Resp.StatusCode == http.StatusGatewayTimeout {
 			a.pool.markLagging(b, time.Now(), "it answered 504 to a list at watchsan's high-water resourceVersion")
+		}
+		if at.Resp != nil && (at.Resp.StatusCode >= 500 || at.Resp.StatusCode == http.StatusTooManyRequests) {
+			a.pool.suspect(b)
 		}
 		if !retry {
 			if err != nil {
@@ -365,7 +368,7 @@ func (c *cancelRWC) Close() error {
 }
 
 // retryable decides whether an attempt's outcome may be retried, and the least wait first.
-func retryable(ctx context.Context, idempotent bool, body *countingBody, resp *http.Response, err error, tooLarge bool) (time.Duration, bool) {
+func retryable(ctx context.Context, idempotent bool, body *countingBody, resp *http.Response, err error, _ bool) (time.Duration, bool) {
 	if ctx.Err() != nil {
 		return 0, false
 	}
@@ -382,10 +385,16 @@ func retryable(ctx context.Context, idempotent bool, body *countingBody, resp *h
 	switch resp.StatusCode {
 	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
 		return retryAfter(resp), true
+	case http.StatusBadGateway:
+		// A proxy between watchsan and the apiserver (Envoy, a fault layer) could not reach it:
+		// nothing of the request was served; another backend may be reachable (docs/design.md
+		// section 1b). Found by the soak: a watch relayed such a 502 to its client.
+		return 0, true
 	case http.StatusGatewayTimeout:
 		// "Too large resource version": the backend's cache is behind the raised RV; another
-		// backend may have it now (its Retry-After, 1 s, is for the same backend).
-		return 0, tooLarge
+		// backend may have it now (its Retry-After, 1 s, is for the same backend). A gateway's
+		// own timeout likewise.
+		return 0, true
 	}
 	return 0, false
 }

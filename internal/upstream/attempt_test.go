@@ -425,3 +425,34 @@ func TestReadyzAtMostEveryProbeInterval(t *testing.T) {
 		t.Fatalf("%d /readyz probes of a healthy backend in 1s with a 400ms probe interval (20ms health interval): want 2-3", n)
 	}
 }
+
+// A proxy in front of a dead apiserver answers 502 (Envoy's "upstream connect error", the
+// fault layer's): a GET is tried on another backend, not relayed (the soak found a watch's
+// client getting that 502 and relisting).
+func TestBadGatewayRetriedOnAnotherBackend(t *testing.T) {
+	var gw, ok atomic.Int32
+	dead := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/readyz" {
+			gw.Add(1)
+		}
+		http.Error(w, "upstream connect error", http.StatusBadGateway)
+	}))
+	defer dead.Close()
+	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ok.Add(1)
+		io.WriteString(w, "ok")
+	}))
+	defer live.Close()
+	a := attempter(newPool(t, PoolOptions{}, dead.URL, live.URL), AttempterOptions{Budget: 10 * time.Second}, &sleeps{})
+	for i := 0; i < 4; i++ { // whichever backend the turn starts with
+		req, _ := http.NewRequest("GET", "/api/v1/pods", nil)
+		resp, err := do(t, a, req)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("got %v %v: a 502 from a gateway must be retried on the other backend", resp, err)
+		}
+		resp.Body.Close()
+	}
+	if gw.Load() == 0 {
+		t.Fatal("the 502 backend was never tried: the test proves nothing")
+	}
+}

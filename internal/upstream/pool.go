@@ -325,6 +325,14 @@ func (p *Pool) passiveFailure(b *Backend, err error) {
 	p.recheck(b)
 }
 
+// suspect takes a 5xx or 429 answer from real traffic as a reason to check b now, /readyz
+// included: a proxy in front of an apiserver (Envoy, an L7 balancer) answers pings itself, so
+// only /readyz and traffic show that the apiserver behind it is gone.
+func (p *Pool) suspect(b *Backend) {
+	b.probedAt.Store(0)
+	p.recheck(b)
+}
+
 // recheck asks b's health loop for an early check, at most once per health interval.
 func (p *Pool) recheck(b *Backend) {
 	now := time.Now().UnixNano()
