@@ -114,9 +114,10 @@ type Cluster struct {
 	// phases records how long each part of Start took, for reports.
 	phases []phase
 
-	mu      sync.Mutex // guards the fields below, and every APIServer's proc
-	stopped bool
-	etcd    *proc
+	mu       sync.Mutex // guards the fields below, and every APIServer's proc
+	stopped  bool
+	etcd     *proc
+	kubelets []*Kubelet // StartKubelet's, closed by Stop
 }
 
 // Start starts etcd and the apiservers, waits until every apiserver is ready, and sets up the
@@ -209,8 +210,9 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	return c, nil
 }
 
-// Stop kills the apiservers, then etcd, waits for them to exit and removes Dir. It is
-// idempotent and safe to call from any goroutine; later Restarts fail.
+// Stop closes the kubelets (StartKubelet), kills the apiservers, then etcd, waits for them to
+// exit and removes Dir. It is idempotent and safe to call from any goroutine; later Restarts
+// fail.
 func (c *Cluster) Stop() {
 	c.stopOnce.Do(func() {
 		c.mu.Lock()
@@ -222,7 +224,12 @@ func (c *Cluster) Stop() {
 			}
 		}
 		etcd := c.etcd
+		kubelets := c.kubelets
 		c.mu.Unlock()
+
+		for _, k := range kubelets {
+			k.Close()
+		}
 
 		var wg sync.WaitGroup
 		for _, p := range procs {
