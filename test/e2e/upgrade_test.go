@@ -4,10 +4,16 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +21,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,9 +38,11 @@ import (
 // KUBECTL_PORT_FORWARD_WEBSOCKETS=false). The kubelet records the upgrade it received, so a
 // run that claims one protocol and fell back to the other fails.
 //
-// HTTP/1.1 to the apiserver: the apiserver answers pods/exec, attach and portforward only
-// with 101 Switching Protocols (its handler requires an upgrade), which HTTP/2 cannot carry,
-// so every 101 counted by watchsan below came over HTTP/1.1; the kubelet sees HTTP/1.1 too.
+// HTTP/1.1 to the apiserver: watchsan reaches the apiserver through a recording TLS hop that
+// offers HTTP/2 (protoHop); every upgrade arrives there over HTTP/1.1, while watchsan's other
+// requests use HTTP/2. Besides, the apiserver answers pods/exec, attach and portforward only
+// with 101 Switching Protocols (its handler requires an upgrade), which HTTP/2 cannot carry.
+// The kubelet sees HTTP/1.1 too.
 func TestUpgradeKubectlThroughRealAPIServer(t *testing.T) {
 	c := newCluster(t, cluster.Options{})
 	ctx := ctxT(t, 5*time.Minute)
@@ -54,14 +63,19 @@ func TestUpgradeKubectlThroughRealAPIServer(t *testing.T) {
 	if err := c.WriteKubeconfig(direct, c.APIServers[0].URL, c.AdminToken, c.CAFile); err != nil {
 		t.Fatal(err)
 	}
+	hop := startProtoHop(t, c)
+	viaHop := filepath.Join(dir, "hop.kubeconfig")
+	if err := c.WriteKubeconfig(viaHop, hop.URL, c.AdminToken, c.CAFile); err != nil {
+		t.Fatal(err)
+	}
 	// Lending: a controller that execs sets --reject-paths without the exec entry (README).
-	lent := startProxy(t, "--kubeconfig="+direct, "--reject-paths=")
+	lent := startProxy(t, "--kubeconfig="+viaHop, "--reject-paths=")
 	lentKC := filepath.Join(dir, "lent.kubeconfig")
 	if err := c.WriteKubeconfig(lentKC, lent.URL, "", ""); err != nil {
 		t.Fatal(err)
 	}
 	// A frontend: TLS (HTTP/2 offered to clients), no identity of its own.
-	own := startProxy(t, "--upstream="+c.APIServers[0].URL, "--upstream-ca-file="+c.CAFile, "--no-credentials",
+	own := startProxy(t, "--upstream="+hop.URL, "--upstream-ca-file="+c.CAFile, "--no-credentials",
 		"--tls-cert-file="+filepath.Join(c.Dir, "serving.crt"), "--tls-private-key-file="+filepath.Join(c.Dir, "serving.key"))
 	ownKC := filepath.Join(dir, "own.kubeconfig")
 	if err := c.WriteKubeconfig(ownKC, "https://"+strings.TrimPrefix(own.URL, "http://"), c.AdminToken, c.CAFile); err != nil {
@@ -84,6 +98,7 @@ func TestUpgradeKubectlThroughRealAPIServer(t *testing.T) {
 					execs, forwards = r.p.upgrades()
 				}
 				k.Streams() // forget earlier ones
+				hop.take()
 				u.exec()
 				u.exitCode()
 				u.portForward(echoPort)
@@ -95,6 +110,7 @@ func TestUpgradeKubectlThroughRealAPIServer(t *testing.T) {
 					if e-execs != 5 || f-forwards != 1 {
 						t.Fatalf("watchsan relayed %v exec and %v portforward upgrades (101), want 5 and 1", e-execs, f-forwards)
 					}
+					hop.requireProtocols(t, 6)
 				}
 			})
 		}
@@ -338,4 +354,81 @@ func startEchoServer(t *testing.T) int {
 		}
 	}()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// protoHop is a TLS hop in front of apiserver 0 that offers HTTP/2 and HTTP/1.1 and records the
+// HTTP version each request arrived with: what watchsan sends its upstream. It passes
+// everything on (upgrades too) with httputil.ReverseProxy, over HTTP/1.1.
+type protoHop struct {
+	*httptest.Server
+	mu   sync.Mutex
+	seen []hopRequest
+}
+
+type hopRequest struct{ method, path, proto, upgrade string }
+
+func startProtoHop(t *testing.T, c *cluster.Cluster) *protoHop {
+	t.Helper()
+	target, err := url.Parse(c.APIServers[0].URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.LoadX509KeyPair(filepath.Join(c.Dir, "serving.crt"), filepath.Join(c.Dir, "serving.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(c.CAData)
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, Protocols: new(http.Protocols)}
+	tr.Protocols.SetHTTP1(true)
+	t.Cleanup(tr.CloseIdleConnections)
+	rp := &httputil.ReverseProxy{
+		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(target); pr.Out.Host = "" },
+		Transport:     tr,
+		FlushInterval: -1,
+	}
+	h := &protoHop{}
+	h.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.mu.Lock()
+		h.seen = append(h.seen, hopRequest{r.Method, r.URL.Path, r.Proto, r.Header.Get("Upgrade")})
+		h.mu.Unlock()
+		rp.ServeHTTP(w, r)
+	}))
+	h.EnableHTTP2 = true
+	h.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	h.StartTLS()
+	t.Cleanup(h.Close)
+	return h
+}
+
+func (h *protoHop) take() []hopRequest {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	s := h.seen
+	h.seen = nil
+	return s
+}
+
+// requireProtocols fails unless exactly upgrades upgrade requests came through since the last
+// take, all over HTTP/1.1, and every other pods request (kubectl's GET of the pod) over HTTP/2.
+func (h *protoHop) requireProtocols(t *testing.T, upgrades int) {
+	t.Helper()
+	n, plain := 0, 0
+	for _, r := range h.take() {
+		switch {
+		case r.upgrade != "":
+			n++
+			if r.proto != "HTTP/1.1" {
+				t.Fatalf("the upgrade %s %s (%s) reached the apiserver over %s", r.method, r.path, r.upgrade, r.proto)
+			}
+		case strings.Contains(r.path, "/pods/"):
+			plain++
+			if r.proto != "HTTP/2.0" {
+				t.Fatalf("%s %s reached the apiserver over %s; the hop must offer HTTP/2 for this test to mean anything", r.method, r.path, r.proto)
+			}
+		}
+	}
+	if n != upgrades || plain == 0 {
+		t.Fatalf("%d upgrades and %d other pods requests came through the hop, want %d and some", n, plain, upgrades)
+	}
 }
