@@ -30,8 +30,8 @@ import (
 
 // TestUpgradeKubectlThroughRealAPIServer (issue 8, item 7): every upgrade request, WebSocket
 // and SPDY, reaches the apiserver over HTTP/1.1 and works as it does directly. The real kubectl
-// runs exec (stdin, stdout, exit code), port-forward (bytes both ways through a local port) and
-// cp (both directions) against a real apiserver, which proxies them to the harness's kubelet
+// runs exec (stdin, stdout, exit code), attach, port-forward (bytes both ways through a local
+// port) and cp (both directions) against a real apiserver, which proxies them to the harness's kubelet
 // (cluster.Kubelet): directly, through watchsan lending its kubeconfig identity on loopback,
 // and through watchsan over TLS with --no-credentials and the client's own token; each with
 // WebSocket (kubectl's default) and with SPDY (KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false,
@@ -93,14 +93,16 @@ func TestUpgradeKubectlThroughRealAPIServer(t *testing.T) {
 				u := &upgradeRun{t: t, c: c, k: k, kubeconfig: r.kubeconfig, websocket: ws, name: r.name + "-" + proto}
 				u.env = []string{"KUBECTL_REMOTE_COMMAND_WEBSOCKETS=" + strconv.FormatBool(ws),
 					"KUBECTL_PORT_FORWARD_WEBSOCKETS=" + strconv.FormatBool(ws)}
-				var execs, forwards float64
+				var execs, forwards, attaches float64
 				if r.p != nil {
 					execs, forwards = r.p.upgrades()
+					attaches = r.p.Metric("watchsan_requests_total", map[string]string{"resource": "pods/attach", "code": "101"})
 				}
 				k.Streams() // forget earlier ones
 				hop.take()
 				u.exec()
 				u.exitCode()
+				u.attach()
 				u.portForward(echoPort)
 				u.cpToPod()
 				u.cpFromPod()
@@ -110,13 +112,16 @@ func TestUpgradeKubectlThroughRealAPIServer(t *testing.T) {
 					if e-execs != 5 || f-forwards != 1 {
 						t.Fatalf("watchsan relayed %v exec and %v portforward upgrades (101), want 5 and 1", e-execs, f-forwards)
 					}
-					hop.requireProtocols(t, 6)
+					if a := r.p.Metric("watchsan_requests_total", map[string]string{"resource": "pods/attach", "code": "101"}) - attaches; a != 1 {
+						t.Fatalf("watchsan relayed %v attach upgrades (101), want 1", a)
+					}
+					hop.requireProtocols(t, 7)
 				}
 			})
 		}
 	}
 
-	// The lending guard's default --reject-paths refuses exec with watchsan's identity with a
+	// The lending guard's default --reject-paths refuses exec and attach with watchsan's identity with a
 	// 403 whose message, shown by kubectl, names the flag that would allow it; kubectl's
 	// WebSocket attempt falls back to SPDY, refused too. Port-forward stays allowed.
 	t.Run("lent-default-guard", func(t *testing.T) {
@@ -129,23 +134,31 @@ func TestUpgradeKubectlThroughRealAPIServer(t *testing.T) {
 			u := &upgradeRun{t: t, c: c, k: k, kubeconfig: kc, websocket: ws, name: "guarded",
 				env: []string{"KUBECTL_REMOTE_COMMAND_WEBSOCKETS=" + strconv.FormatBool(ws),
 					"KUBECTL_PORT_FORWARD_WEBSOCKETS=" + strconv.FormatBool(ws)}}
-			k.Streams()
-			refused := guarded.Metric("watchsan_requests_total", map[string]string{"resource": "pods/exec", "code": "403"})
-			_, stderr, err := u.kubectl(nil, "exec", "box", "--", "echo", "hi")
-			if err == nil || !strings.Contains(stderr, "is refused to requests that would get watchsan's identity (--reject-paths") {
-				t.Fatalf("exec with the lent identity under the default guard (websocket %v): %v\n%s", ws, err, stderr)
-			}
-			if s := k.Streams(); len(s) != 0 {
-				t.Fatalf("a refused exec reached the kubelet: %+v", s)
-			}
-			attempts := map[bool]float64{true: 2, false: 1}[ws] // WebSocket, then the SPDY fallback
-			if n := guarded.Metric("watchsan_requests_total", map[string]string{"resource": "pods/exec", "code": "403"}) - refused; n != attempts {
-				t.Fatalf("watchsan answered %v exec upgrades with 403, want %v", n, attempts)
+			for _, sub := range []struct {
+				resource string
+				args     []string
+			}{
+				{"pods/exec", []string{"exec", "box", "--", "echo", "hi"}},
+				{"pods/attach", []string{"attach", "-i", "box"}},
+			} {
+				k.Streams()
+				refused := guarded.Metric("watchsan_requests_total", map[string]string{"resource": sub.resource, "code": "403"})
+				_, stderr, err := u.kubectl(strings.NewReader("hi\n"), sub.args...)
+				if err == nil || !strings.Contains(stderr, "is refused to requests that would get watchsan's identity (--reject-paths") {
+					t.Fatalf("kubectl %s with the lent identity under the default guard (websocket %v): %v\n%s", sub.args[0], ws, err, stderr)
+				}
+				if s := k.Streams(); len(s) != 0 {
+					t.Fatalf("a refused %s reached the kubelet: %+v", sub.args[0], s)
+				}
+				attempts := map[bool]float64{true: 2, false: 1}[ws] // WebSocket, then the SPDY fallback
+				if n := guarded.Metric("watchsan_requests_total", map[string]string{"resource": sub.resource, "code": "403"}) - refused; n != attempts {
+					t.Fatalf("watchsan answered %v %s upgrades with 403, want %v", n, sub.resource, attempts)
+				}
 			}
 			u.portForward(echoPort)
 		}
-		if n := guarded.Metric("watchsan_requests_refused_total", nil); n != 3 {
-			t.Fatalf("watchsan_requests_refused_total = %v, want the 3 refused exec upgrades", n)
+		if n := guarded.Metric("watchsan_requests_refused_total", nil); n != 6 {
+			t.Fatalf("watchsan_requests_refused_total = %v, want the 6 refused exec and attach upgrades", n)
 		}
 		if _, f := guarded.upgrades(); f != 2 {
 			t.Fatalf("watchsan relayed %v portforward upgrades under the default guard, want 2", f)
@@ -185,7 +198,7 @@ func (u *upgradeRun) kubectl(stdin io.Reader, args ...string) (string, string, e
 }
 
 // requireStreams fails unless the kubelet received exactly the streams of kind with commands
-// (nil for portforward), each over HTTP/1.1 with the run's protocol, from the apiserver's
+// (none for attach and portforward), each over HTTP/1.1 with the run's protocol, from the apiserver's
 // client certificate.
 func (u *upgradeRun) requireStreams(kind string, commands ...[]string) {
 	u.t.Helper()
@@ -196,6 +209,7 @@ func (u *upgradeRun) requireStreams(kind string, commands ...[]string) {
 	}
 	want := map[string]map[bool]string{ // a subprotocol the client must have offered
 		"exec":        {true: "v5.channel.k8s.io", false: "v4.channel.k8s.io"},
+		"attach":      {true: "v5.channel.k8s.io", false: "v4.channel.k8s.io"},
 		"portforward": {true: "SPDY/3.1+portforward.k8s.io", false: "portforward.k8s.io"},
 	}[kind][u.websocket]
 	for i, s := range got {
@@ -219,6 +233,18 @@ func (u *upgradeRun) exec() {
 		u.t.Fatalf("kubectl exec -i box -- cat: %v, %d bytes back of %d\n%s", err, len(stdout), len(in), stderr)
 	}
 	u.requireStreams("exec", []string{"cat"})
+}
+
+// attach: stdin reaches the container's main process (which echoes it) and its stdout comes
+// back.
+func (u *upgradeRun) attach() {
+	u.t.Helper()
+	in := "attached via " + u.name + "\n"
+	stdout, stderr, err := u.kubectl(strings.NewReader(in), "attach", "-i", "box")
+	if err != nil || stdout != in {
+		u.t.Fatalf("kubectl attach -i box: %v, %q back, want %q\n%s", err, stdout, in, stderr)
+	}
+	u.requireStreams("attach")
 }
 
 // exitCode: the command's exit code is kubectl's.
