@@ -121,9 +121,9 @@ func TestUpgradeKubectlThroughRealAPIServer(t *testing.T) {
 		}
 	}
 
-	// The lending guard's default --reject-paths refuses exec and attach with watchsan's identity with a
-	// 403 whose message, shown by kubectl, names the flag that would allow it; kubectl's
-	// WebSocket attempt falls back to SPDY, refused too. Port-forward stays allowed.
+	// The lending guard's default --reject-paths refuses exec and attach with watchsan's
+	// identity with a 403 whose message, shown by kubectl, names the flag that would allow it;
+	// kubectl's WebSocket attempt falls back to SPDY, refused too. Port-forward stays allowed.
 	t.Run("lent-default-guard", func(t *testing.T) {
 		guarded := startProxy(t, "--kubeconfig="+direct)
 		kc := filepath.Join(dir, "guarded.kubeconfig")
