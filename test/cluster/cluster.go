@@ -100,6 +100,9 @@ type Cluster struct {
 	// AdminCertFile and AdminKeyFile are a client certificate and key for a user in
 	// system:masters, for clients that authenticate with certificates.
 	AdminCertFile, AdminKeyFile string
+	// ServingCertFile and ServingKeyFile are the apiservers' serving certificate and key (valid
+	// for 127.0.0.1, ::1 and localhost, signed by CAFile), for test servers on loopback.
+	ServingCertFile, ServingKeyFile string
 	// KubectlPath is the kubectl built with the apiserver.
 	KubectlPath string
 
@@ -114,10 +117,9 @@ type Cluster struct {
 	// phases records how long each part of Start took, for reports.
 	phases []phase
 
-	mu       sync.Mutex // guards the fields below, and every APIServer's proc
-	stopped  bool
-	etcd     *proc
-	kubelets []*Kubelet // StartKubelet's, closed by Stop
+	mu      sync.Mutex // guards the fields below, and every APIServer's proc
+	stopped bool
+	etcd    *proc
 }
 
 // Start starts etcd and the apiservers, waits until every apiserver is ready, and sets up the
@@ -162,6 +164,7 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	}
 	c.CAFile, c.CAData = c.pki.caPath, c.pki.caData
 	c.AdminCertFile, c.AdminKeyFile = c.pki.adminCert, c.pki.adminKey
+	c.ServingCertFile, c.ServingKeyFile = c.pki.servingCert, c.pki.servingKey
 	c.client = newProbeClient(c.CAData)
 	// --token-auth-file: token,user,uid,"group1,group2"
 	tokens := fmt.Sprintf("%s,%s,%s-uid,\"system:masters\"\n%s,%s,%s-uid\n",
@@ -210,9 +213,8 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	return c, nil
 }
 
-// Stop closes the kubelets (StartKubelet), kills the apiservers, then etcd, waits for them to
-// exit and removes Dir. It is idempotent and safe to call from any goroutine; later Restarts
-// fail.
+// Stop kills the apiservers, then etcd, waits for them to exit and removes Dir. It is
+// idempotent and safe to call from any goroutine; later Restarts fail.
 func (c *Cluster) Stop() {
 	c.stopOnce.Do(func() {
 		c.mu.Lock()
@@ -224,12 +226,7 @@ func (c *Cluster) Stop() {
 			}
 		}
 		etcd := c.etcd
-		kubelets := c.kubelets
 		c.mu.Unlock()
-
-		for _, k := range kubelets {
-			k.Close()
-		}
 
 		var wg sync.WaitGroup
 		for _, p := range procs {

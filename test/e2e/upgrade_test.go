@@ -26,13 +26,14 @@ import (
 	"time"
 
 	"github.com/watchsan/watchsan/test/cluster"
+	"github.com/watchsan/watchsan/test/cluster/kubelet"
 )
 
 // TestUpgradeKubectlThroughRealAPIServer (issue 8, item 7): every upgrade request, WebSocket
 // and SPDY, reaches the apiserver over HTTP/1.1 and works as it does directly. The real kubectl
 // runs exec (stdin, stdout, exit code), attach, port-forward (bytes both ways through a local
 // port) and cp (both directions) against a real apiserver, which proxies them to the harness's kubelet
-// (cluster.Kubelet): directly, through watchsan lending its kubeconfig identity on loopback,
+// (test/cluster/kubelet): directly, through watchsan lending its kubeconfig identity on loopback,
 // and through watchsan over TLS with --no-credentials and the client's own token; each with
 // WebSocket (kubectl's default) and with SPDY (KUBECTL_REMOTE_COMMAND_WEBSOCKETS=false,
 // KUBECTL_PORT_FORWARD_WEBSOCKETS=false). The kubelet records the upgrade it received, so a
@@ -46,10 +47,11 @@ import (
 func TestUpgradeKubectlThroughRealAPIServer(t *testing.T) {
 	c := newCluster(t, cluster.Options{})
 	ctx := ctxT(t, 5*time.Minute)
-	k, err := c.StartKubelet(ctx, "fake-node")
+	k, err := kubelet.Start(ctx, c, "fake-node")
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(k.Close)
 	if err := k.CreatePod(ctx, "default", "box"); err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +78,7 @@ func TestUpgradeKubectlThroughRealAPIServer(t *testing.T) {
 	}
 	// A frontend: TLS (HTTP/2 offered to clients), no identity of its own.
 	own := startProxy(t, "--upstream="+hop.URL, "--upstream-ca-file="+c.CAFile, "--no-credentials",
-		"--tls-cert-file="+filepath.Join(c.Dir, "serving.crt"), "--tls-private-key-file="+filepath.Join(c.Dir, "serving.key"))
+		"--tls-cert-file="+c.ServingCertFile, "--tls-private-key-file="+c.ServingKeyFile)
 	ownKC := filepath.Join(dir, "own.kubeconfig")
 	if err := c.WriteKubeconfig(ownKC, "https://"+strings.TrimPrefix(own.URL, "http://"), c.AdminToken, c.CAFile); err != nil {
 		t.Fatal(err)
@@ -177,7 +179,7 @@ func (p *proxy) upgrades() (exec, portforward float64) {
 type upgradeRun struct {
 	t          *testing.T
 	c          *cluster.Cluster
-	k          *cluster.Kubelet
+	k          *kubelet.Kubelet
 	kubeconfig string
 	websocket  bool
 	env        []string
@@ -399,7 +401,7 @@ func startProtoHop(t *testing.T, c *cluster.Cluster) *protoHop {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cert, err := tls.LoadX509KeyPair(filepath.Join(c.Dir, "serving.crt"), filepath.Join(c.Dir, "serving.key"))
+	cert, err := tls.LoadX509KeyPair(c.ServingCertFile, c.ServingKeyFile)
 	if err != nil {
 		t.Fatal(err)
 	}

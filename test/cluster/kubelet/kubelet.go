@@ -1,4 +1,7 @@
-package cluster
+// Package kubelet is a stand-in kubelet for the test harness (test/cluster): see Kubelet. It is
+// apart from package cluster so that programs using the harness (watchsan demo --real) do not
+// link it and its streaming libraries.
+package kubelet
 
 import (
 	"archive/tar"
@@ -21,6 +24,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	upgradeproxy "k8s.io/apimachinery/pkg/util/proxy"
 	remotecommandconsts "k8s.io/apimachinery/pkg/util/remotecommand"
@@ -30,10 +34,12 @@ import (
 	remotecommandserver "k8s.io/cri-streaming/pkg/streaming/remotecommand"
 	"k8s.io/streaming/pkg/httpstream/wsstream"
 	utilexec "k8s.io/utils/exec"
+
+	"github.com/watchsan/watchsan/test/cluster"
 )
 
-// KubeletContainer is the name of the one container of every pod made by Kubelet.CreatePod.
-const KubeletContainer = "main"
+// Container is the name of the one container of every pod made by Kubelet.CreatePod.
+const Container = "main"
 
 // extendWebSocketsToKubelet is the node feature (status.declaredFeatures) that tells a 1.37
 // apiserver to pass WebSocket exec, attach and port-forward through to the kubelet instead of
@@ -53,7 +59,7 @@ const extendWebSocketsToKubelet = "ExtendWebSocketsToKubelet"
 // tar -xmf - -C DIR). Port-forward to pod port P connects to 127.0.0.1:P, as a host-network
 // pod's would. Attach echoes stdin to stdout.
 //
-// Its exported fields are set by StartKubelet and not changed after; do not modify them.
+// Its exported fields are set by Start and not changed after; do not modify them.
 type Kubelet struct {
 	// NodeName is the Node registered for it.
 	NodeName string
@@ -61,7 +67,8 @@ type Kubelet struct {
 	// requires a client certificate signed by the cluster CA (the apiservers present the admin
 	// one: --kubelet-client-certificate).
 	URL string
-	// Root is the containers' file system: a path in a command is taken under it.
+	// Root is the containers' file system, in the cluster's Dir: a path in a command is taken
+	// under it.
 	Root string
 
 	cs         kubernetes.Interface
@@ -73,11 +80,11 @@ type Kubelet struct {
 	closeOnce  sync.Once
 
 	mu      sync.Mutex
-	streams []KubeletStream
+	streams []Stream
 }
 
-// KubeletStream is one streaming request the kubelet received, as it arrived.
-type KubeletStream struct {
+// Stream is one streaming request the kubelet received, as it arrived.
+type Stream struct {
 	// Kind is "exec", "attach" or "portforward".
 	Kind string
 	// Namespace, Pod and Container are from the path (Container is empty for portforward).
@@ -97,22 +104,12 @@ type KubeletStream struct {
 }
 
 // WebSocket reports whether the request asked for a WebSocket upgrade.
-func (s KubeletStream) WebSocket() bool { return strings.EqualFold(s.Upgrade, "websocket") }
+func (s Stream) WebSocket() bool { return strings.EqualFold(s.Upgrade, "websocket") }
 
-// kubeletClientFlags make the apiservers verify the kubelet's serving certificate and present
-// the admin client certificate to it.
-func (c *Cluster) kubeletClientFlags() []string {
-	return []string{
-		"--kubelet-certificate-authority=" + c.pki.caPath,
-		"--kubelet-client-certificate=" + c.pki.adminCert,
-		"--kubelet-client-key=" + c.pki.adminKey,
-	}
-}
-
-// StartKubelet starts a Kubelet and registers the Node nodeName for it (InternalIP 127.0.0.1,
-// its port as the kubelet endpoint, Ready, declaring ExtendWebSocketsToKubelet as kubelet 1.37
-// does). Stop closes it.
-func (c *Cluster) StartKubelet(ctx context.Context, nodeName string) (_ *Kubelet, err error) {
+// Start starts a Kubelet for cluster c and registers the Node nodeName for it (InternalIP
+// 127.0.0.1, its port as the kubelet endpoint, Ready, declaring ExtendWebSocketsToKubelet as
+// kubelet 1.37 does). Its files live in c.Dir. Close it before or after c.Stop.
+func Start(ctx context.Context, c *cluster.Cluster, nodeName string) (_ *Kubelet, err error) {
 	cs, err := kubernetes.NewForConfig(c.RESTConfig(0, c.AdminToken))
 	if err != nil {
 		return nil, fmt.Errorf("kubelet: admin client: %w", err)
@@ -121,7 +118,7 @@ func (c *Cluster) StartKubelet(ctx context.Context, nodeName string) (_ *Kubelet
 	if err := os.MkdirAll(root, 0o755); err != nil {
 		return nil, fmt.Errorf("kubelet: root: %w", err)
 	}
-	cert, err := tls.LoadX509KeyPair(c.pki.servingCert, c.pki.servingKey)
+	cert, err := tls.LoadX509KeyPair(c.ServingCertFile, c.ServingKeyFile)
 	if err != nil {
 		return nil, fmt.Errorf("kubelet: serving certificate: %w", err)
 	}
@@ -157,14 +154,6 @@ func (c *Cluster) StartKubelet(ctx context.Context, nodeName string) (_ *Kubelet
 	}
 	go func() { _ = k.srv.ServeTLS(l, "", "") }()
 
-	c.mu.Lock()
-	if c.stopped {
-		c.mu.Unlock()
-		return nil, errors.New("cluster stopped")
-	}
-	c.kubelets = append(c.kubelets, k)
-	c.mu.Unlock()
-
 	if err := poll(ctx, func(ctx context.Context) error {
 		_, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{})
 		return ignoreExists(err)
@@ -191,7 +180,7 @@ func (c *Cluster) StartKubelet(ctx context.Context, nodeName string) (_ *Kubelet
 	return k, nil
 }
 
-// CreatePod creates a pod on the kubelet's node with one container, KubeletContainer, and
+// CreatePod creates a pod on the kubelet's node with one container, Container, and
 // marks it Running. The namespace's default ServiceAccount is created if missing (no
 // controller-manager runs to do it, and admission wants it).
 func (k *Kubelet) CreatePod(ctx context.Context, namespace, name string) error {
@@ -210,7 +199,7 @@ func (k *Kubelet) CreatePod(ctx context.Context, namespace, name string) error {
 				NodeName:                     k.NodeName,
 				HostNetwork:                  true, // port-forward reaches 127.0.0.1
 				AutomountServiceAccountToken: &automount,
-				Containers:                   []corev1.Container{{Name: KubeletContainer, Image: "watchsan.test/fake"}},
+				Containers:                   []corev1.Container{{Name: Container, Image: "watchsan.test/fake"}},
 			},
 		}, metav1.CreateOptions{})
 		return ignoreExists(err)
@@ -233,7 +222,7 @@ func (k *Kubelet) CreatePod(ctx context.Context, namespace, name string) error {
 }
 
 // Streams returns the streaming requests received since the last call, and forgets them.
-func (k *Kubelet) Streams() []KubeletStream {
+func (k *Kubelet) Streams() []Stream {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	s := k.streams
@@ -256,7 +245,7 @@ func (k *Kubelet) Close() {
 }
 
 func (k *Kubelet) record(kind string, r *http.Request) {
-	s := KubeletStream{
+	s := Stream{
 		Kind:      kind,
 		Namespace: r.PathValue("ns"),
 		Pod:       r.PathValue("pod"),
@@ -642,4 +631,28 @@ func (s *connSet) closeAll() {
 		c.Close()
 	}
 	s.conns = nil
+}
+
+// poll runs f every 100 ms until it succeeds or ctx ends; then it returns f's last error.
+func poll(ctx context.Context, f func(context.Context) error) error {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		err := f(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last error: %w)", ctx.Err(), err)
+		case <-t.C:
+		}
+	}
+}
+
+func ignoreExists(err error) error {
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
 }

@@ -1,4 +1,4 @@
-package cluster
+package kubelet
 
 import (
 	"archive/tar"
@@ -21,7 +21,7 @@ func (*bufCloser) Close() error { return nil }
 func runFake(t *testing.T, rt fakeRuntime, stdin io.Reader, cmd ...string) (string, string, error) {
 	t.Helper()
 	var out, errOut bufCloser
-	err := rt.ExecInContainer(context.Background(), "pod", "", KubeletContainer, cmd, stdin, &out, &errOut, false, nil, 0)
+	err := rt.ExecInContainer(context.Background(), "pod", "", Container, cmd, stdin, &out, &errOut, false, nil, 0)
 	return out.String(), errOut.String(), err
 }
 
