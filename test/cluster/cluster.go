@@ -100,6 +100,9 @@ type Cluster struct {
 	// AdminCertFile and AdminKeyFile are a client certificate and key for a user in
 	// system:masters, for clients that authenticate with certificates.
 	AdminCertFile, AdminKeyFile string
+	// ServingCertFile and ServingKeyFile are the apiservers' serving certificate and key (valid
+	// for 127.0.0.1, ::1 and localhost, signed by CAFile), for test servers on loopback.
+	ServingCertFile, ServingKeyFile string
 	// KubectlPath is the kubectl built with the apiserver.
 	KubectlPath string
 
@@ -161,6 +164,7 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	}
 	c.CAFile, c.CAData = c.pki.caPath, c.pki.caData
 	c.AdminCertFile, c.AdminKeyFile = c.pki.adminCert, c.pki.adminKey
+	c.ServingCertFile, c.ServingKeyFile = c.pki.servingCert, c.pki.servingKey
 	c.client = newProbeClient(c.CAData)
 	// --token-auth-file: token,user,uid,"group1,group2"
 	tokens := fmt.Sprintf("%s,%s,%s-uid,\"system:masters\"\n%s,%s,%s-uid\n",
