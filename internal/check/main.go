@@ -60,6 +60,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		if errors.Is(err, pflag.ErrHelp) {
 			return ExitClean
 		}
+		fmt.Fprintf(stderr, "watchsan check: %v\nRun 'watchsan check --help' for the flags.\n", err)
 		return ExitError
 	}
 	usage := func(format string, a ...any) int {
