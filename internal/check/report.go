@@ -195,11 +195,12 @@ func (r *Report) WriteText(w io.Writer) {
 	}
 }
 
-// bookmarkNote explains bookmarks seen only near the deadline.
+// bookmarkNote says which kind of bookmark came first: a periodic one, or only the one near the
+// watch's deadline.
 func bookmarkNote(b BookmarkResult) string {
 	for _, at := range b.AtSeconds {
 		if at < b.WaitSeconds-preDeadlineSlack.Seconds() {
-			return ""
+			return fmt.Sprintf(" (the first periodic one after %gs; an apiserver sends one about every 60s, and one 2s before a watch's deadline)", at)
 		}
 	}
 	return " (near the watch's deadline, when the apiserver sends one; its periodic one comes about every 60s: --bookmark-wait=70s to see it)"

@@ -62,7 +62,7 @@ func TestReportProblemsAndText(t *testing.T) {
 	}
 	b.Reset()
 	clean.WriteText(&b)
-	if out := b.String(); !strings.Contains(out, "Bookmarks:  ok: 2 within 70s, at 60.1s, 68s after the watch started.\n") ||
+	if out := b.String(); !strings.Contains(out, "Bookmarks:  ok: 2 within 70s, at 60.1s, 68s after the watch started (the first periodic one after 60.1s;") ||
 		!strings.Contains(out, "Result: no problem found.") || !strings.Contains(out, "Idle watch: not checked") {
 		t.Errorf("clean text:\n%s", out)
 	}
