@@ -28,6 +28,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
@@ -41,6 +42,9 @@ import (
 const (
 	ManagedByLabel = "app.kubernetes.io/managed-by"
 	ManagedByValue = "watchsan-check"
+	// runLabel tells one run's namespace from another's, so that a run whose namespace
+	// create failed midway (interrupted) finds the namespace if it was made after all.
+	runLabel = "watchsan.io/check-run"
 )
 
 const (
@@ -164,7 +168,6 @@ func (c *Checker) Run(ctx context.Context, o Options) (rep Report, err error) {
 	if err != nil {
 		return rep, err
 	}
-	rep.Namespace = ns
 
 	markerRV, err := c.reproduce(ctx, o, ns, &rep)
 	if err != nil {
@@ -196,18 +199,27 @@ func (c *Checker) checkVersion(ctx context.Context, o Options, rep *Report) erro
 	return nil
 }
 
-// createNamespace creates the temporary namespace. When the request fails after it may have
-// reached the server (the context ended meanwhile), it returns no name: a namespace created
-// then carries the label and is found by it.
+// createNamespace creates the temporary namespace. When the request fails, the namespace may
+// have been created all the same (the request reached the server, the answer was lost when
+// the run was interrupted): it is looked up by this run's label and its name returned with
+// the error, so that it is deleted too.
 func (c *Checker) createNamespace(ctx context.Context, o Options) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, o.StepTimeout)
+	run := rand.String(10)
+	cctx, cancel := context.WithTimeout(ctx, o.StepTimeout)
 	defer cancel()
-	nsObj, err := c.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+	nsObj, err := c.client.CoreV1().Namespaces().Create(cctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
 		GenerateName: o.NamespacePrefix,
-		Labels:       map[string]string{ManagedByLabel: ManagedByValue},
+		Labels:       map[string]string{ManagedByLabel: ManagedByValue, runLabel: run},
 	}}, metav1.CreateOptions{})
 	if err != nil {
-		return "", fmt.Errorf("creating the temporary namespace: %w", err)
+		err = fmt.Errorf("creating the temporary namespace: %w", err)
+		lctx, cancel := context.WithTimeout(context.Background(), o.CleanupTimeout)
+		defer cancel()
+		l, lerr := c.client.CoreV1().Namespaces().List(lctx, metav1.ListOptions{LabelSelector: runLabel + "=" + run})
+		if lerr == nil && len(l.Items) == 1 {
+			return l.Items[0].Name, err
+		}
+		return "", err
 	}
 	c.log.Info("namespace created", zap.String("namespace", nsObj.Name))
 	return nsObj.Name, nil
