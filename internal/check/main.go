@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -119,14 +120,14 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			rep.Namespace, rep.Cleanup.Error, ManagedByLabel, ManagedByValue)
 	}
 	if err != nil {
-		why := "could not run"
 		switch {
 		case errors.Is(err, context.Canceled):
-			why = "interrupted"
+			fmt.Fprintln(stderr, "watchsan check: interrupted")
 		case errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil:
-			why = fmt.Sprintf("timed out after %v (--timeout)", *timeout)
+			fmt.Fprintf(stderr, "watchsan check: timed out after %v (--timeout)\n", *timeout)
+		default:
+			fmt.Fprintf(stderr, "watchsan check: could not run: %s\n", strings.ReplaceAll(err.Error(), "\n", "; "))
 		}
-		fmt.Fprintf(stderr, "watchsan check: %s: %v\n", why, err)
 		if rep.Namespace != "" && rep.Cleanup.Deleted {
 			fmt.Fprintf(stderr, "watchsan check: namespace %s deleted\n", rep.Namespace)
 		}
