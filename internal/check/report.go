@@ -46,7 +46,9 @@ type VersionResult struct {
 
 // Event is one watch event as it was on the wire.
 type Event struct {
+	// Type is ADDED, MODIFIED, DELETED or ERROR.
 	Type string `json:"type"`
+	// Name is the configmap's name; empty for an ERROR.
 	Name string `json:"name,omitempty"`
 	// RV is metadata.resourceVersion exactly as sent.
 	RV string `json:"rv"`
