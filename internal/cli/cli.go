@@ -1,5 +1,6 @@
 // Package cli is watchsan's command line: `watchsan [flags]` runs the proxy, `watchsan version`
-// prints the version, `watchsan demo` runs the incident demo.
+// prints the version, `watchsan demo` runs the incident demo, `watchsan check` checks whether a
+// cluster (or the path to it) needs watchsan.
 package cli
 
 import (
@@ -39,6 +40,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			return exitOK
 		case "demo":
 			return runDemo(args[1:], stdout, stderr)
+		case "check":
+			return runCheck(args[1:], stdout, stderr)
 		}
 	}
 	cfg, err := config.Load(args)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync/atomic"
+	"time"
 
 	"github.com/watchsan/watchsan/internal/stream"
 )
@@ -65,6 +66,18 @@ type Faults struct {
 	// right after its next event. What an apiserver or a proxy hop that closes its watches
 	// looks like to a client, over and over while it lasts.
 	EndImmediately bool
+
+	// EndIdleAfter ends a watch response cleanly once it has written nothing (no event, no
+	// bookmark) for this long, as an L7 gateway's stream idle timeout does (Envoy's is 5
+	// minutes by default; docs/design.md section 1b). The clock starts when the response
+	// header is sent and restarts with every event written; the setting active then is the one
+	// that counts for that response. Zero: off.
+	EndIdleAfter time.Duration
+
+	// DropBookmarks drops every BOOKMARK event, the initial-events-end bookmark included, as a
+	// proxy that does not know them does: the client never hears of progress on a quiet watch,
+	// and a watch-list informer never syncs (docs/design.md section 2).
+	DropBookmarks bool
 }
 
 // Validate reports every problem with f at once, or nil.
@@ -78,6 +91,9 @@ func (f Faults) Validate() error {
 	nonNegative("ResetEveryN", f.ResetEveryN)
 	nonNegative("Fail503FirstK", f.Fail503FirstK)
 	nonNegative("StallAfterN", f.StallAfterN)
+	if f.EndIdleAfter < 0 {
+		errs = append(errs, fmt.Errorf("faults: EndIdleAfter must be zero (off) or positive, got %v", f.EndIdleAfter))
+	}
 	if f.ResetTCP && f.ResetEveryN <= 0 {
 		errs = append(errs, errors.New("faults: ResetTCP needs ResetEveryN > 0 (it only changes how that reset is done)"))
 	}
@@ -115,6 +131,8 @@ type fault struct {
 	// started runs once the response header was sent, before the first event; the first
 	// verdict other than carryOn ends the watch (only endClean is supported there).
 	started func(a *active, wt *watchReq) verdict
+	// drop returns true to leave ev out of the response; the after hooks do not run for it.
+	drop func(a *active, wt *watchReq, ev *stream.Event) bool
 	// rv returns the resourceVersion to write ev with, or "" to leave it as it is. The first
 	// fault that returns one wins.
 	rv func(a *active, wt *watchReq, ev *stream.Event) string
@@ -132,4 +150,5 @@ var faultList = []fault{
 	endImmediatelyFault,
 	resetFault,
 	stallFault,
+	dropBookmarksFault,
 }

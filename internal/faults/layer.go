@@ -2,7 +2,7 @@
 // front of a real kube-apiserver (usually behind an httputil.ReverseProxy to it) and makes its
 // watch responses misbehave the way apiservers and the hops in front of them once did: the
 // Kubernetes 1.7-1.9 DELETED events that went back in time, watches ended, reset, stalled,
-// refused with 503 or sent a GOAWAY. Everything that is not a watch passes straight through.
+// cut when idle, stripped of bookmarks, refused with 503 or sent a GOAWAY. Everything that is not a watch passes straight through.
 //
 // The layer parses watch streams with package stream, so it works for JSON, protobuf and CBOR
 // alike, and it writes every event it does not change byte for byte as the apiserver sent it.
@@ -170,6 +170,8 @@ func (wt *watchReq) serve() {
 			return
 		}
 	}
+	idle := startIdleCut(a, wt, u)
+	defer idle.stop()
 
 	var body io.Reader = u.pr
 	if encoding == "gzip" { // asked for identity; decode anyway if the upstream insists
@@ -192,6 +194,9 @@ func (wt *watchReq) serve() {
 		if ev.Type == stream.Added || ev.Type == stream.Modified {
 			l.tracker.observe(ev)
 		}
+		if dropped(a, wt, ev) {
+			continue
+		}
 		rv := ""
 		for _, f := range faultList {
 			if rv == "" && f.rv != nil {
@@ -211,6 +216,7 @@ func (wt *watchReq) serve() {
 			return
 		}
 		wt.events++
+		idle.touch()
 		for _, f := range faultList {
 			if f.after == nil {
 				continue
@@ -234,11 +240,12 @@ func (wt *watchReq) serve() {
 }
 
 // readFailed ends the client's response after the upstream stream could not be read further:
-// cleanly when it ended cleanly or sent something unreadable, with an abort when the upstream
+// cleanly when it ended cleanly, was cut for being idle (EndIdleAfter) or sent something
+// unreadable, with an abort when the upstream
 // itself was aborted (so the client sees the break it would have seen without the layer).
 func (wt *watchReq) readFailed(u *upstream, err error) {
 	switch {
-	case errors.Is(err, io.EOF):
+	case errors.Is(err, io.EOF), errors.Is(err, errIdleCut):
 		return
 	case wt.r.Context().Err() != nil:
 		return

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -737,5 +738,88 @@ func TestRequestsCounted(t *testing.T) {
 	}
 	if s := st.layer.Stats(); s.Requests != 3 || s.Watches != 0 {
 		t.Errorf("stats %+v, want 3 requests, no watch", s)
+	}
+}
+
+// EndIdleAfter cuts a watch that wrote nothing for the period, cleanly, and only then: events
+// closer together than the period keep it open.
+func TestEndIdleAfter(t *testing.T) {
+	const idle = time.Second
+	for _, f := range allFormats {
+		t.Run(f.name, func(t *testing.T) {
+			s := newStandIn(t, map[string]script{"ns": {
+				events: []evt{{watch.Added, cm("a", "uid-a", "10")}},
+				then: func(w http.ResponseWriter, r *http.Request) {
+					for i, name := range []string{"b", "c"} {
+						select {
+						case <-time.After(idle / 4):
+						case <-r.Context().Done():
+							return
+						}
+						_, _ = w.Write(f.frame(t, watch.Added, cm(name, "uid-"+name, strconv.Itoa(11+i))))
+						_ = http.NewResponseController(w).Flush()
+					}
+				},
+				hold: true,
+			}})
+			st := newSetup(t, s)
+			if err := st.layer.Set(Faults{EndIdleAfter: idle}); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			resp := st.openWatch(t, ctx, cmPath, f, nil)
+			defer resp.Body.Close()
+			d := f.decoder(resp.Body)
+			got := readEvents(t, d, 3)
+			last := time.Now()
+			if got[2].obj.Name != "c" {
+				t.Fatalf("third event %s, want c", got[2].obj.Name)
+			}
+			if err := nextErr(d); !isCleanEnd(err) {
+				t.Fatalf("after the idle period: %v, want a clean end", err)
+			}
+			if quiet := time.Since(last); quiet < idle-50*time.Millisecond {
+				t.Errorf("cut %v after the last event, want at least %v", quiet, idle)
+			}
+			receive(t, "the upstream watch to be cancelled", s.watchEnded)
+			if s := st.layer.Stats(); s.EndedIdle != 1 || s.UpstreamGarbage != 0 {
+				t.Errorf("stats %+v, want 1 ended idle, no garbage", s)
+			}
+		})
+	}
+}
+
+// DropBookmarks leaves bookmarks out, every other event passes.
+func TestDropBookmarks(t *testing.T) {
+	for _, f := range allFormats {
+		t.Run(f.name, func(t *testing.T) {
+			bm := &corev1.ConfigMap{TypeMeta: metav1.TypeMeta{Kind: "ConfigMap", APIVersion: "v1"},
+				ObjectMeta: metav1.ObjectMeta{ResourceVersion: "11"}}
+			s := newStandIn(t, map[string]script{"ns": {events: []evt{
+				{watch.Added, cm("a", "uid-a", "10")},
+				{watch.Bookmark, bm},
+				{watch.Added, cm("b", "uid-b", "12")},
+			}}})
+			st := newSetup(t, s)
+			if err := st.layer.Set(Faults{DropBookmarks: true}); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			resp := st.openWatch(t, ctx, cmPath, f, nil)
+			defer resp.Body.Close()
+			d := f.decoder(resp.Body)
+			got := readEvents(t, d, 2)
+			if got[0].obj.Name != "a" || got[1].typ != watch.Added || got[1].obj.Name != "b" {
+				t.Errorf("got %s %s, %s %s; want ADDED a, ADDED b", got[0].typ, got[0].obj.Name, got[1].typ, got[1].obj.Name)
+			}
+			if err := nextErr(d); !isCleanEnd(err) {
+				t.Errorf("after b: %v, want the clean end", err)
+			}
+			if s := st.layer.Stats(); s.BookmarksDropped != 1 {
+				t.Errorf("stats %+v, want 1 bookmark dropped", s)
+			}
+		})
 	}
 }

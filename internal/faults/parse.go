@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // ParseFaults reads faults written as String writes them, for flags and config files: a
 // comma-separated list of delete-old-rv, end-after-delete, reset-every=N, reset-tcp,
-// fail-503-first=K, stall-after=N, goaway and end-immediately. "" and "none" are no faults. Every problem is
+// fail-503-first=K, stall-after=N, goaway, end-immediately, end-idle-after=DURATION and
+// drop-bookmarks. "" and "none" are no faults. Every problem is
 // reported at once.
 func ParseFaults(s string) (Faults, error) {
 	var f Faults
@@ -52,9 +54,19 @@ func ParseFaults(s string) (Faults, error) {
 			flag(&f.GoAway)
 		case "end-immediately":
 			flag(&f.EndImmediately)
+		case "end-idle-after":
+			d, err := time.ParseDuration(val)
+			if !hasVal || err != nil || d <= 0 {
+				errs = append(errs, fmt.Errorf("faults: %s needs a positive duration (%s=30s), got %q", name, name, item))
+				continue
+			}
+			f.EndIdleAfter = d
+		case "drop-bookmarks":
+			flag(&f.DropBookmarks)
 		default:
 			errs = append(errs, fmt.Errorf("faults: unknown fault %q (known: delete-old-rv, end-after-delete, "+
-				"reset-every=N, reset-tcp, fail-503-first=K, stall-after=N, goaway, end-immediately)", name))
+				"reset-every=N, reset-tcp, fail-503-first=K, stall-after=N, goaway, end-immediately, "+
+				"end-idle-after=DURATION, drop-bookmarks)", name))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -89,6 +101,12 @@ func (f Faults) String() string {
 	}
 	if f.EndImmediately {
 		parts = append(parts, "end-immediately")
+	}
+	if f.EndIdleAfter != 0 {
+		parts = append(parts, "end-idle-after="+f.EndIdleAfter.String())
+	}
+	if f.DropBookmarks {
+		parts = append(parts, "drop-bookmarks")
 	}
 	if len(parts) == 0 {
 		return "none"

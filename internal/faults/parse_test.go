@@ -3,6 +3,7 @@ package faults
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseFaultsRoundTrip(t *testing.T) {
@@ -11,6 +12,7 @@ func TestParseFaultsRoundTrip(t *testing.T) {
 		{DeleteOldRV: true, EndWatchAfterDelete: true},
 		{ResetEveryN: 5, ResetTCP: true, Fail503FirstK: 2, StallAfterN: 7, GoAway: true},
 		{EndImmediately: true},
+		{EndIdleAfter: 90 * time.Second, DropBookmarks: true},
 	} {
 		got, err := ParseFaults(f.String())
 		if err != nil || got != f {
@@ -23,12 +25,13 @@ func TestParseFaultsRoundTrip(t *testing.T) {
 }
 
 func TestParseFaultsErrors(t *testing.T) {
-	_, err := ParseFaults("delete-old-rv=1,reset-every=x,stall-after,fail-503-first=-2,bogus")
+	_, err := ParseFaults("delete-old-rv=1,reset-every=x,stall-after,fail-503-first=-2,bogus,end-idle-after=0s")
 	if err == nil {
 		t.Fatal("accepted")
 	}
 	for _, want := range []string{"delete-old-rv takes no value", `reset-every needs a positive count`,
-		"stall-after needs", "fail-503-first needs", `unknown fault "bogus"`} {
+		"stall-after needs", "fail-503-first needs", `unknown fault "bogus"`,
+		"end-idle-after needs a positive duration"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}

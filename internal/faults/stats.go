@@ -29,6 +29,10 @@ type Stats struct {
 	Stalls int64
 	// EndedImmediately counts watch responses ended at once (EndImmediately).
 	EndedImmediately int64
+	// EndedIdle counts watch responses ended after writing nothing for EndIdleAfter.
+	EndedIdle int64
+	// BookmarksDropped counts BOOKMARK events left out (DropBookmarks).
+	BookmarksDropped int64
 	// UpstreamGarbage counts watch responses ended because the upstream stream was unreadable
 	// (malformed, truncated or oversized frames).
 	UpstreamGarbage int64
@@ -38,7 +42,7 @@ type counters struct {
 	requests, endedImmediately                                     atomic.Int64
 	watches, refused503, goAways, deletesRewritten, deletesUnknown atomic.Int64
 	lookups, lookupsFailed, endedAfterDelete, resets, stalls       atomic.Int64
-	garbage                                                        atomic.Int64
+	garbage, endedIdle, bookmarksDropped                           atomic.Int64
 }
 
 // Stats returns the layer's counts since New.
@@ -57,6 +61,8 @@ func (l *Layer) Stats() Stats {
 		Resets:           c.resets.Load(),
 		Stalls:           c.stalls.Load(),
 		EndedImmediately: c.endedImmediately.Load(),
+		EndedIdle:        c.endedIdle.Load(),
+		BookmarksDropped: c.bookmarksDropped.Load(),
 		UpstreamGarbage:  c.garbage.Load(),
 	}
 }
