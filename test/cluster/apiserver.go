@@ -90,6 +90,7 @@ func (a *APIServer) args() []string {
 		"--service-cluster-ip-range=10.0.0.0/24",
 		"--endpoint-reconciler-type=none", // several apiservers, one etcd, no real endpoints
 	}
+	args = append(args, c.requestHeaderArgs()...)
 	if c.opts.FeatureGates != "" {
 		args = append(args, "--feature-gates="+c.opts.FeatureGates)
 	}

@@ -100,6 +100,10 @@ type Cluster struct {
 	// AdminCertFile and AdminKeyFile are a client certificate and key for a user in
 	// system:masters, for clients that authenticate with certificates.
 	AdminCertFile, AdminKeyFile string
+	// FrontProxyCAFile is every apiserver's --requestheader-client-ca-file, and
+	// FrontProxyCertFile/KeyFile the client certificate for FrontProxyUser it signed: a request
+	// with it is authenticated as X-Remote-User and X-Remote-Group say (frontproxy.go).
+	FrontProxyCAFile, FrontProxyCertFile, FrontProxyKeyFile string
 	// KubectlPath is the kubectl built with the apiserver.
 	KubectlPath string
 
@@ -161,6 +165,9 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	}
 	c.CAFile, c.CAData = c.pki.caPath, c.pki.caData
 	c.AdminCertFile, c.AdminKeyFile = c.pki.adminCert, c.pki.adminKey
+	if err := c.writeFrontProxy(dir); err != nil {
+		return nil, fmt.Errorf("front-proxy PKI: %w", err)
+	}
 	c.client = newProbeClient(c.CAData)
 	// --token-auth-file: token,user,uid,"group1,group2"
 	tokens := fmt.Sprintf("%s,%s,%s-uid,\"system:masters\"\n%s,%s,%s-uid\n",
