@@ -79,6 +79,17 @@ func newIdentityEnv(t *testing.T) *identityEnv {
 		t.Fatal(err)
 	}
 	ctx := ctxT(t, time.Minute)
+	// watchsan's own identity in impersonate mode: the limited user, given exactly what
+	// deploy/components/identity-forwarding grants (impersonate on users and groups).
+	if _, err := e.admin.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "impersonator"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"users", "groups"}, Verbs: []string{"impersonate"}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "impersonator"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "impersonator"},
+		Subjects: []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: cluster.LimitedUser}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	for _, b := range []struct {
 		ns      string
 		subject rbacv1.Subject
@@ -112,9 +123,9 @@ func (e *identityEnv) start(t *testing.T, mode string, extra ...string) (*proxy,
 		"--client-ca-file=" + e.clientCA.File, "--identity-forwarding=" + mode}
 	switch mode {
 	case "impersonate":
-		// watchsan's own identity, which may impersonate: the admin's token.
+		// watchsan's own identity, which may impersonate users and groups and nothing more.
 		kc := filepath.Join(e.dir, "watchsan.kubeconfig")
-		if err := e.c.WriteKubeconfig(kc, e.c.APIServers[0].URL, e.c.AdminToken, e.c.CAFile); err != nil {
+		if err := e.c.WriteKubeconfig(kc, e.c.APIServers[0].URL, e.c.UserToken, e.c.CAFile); err != nil {
 			t.Fatal(err)
 		}
 		args = append(args, "--kubeconfig="+kc)
