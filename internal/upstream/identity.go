@@ -44,7 +44,10 @@ var assertedPrefixes = []string{"Impersonate-", "X-Remote-"}
 // convention (k8s.io/apiserver/pkg/authentication/request/x509.CommonNameUserConversion): the
 // user is the subject's CommonName, the groups its Organizations.
 type Identity struct {
-	User   string
+	// User is the subject's CommonName; never empty in an Identity ClientIdentity returns.
+	User string
+	// Groups are the subject's Organizations; empty: none (the apiserver still adds
+	// system:authenticated).
 	Groups []string
 }
 

@@ -63,16 +63,20 @@ func newIdentityEnv(t *testing.T) *identityEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, issue := range map[string]func() (string, string, error){
-		"alice":           func() (string, string, error) { return e.clientCA.IssueClient("alice", "alice") },
-		"bob":             func() (string, string, error) { return e.clientCA.IssueClient("bob", "bob", identityGroupB) },
-		"untrusted-alice": func() (string, string, error) { return untrusted.IssueClient("untrusted-alice", "alice", "system:masters") },
+	for _, c := range []struct {
+		name, user string
+		ca         *cluster.CA
+		groups     []string
+	}{
+		{"alice", "alice", e.clientCA, nil},
+		{"bob", "bob", e.clientCA, []string{identityGroupB}},
+		{"untrusted-alice", "alice", untrusted, []string{"system:masters"}},
 	} {
-		crt, key, err := issue()
+		crt, key, err := c.ca.IssueClient(c.name, c.user, c.groups...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.certs[name] = [2]string{crt, key}
+		e.certs[c.name] = [2]string{crt, key}
 	}
 
 	if e.admin, err = kubernetes.NewForConfig(e.c.RESTConfig(0, e.c.AdminToken)); err != nil {
