@@ -47,7 +47,8 @@ type Config struct {
 	AcceptHosts   string
 	RejectPaths   string
 	RejectMethods string
-	// StripIdentityHeaders are removed from every lent request: the headers an apiserver reads
+	// StripIdentityHeaders are removed from every lent request (and every request that asserts
+	// a client's identity, IdentityForwarding): the headers an apiserver reads
 	// an identity from when the client certificate watchsan presents is a front proxy's
 	// (--requestheader-*). A name ending in "*" is a prefix.
 	StripIdentityHeaders string

@@ -57,7 +57,11 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	s.metrics = metrics.New(func() float64 { return float64(memory.Len()) })
 	if cfg.TLSCertFile != "" {
 		var err error
-		if s.tls, err = newTLSFiles(cfg.TLSCertFile, cfg.TLSKeyFile, cfg.ClientCAFile, log.Named("tls")); err != nil {
+		reloads := s.metrics.TLSReloads
+		reloads.WithLabelValues("ok")
+		reloads.WithLabelValues("error")
+		if s.tls, err = newTLSFiles(cfg.TLSCertFile, cfg.TLSKeyFile, cfg.ClientCAFile, log.Named("tls"),
+			func(result string) { reloads.WithLabelValues(result).Inc() }); err != nil {
 			return nil, err
 		}
 	}

@@ -26,6 +26,8 @@ const tlsCheckInterval = time.Second
 type tlsFiles struct {
 	certFile, keyFile, caFile string
 	log                       *zap.Logger
+	// reloaded is told "ok" or "error" for every change of the files seen.
+	reloaded func(result string)
 	// interval is tlsCheckInterval; tests shorten it.
 	interval time.Duration
 
@@ -36,9 +38,10 @@ type tlsFiles struct {
 	cfg                    *tls.Config // the config handshakes get; replaced, never changed
 }
 
-// newTLSFiles loads the serving certificate and key and, when caFile is set, the client CA.
-func newTLSFiles(certFile, keyFile, caFile string, log *zap.Logger) (*tlsFiles, error) {
-	f := &tlsFiles{certFile: certFile, keyFile: keyFile, caFile: caFile, log: log, interval: tlsCheckInterval}
+// newTLSFiles loads the serving certificate and key and, when caFile is set, the client CA;
+// reloaded is told the result of every later change of the files.
+func newTLSFiles(certFile, keyFile, caFile string, log *zap.Logger, reloaded func(result string)) (*tlsFiles, error) {
+	f := &tlsFiles{certFile: certFile, keyFile: keyFile, caFile: caFile, log: log, reloaded: reloaded, interval: tlsCheckInterval}
 	certPEM, keyPEM, caPEM, err := f.read()
 	if err != nil {
 		return nil, err
@@ -84,9 +87,11 @@ func (f *tlsFiles) reload() {
 	cfg, err := f.build(certPEM, keyPEM, caPEM)
 	if err != nil {
 		f.log.Warn("the TLS files changed but do not load (in the middle of a rotation?); the ones loaded before stay in use", zap.Error(err))
+		f.reloaded("error")
 		return
 	}
 	f.cfg = cfg
+	f.reloaded("ok")
 	fields := []zap.Field{zap.String("certFile", f.certFile)}
 	if leaf := cfg.Certificates[0].Leaf; leaf != nil {
 		fields = append(fields, zap.Time("notAfter", leaf.NotAfter), zap.String("serial", leaf.SerialNumber.String()))

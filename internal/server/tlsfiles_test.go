@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -95,7 +96,9 @@ func TestTLSFilesReload(t *testing.T) {
 	writeFile(t, keyFile, k1)
 	writeFile(t, caFile, clientCA1.pem)
 
-	files, err := newTLSFiles(certFile, keyFile, caFile, zap.NewNop())
+	var mu sync.Mutex
+	results := map[string]int{}
+	files, err := newTLSFiles(certFile, keyFile, caFile, zap.NewNop(), func(r string) { mu.Lock(); results[r]++; mu.Unlock() })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,6 +177,11 @@ func TestTLSFilesReload(t *testing.T) {
 	}
 	if _, err := handshake(alice1, aliceKey1); err == nil {
 		t.Fatal("a certificate of the replaced client CA is still accepted")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if results["error"] != 1 || results["ok"] < 1 {
+		t.Fatalf("reload results %v, want one error (the half rotation) and at least one ok", results)
 	}
 }
 
