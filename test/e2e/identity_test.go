@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -382,5 +383,81 @@ func TestAttackFrontendCredentials(t *testing.T) {
 			}
 			p.requireProxied(1, map[string]string{"verb": "list", "resource": "configmaps", "code": "200"})
 		})
+	}
+}
+
+// TestIdentityTLSRotation: the running binary picks up a rotated client CA and serving
+// certificate from its files, without a restart: a certificate of the new CA is let in and
+// forwarded as its user, one of the old CA is refused, and handshakes present the new serving
+// certificate.
+func TestIdentityTLSRotation(t *testing.T) {
+	e := newIdentityEnv(t)
+	newCA, err := cluster.NewCA(e.dir, "rotated-client-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	crt, key, err := newCA.IssueClient("bob-rotated", "bob", identityGroupB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.certs["bob-rotated"] = [2]string{crt, key}
+	// watchsan reads copies, which the test then replaces the way a Secret volume does.
+	caFile, certFile, keyFile := filepath.Join(e.dir, "live-ca.crt"), filepath.Join(e.dir, "live-tls.crt"), filepath.Join(e.dir, "live-tls.key")
+	copyFile(t, e.clientCA.File, caFile)
+	copyFile(t, e.servingCrt, certFile)
+	copyFile(t, e.servingKey, keyFile)
+	e.clientCA.File, e.servingCrt, e.servingKey = caFile, certFile, keyFile
+	p, url := e.start(t, "requestheader")
+
+	servingSerial := func() string {
+		hc := e.httpClient(t, "")
+		resp, err := hc.Get(url + "/version")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.TLS.PeerCertificates[0].SerialNumber.String()
+	}
+	oldSerial := servingSerial()
+	if user, _ := whoamiVia(t, e.httpClient(t, "alice"), url, nil); user != "alice" {
+		t.Fatalf("before the rotation alice is %q", user)
+	}
+	if _, err := e.httpClient(t, "bob-rotated").Get(url + "/version"); err == nil {
+		t.Fatal("a certificate of the next client CA was accepted before the rotation")
+	}
+
+	newCrt, newKey, err := e.servingCA.IssueServing("watchsan-serving-rotated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, newCA.File, caFile)
+	copyFile(t, newKey, keyFile) // key first: in between, the pair does not load and the old one stays
+	copyFile(t, newCrt, certFile)
+	eventually(t, 10*time.Second, "the rotated serving certificate", func() bool { return servingSerial() != oldSerial })
+	if user, groups := whoamiVia(t, e.httpClient(t, "bob-rotated"), url, nil); user != "bob" || !slices.Contains(groups, identityGroupB) {
+		t.Fatalf("after the rotation the new CA's bob is %q %v", user, groups)
+	}
+	if _, err := e.httpClient(t, "alice").Get(url + "/version"); err == nil {
+		t.Fatal("a certificate of the replaced client CA is still accepted")
+	}
+	if got := p.Metric("watchsan_tls_reloads_total", map[string]string{"result": "ok"}); got < 1 {
+		t.Fatalf("watchsan_tls_reloads_total{result=ok} = %v", got)
+	}
+	p.requireProxied(2, map[string]string{"code": "201"})
+}
+
+// copyFile replaces dst with src's content atomically (a rename, as a Secret volume swaps).
+func copyFile(t *testing.T, src, dst string) {
+	t.Helper()
+	data, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := dst + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		t.Fatal(err)
 	}
 }
