@@ -82,6 +82,11 @@ func (out *Completed) completeIdentity() []error {
 		if out.Credentials == nil || !hasIdentity(out.Credentials) {
 			return append(errs, fmt.Errorf("--identity-forwarding=impersonate impersonates with the kubeconfig's identity, and there is none: pass --kubeconfig with a user (token, certificate or exec plugin), or use --identity-forwarding=requestheader"))
 		}
+		// client-go would set the kubeconfig's own impersonation (as:, as-groups:) over the
+		// client's: every client would become that one identity.
+		if im := out.Credentials.Impersonate; im.UserName != "" || im.UID != "" || len(im.Groups) > 0 || len(im.Extra) > 0 {
+			errs = append(errs, fmt.Errorf("--identity-forwarding=impersonate: the kubeconfig itself impersonates (as: %q), which would replace every client's identity; use a kubeconfig without as/as-groups", im.UserName))
+		}
 		// The kubeconfig's credentials go upstream (with Impersonate-*), so the same rule as
 		// for lending: only to an https upstream the kubeconfig names.
 		errs = append(errs, checkLending(out.Upstreams, out.Credentials, c.AllowCredentialsToUpstream)...)

@@ -59,6 +59,14 @@ users: [{name: u, user: {}}]
 contexts: [{name: x, context: {cluster: c, user: u}}]
 current-context: x
 `), 0o600)
+	asKC := filepath.Join(dir, "as")
+	os.WriteFile(asKC, []byte(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:6443"}}]
+users: [{name: u, user: {token: t, as: someone}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+`), 0o600)
 	crt, key := testKeyPair(t, dir, "serving")
 	fpCrt, fpKey := testKeyPair(t, dir, "front-proxy-client")
 	ca := filepath.Join(dir, "ca.crt")
@@ -83,6 +91,7 @@ current-context: x
 		{"bad client CA", with("--kubeconfig="+kc, "--client-ca-file="+key, "--identity-forwarding=impersonate"), "--client-ca-file: ", 0},
 		{"impersonate without credentials", with("--kubeconfig="+kc, "--client-ca-file="+ca, "--identity-forwarding=impersonate", "--no-credentials"), "cannot go with --no-credentials", 0},
 		{"impersonate without an identity", with("--kubeconfig="+noUserKC, "--client-ca-file="+ca, "--identity-forwarding=impersonate"), "impersonates with the kubeconfig's identity, and there is none", 0},
+		{"impersonate with a kubeconfig that impersonates", with("--kubeconfig="+asKC, "--client-ca-file="+ca, "--identity-forwarding=impersonate"), "the kubeconfig itself impersonates", 0},
 		{"impersonate to another server", with("--kubeconfig="+kc, "--upstream=https://10.0.0.1:6443", "--client-ca-file="+ca, "--identity-forwarding=impersonate"), "not the kubeconfig's server", 0},
 		{"requestheader without its certificate", with("--kubeconfig="+kc, "--client-ca-file="+ca, "--identity-forwarding=requestheader"), "--requestheader-client-cert-file and --requestheader-client-key-file", 0},
 		{"requestheader to plain HTTP", with("--upstream=http://127.0.0.1:8080", "--no-credentials", "--client-ca-file="+ca, "--identity-forwarding=requestheader",
