@@ -23,6 +23,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -471,8 +472,9 @@ func checkWatchsan(t *testing.T, r rendering, w workload, c corev1.Container) co
 	where := fmt.Sprintf("%s %s container %s", w.kind, w.name, c.Name)
 	cfg := watchsanConfig(t, r, w, c)
 
-	// Credentials: a listener others can reach must not lend the pod's identity.
-	if !cfg.NoCredentials && !config.IsLoopback(cfg.Listen) {
+	// Credentials: a listener others can reach must not lend the pod's identity (identity
+	// forwarding never lends it: it asserts the identity of verified clients only).
+	if !cfg.NoCredentials && cfg.IdentityForwarding == "" && !config.IsLoopback(cfg.Listen) {
 		t.Errorf("%s: --listen %s is not loopback and credentials are lent (set no-credentials)", where, cfg.Listen)
 	}
 	if w.tmpl.Spec.HostNetwork && !cfg.NoCredentials {
@@ -482,7 +484,8 @@ func checkWatchsan(t *testing.T, r rendering, w workload, c corev1.Container) co
 	// Files watchsan reads must be mounted.
 	for flag, p := range map[string]string{
 		"tls-cert-file": cfg.TLSCertFile, "tls-private-key-file": cfg.TLSKeyFile, "upstream-ca-file": cfg.UpstreamCAFile,
-		"kubeconfig": cfg.Kubeconfig,
+		"kubeconfig": cfg.Kubeconfig, "client-ca-file": cfg.ClientCAFile,
+		"requestheader-client-cert-file": cfg.RequestHeaderClientCertFile, "requestheader-client-key-file": cfg.RequestHeaderClientKeyFile,
 	} {
 		if p == "" {
 			continue
@@ -499,6 +502,12 @@ func checkWatchsan(t *testing.T, r rendering, w workload, c corev1.Container) co
 	}
 	if (cfg.TLSCertFile != "") != (cfg.TLSKeyFile != "") {
 		t.Errorf("%s: TLS certificate and key go together", where)
+	}
+	if cfg.IdentityForwarding == config.IdentityImpersonate && (w.tmpl.Spec.AutomountServiceAccountToken == nil || !*w.tmpl.Spec.AutomountServiceAccountToken) && cfg.Kubeconfig == "" {
+		t.Errorf("%s: --identity-forwarding=impersonate impersonates with the pod's service account, but its token is not mounted", where)
+	}
+	if cfg.IdentityForwarding != "" && (cfg.ClientCAFile == "" || cfg.TLSCertFile == "") {
+		t.Errorf("%s: --identity-forwarding needs --client-ca-file and TLS", where)
 	}
 	if !config.IsLoopback(cfg.Listen) && cfg.TLSCertFile == "" {
 		t.Errorf("%s: --listen %s is reachable from other pods but serves plain HTTP: clients would send tokens in clear (or none at all)", where, cfg.Listen)
@@ -866,5 +875,40 @@ func installCRD(ctx context.Context, t *testing.T, d *dryRunner, path string) {
 			t.Fatalf("CRD %s not established: %v", crd.GetName(), ctx.Err())
 		case <-time.After(100 * time.Millisecond):
 		}
+	}
+}
+
+// TestIdentityForwardingComponent: with components/identity-forwarding the frontend forwards
+// verified client identities by impersonation, with the service account the ClusterRole is
+// bound to; without it, the frontend forwards none. No cluster needed.
+func TestIdentityForwardingComponent(t *testing.T) {
+	modes := map[string]string{}
+	for _, r := range renderAll(t) {
+		for _, w := range workloads(t, r) {
+			if w.name != "watchsan-frontend" {
+				continue
+			}
+			for _, c := range w.tmpl.Spec.Containers {
+				if !isWatchsan(c) {
+					continue
+				}
+				cfg := watchsanConfig(t, r, w, c)
+				modes[r.name] = cfg.IdentityForwarding
+				if cfg.IdentityForwarding == "" {
+					continue
+				}
+				crb := r.find("ClusterRoleBinding", "watchsan-identity-forwarding")
+				if crb == nil {
+					t.Fatalf("%s: identity forwarding without the impersonate binding", r.name)
+				}
+				b := convert[rbacv1.ClusterRoleBinding](t, crb)
+				if len(b.Subjects) != 1 || b.Subjects[0].Name != w.tmpl.Spec.ServiceAccountName {
+					t.Errorf("%s: the impersonate binding names %v, the frontend runs as %s", r.name, b.Subjects, w.tmpl.Spec.ServiceAccountName)
+				}
+			}
+		}
+	}
+	if modes["overlays/ha+components/identity-forwarding"] != config.IdentityImpersonate || modes["base/ha"] != "" || modes["overlays/ha"] != "" {
+		t.Errorf("identity forwarding per rendering: %v; want impersonate with the component only", modes)
 	}
 }

@@ -47,10 +47,22 @@ type Config struct {
 	AcceptHosts   string
 	RejectPaths   string
 	RejectMethods string
-	// StripIdentityHeaders are removed from every lent request: the headers an apiserver reads
+	// StripIdentityHeaders are removed from every lent request (and every request that asserts
+	// a client's identity, IdentityForwarding): the headers an apiserver reads
 	// an identity from when the client certificate watchsan presents is a front proxy's
 	// (--requestheader-*). A name ending in "*" is a prefix.
 	StripIdentityHeaders string
+
+	// Verified client identity in frontend mode (issue 8; identity.go). ClientCAFile verifies
+	// client certificates on the TLS listener ("": none are asked for). IdentityForwarding is
+	// how a verified certificate's user and groups go upstream: "" (off: nothing is asserted,
+	// and --client-ca-file is refused), "impersonate" (Impersonate-User/-Group on the
+	// kubeconfig's identity) or "requestheader" (the front-proxy certificate
+	// RequestHeaderClientCertFile/KeyFile plus X-Remote-User/-Group).
+	ClientCAFile                string
+	IdentityForwarding          string
+	RequestHeaderClientCertFile string
+	RequestHeaderClientKeyFile  string
 
 	// Main listener limits.
 	IdleTimeout     time.Duration

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/watchsan/watchsan/internal/fix"
+	"github.com/watchsan/watchsan/internal/upstream"
 )
 
 // Validate checks c on its own (files named must exist and parse) and returns every problem
@@ -93,6 +94,7 @@ func (c *Config) Validate() error {
 		add("--retry-budget %s: must not be negative", c.RetryBudget)
 	}
 	c.validateGuard(add)
+	c.validateIdentity(add)
 	if c.ShutdownDelay < 0 {
 		add("--shutdown-delay %s: must not be negative", c.ShutdownDelay)
 	}
@@ -179,6 +181,12 @@ type Completed struct {
 	Fix fix.Mode
 	// Guard is the lending guard, compiled; Guard.On when Lend.
 	Guard Guard
+	// Identity is Config.IdentityForwarding parsed: how a verified client certificate's
+	// identity goes upstream (upstream.IdentityOff: it does not, and Lend may be on).
+	Identity upstream.IdentityMode
+	// FrontProxyCert is watchsan's front-proxy client certificate with
+	// upstream.IdentityRequestHeader; nil otherwise.
+	FrontProxyCert *tls.Certificate
 	// MaxConnections is the main listener's connection limit in effect: Config.MaxConnections,
 	// lowered to fit the open-file limit (FitConnections).
 	MaxConnections int
@@ -220,7 +228,10 @@ func (c Config) Complete() (*Completed, error) {
 			}
 		}
 	}
-	out.Lend = !c.NoCredentials && out.Credentials != nil && hasIdentity(out.Credentials)
+	// With identity forwarding, watchsan's own identity is never lent as it is: a client with
+	// neither a token nor a verified certificate goes upstream anonymous (section 8).
+	out.Lend = !c.NoCredentials && out.Credentials != nil && hasIdentity(out.Credentials) && c.IdentityForwarding == ""
+	errs = append(errs, out.completeIdentity()...)
 	if out.Lend && !IsLoopback(c.Listen) && !c.AllowNonLoopbackCredentials {
 		errs = append(errs, fmt.Errorf("--listen %q is not a loopback address and the kubeconfig's credentials would be lent to anyone who reaches it: listen on 127.0.0.1, pass --no-credentials, or accept this with --allow-non-loopback-credentials", c.Listen))
 	}

@@ -36,6 +36,8 @@ type Server struct {
 	watch     *watch.Handler
 	proxy     http.Handler
 	guard     *guard
+	// tls is the main listener's TLS material, reloaded when its files change; nil: plain HTTP.
+	tls *tlsFiles
 
 	stopping atomic.Bool
 	haState  // the HA frontend: reloads, discovery (ha.go)
@@ -53,6 +55,16 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	s := &Server{cfg: cfg, log: log.Named("server"), accessLog: log.Named("access"), watchesDone: make(chan struct{})}
 	memory := fix.NewDeleteMemory(cfg.DeleteMemoryEntries, cfg.DeleteMemoryTTL, nil)
 	s.metrics = metrics.New(func() float64 { return float64(memory.Len()) })
+	if cfg.TLSCertFile != "" {
+		var err error
+		reloads := s.metrics.TLSReloads
+		reloads.WithLabelValues("ok")
+		reloads.WithLabelValues("error")
+		if s.tls, err = newTLSFiles(cfg.TLSCertFile, cfg.TLSKeyFile, cfg.ClientCAFile, log.Named("tls"),
+			func(result string) { reloads.WithLabelValues(result).Inc() }); err != nil {
+			return nil, err
+		}
+	}
 	poolOpts := upstream.PoolOptions{
 		Transport: upstream.TransportOptions{
 			DialTimeout:           cfg.DialTimeout,
@@ -67,6 +79,8 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 			Lend:                  cfg.Lend,
 			StripHeaders:          cfg.Guard.StripHeaders,
 			StripPrefixes:         cfg.Guard.StripPrefixes,
+			Identity:              cfg.Identity,
+			FrontProxyCert:        cfg.FrontProxyCert,
 		},
 		HealthInterval: cfg.HealthInterval,
 		Logger:         log,
@@ -202,8 +216,9 @@ func (s *Server) Run(ctx context.Context) error {
 	errc := make(chan error, 2)
 	go func() {
 		var err error
-		if s.cfg.TLSCertFile != "" {
-			err = mainSrv.ServeTLS(mainLn, s.cfg.TLSCertFile, s.cfg.TLSKeyFile)
+		if s.tls != nil {
+			mainSrv.TLSConfig = s.tls.serverConfig()
+			err = mainSrv.ServeTLS(mainLn, "", "")
 		} else {
 			err = mainSrv.Serve(mainLn)
 		}
@@ -217,6 +232,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.log.Info("listening", zap.String("listen", mainLn.Addr().String()), zap.String("admin", adminLn.Addr().String()),
 		zap.Bool("tls", s.cfg.TLSCertFile != ""), zap.Strings("upstreams", upstreams), zap.Bool("lendCredentials", s.cfg.Lend),
+		zap.Stringer("identityForwarding", s.cfg.Identity), zap.Bool("clientCA", s.cfg.ClientCAFile != ""),
 		zap.Stringer("fixMode", s.cfg.Fix), zap.Int("maxConnections", s.cfg.MaxConnections), zap.Duration("idleTimeout", s.cfg.IdleTimeout))
 	if s.Listening != nil {
 		s.Listening(mainLn.Addr(), adminLn.Addr())

@@ -138,8 +138,9 @@ func (b *Backend) load(watch bool) int64 {
 }
 
 // RoundTrip sends req (whose URL must already point at this backend) with the client's own
-// Authorization when it has one, and with watchsan's lent identity otherwise (when lending is
-// configured; else without credentials). A failed dial marks the backend unhealthy at once.
+// Authorization when it has one; else with the identity of the client's verified certificate
+// when identity forwarding is on (req.TLS is the client's connection: Asserts); else with
+// watchsan's lent identity (when lending is configured; else without credentials). A failed dial marks the backend unhealthy at once.
 func (b *Backend) RoundTrip(req *http.Request) (*http.Response, error) { return b.send(req, true) }
 
 // send is RoundTrip; passive says whether a failed dial is a health verdict (not for the
@@ -150,7 +151,14 @@ func (b *Backend) send(req *http.Request, passive bool) (*http.Response, error) 
 	if upgrade {
 		rt = b.t.forwardUpgrade
 	}
-	if b.t.lend != nil && Lends(req.Header) {
+	if _, ok := Asserts(req.Header, req.TLS); ok && b.t.assert != nil {
+		// A verified client certificate and no token: the client's identity, never the lent
+		// one (docs/design.md section 8).
+		rt = b.t.assert
+		if upgrade {
+			rt = b.t.assertUpgrade
+		}
+	} else if b.t.lend != nil && Lends(req.Header) {
 		rt = b.t.lend
 		if upgrade {
 			rt = b.t.lendUpgrade

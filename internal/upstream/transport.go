@@ -41,6 +41,13 @@ type TransportOptions struct {
 	// certificate watchsan presents is trusted as a front proxy's (--requestheader-*), which a
 	// client must not choose.
 	StripHeaders, StripPrefixes []string
+	// Identity asserts the identity of a client with a verified certificate upstream (issue 8;
+	// identity.go); IdentityOff (the zero value): never. IdentityImpersonate needs
+	// Credentials with an identity, IdentityRequestHeader needs FrontProxyCert.
+	Identity IdentityMode
+	// FrontProxyCert is the client certificate presented, and the only credential sent, on
+	// requests that assert an identity with IdentityRequestHeader; nil: none.
+	FrontProxyCert *tls.Certificate
 
 	// onDial, if set, is told the outcome of every dial (the Pool's per-backend hook).
 	onDial func(error)
@@ -74,6 +81,9 @@ type transports struct {
 	// only for "Upgrade: websocket"; "SPDY/3.1" would fail with "http2: invalid Upgrade
 	// request header".
 	forwardUpgrade, lendUpgrade http.RoundTripper
+	// assert and assertUpgrade send a request that asserts its client's verified identity
+	// (Asserts), with the credentials of TransportOptions.Identity; nil when it is IdentityOff.
+	assert, assertUpgrade http.RoundTripper
 	// closeIdle drops pooled connections of all (after a GOAWAY storm or a failed health check).
 	closeIdle func()
 	// tls is forward's TLS configuration (the pinger's: a ping needs no identity).
@@ -127,6 +137,40 @@ func newTransports(o TransportOptions) (*transports, error) {
 			}
 			*l.rt = stripIdentity(rt, o.StripHeaders, o.StripPrefixes)
 			closers = append(closers, lendBase)
+		}
+	}
+	switch o.Identity {
+	case IdentityImpersonate:
+		if tc == nil || o.Credentials == nil {
+			return nil, fmt.Errorf("identity forwarding by impersonation needs credentials to impersonate with")
+		}
+		for _, l := range []struct {
+			rt      *http.RoundTripper
+			upgrade bool
+		}{{&t.assert, false}, {&t.assertUpgrade, true}} {
+			b := newHTTPTransport(o, base, l.upgrade)
+			rt, err := transport.HTTPWrappersForConfig(tc, b)
+			if err != nil {
+				return nil, fmt.Errorf("kubeconfig credentials: %w", err)
+			}
+			*l.rt = assertIdentity(rt, o.Identity, o.StripHeaders, o.StripPrefixes)
+			closers = append(closers, b)
+		}
+	case IdentityRequestHeader:
+		if o.FrontProxyCert == nil {
+			return nil, fmt.Errorf("identity forwarding by request headers needs a front-proxy client certificate")
+		}
+		// The front-proxy certificate and nothing else: no token or exec plugin of the
+		// kubeconfig, which the apiserver would authenticate instead of the headers.
+		fp := forwardTLS.Clone()
+		fp.Certificates = []tls.Certificate{*o.FrontProxyCert}
+		for _, l := range []struct {
+			rt      *http.RoundTripper
+			upgrade bool
+		}{{&t.assert, false}, {&t.assertUpgrade, true}} {
+			b := newHTTPTransport(o, fp, l.upgrade)
+			*l.rt = assertIdentity(b, o.Identity, o.StripHeaders, o.StripPrefixes)
+			closers = append(closers, b)
 		}
 	}
 	t.closeIdle = func() {

@@ -91,6 +91,7 @@ func (a *APIServer) args() []string {
 		"--endpoint-reconciler-type=none", // several apiservers, one etcd, no real endpoints
 	}
 	args = append(args, c.kubeletClientFlags()...) // for the stand-in kubelet (package kubelet)
+	args = append(args, c.requestHeaderArgs()...)
 	if c.opts.FeatureGates != "" {
 		args = append(args, "--feature-gates="+c.opts.FeatureGates)
 	}

@@ -103,6 +103,10 @@ type Cluster struct {
 	// ServingCertFile and ServingKeyFile are the apiservers' serving certificate and key (valid
 	// for 127.0.0.1, ::1 and localhost, signed by CAFile), for test servers on loopback.
 	ServingCertFile, ServingKeyFile string
+	// FrontProxyCAFile is every apiserver's --requestheader-client-ca-file, and
+	// FrontProxyCertFile/KeyFile the client certificate for FrontProxyUser it signed: a request
+	// with it is authenticated as X-Remote-User and X-Remote-Group say (frontproxy.go).
+	FrontProxyCAFile, FrontProxyCertFile, FrontProxyKeyFile string
 	// KubectlPath is the kubectl built with the apiserver.
 	KubectlPath string
 
@@ -165,6 +169,9 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	c.CAFile, c.CAData = c.pki.caPath, c.pki.caData
 	c.AdminCertFile, c.AdminKeyFile = c.pki.adminCert, c.pki.adminKey
 	c.ServingCertFile, c.ServingKeyFile = c.pki.servingCert, c.pki.servingKey
+	if err := c.writeFrontProxy(dir); err != nil {
+		return nil, fmt.Errorf("front-proxy PKI: %w", err)
+	}
 	c.client = newProbeClient(c.CAData)
 	// --token-auth-file: token,user,uid,"group1,group2"
 	tokens := fmt.Sprintf("%s,%s,%s-uid,\"system:masters\"\n%s,%s,%s-uid\n",

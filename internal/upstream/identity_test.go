@@ -1,0 +1,143 @@
+package upstream
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+
+	"k8s.io/client-go/rest"
+)
+
+// verified is the connection state of a client whose certificate for user and groups the
+// listener verified.
+func verified(user string, groups ...string) *tls.ConnectionState {
+	leaf := &x509.Certificate{Subject: pkix.Name{CommonName: user, Organization: groups}}
+	return &tls.ConnectionState{PeerCertificates: []*x509.Certificate{leaf}, VerifiedChains: [][]*x509.Certificate{{leaf}}}
+}
+
+// forgeAll sets every identity header a client might try to choose its identity with.
+func forgeAll(h http.Header) {
+	h.Set("Impersonate-User", "system:admin")
+	h.Add("Impersonate-Group", "system:masters")
+	h.Set("Impersonate-Uid", "0")
+	h.Set("Impersonate-Extra-Scopes", "all")
+	h["impersonate-group"] = append(h["impersonate-group"], "system:masters") // non-canonical
+	h.Set("X-Remote-User", "system:admin")
+	h.Add("X-Remote-Group", "system:masters")
+	h.Set("X-Remote-Extra-Scopes", "all")
+	h.Set("X-Auth-User", "admin")
+}
+
+func identityHeaders(h http.Header) map[string][]string {
+	out := map[string][]string{}
+	for k, v := range h {
+		ck := http.CanonicalHeaderKey(k)
+		if strings.HasPrefix(ck, "Impersonate-") || strings.HasPrefix(ck, "X-Remote-") || ck == "X-Auth-User" {
+			out[ck] = append(out[ck], v...)
+		}
+	}
+	return out
+}
+
+// TestAttackIdentityAsserted: with identity forwarding, a request with a verified client
+// certificate and no token goes upstream with exactly the certificate's user and groups, in
+// either mode, on plain requests and upgrades alike; whatever identity headers the client
+// forged are gone. A bearer token passes unchanged (forged headers too: the apiserver judges
+// them against the token's user), and a request with neither is anonymous, never lent.
+func TestAttackIdentityAsserted(t *testing.T) {
+	u := newUpgradeUpstream(t)
+	fpCertPEM, fpKeyPEM := clientCertPEM(t)
+	fp, err := tls.X509KeyPair(fpCertPEM, fpKeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		mode        IdentityMode
+		user, group string
+		// the credentials of an asserted request: a token, a client certificate
+		auth  string
+		certs int
+	}{
+		{IdentityImpersonate, HeaderImpersonateUser, HeaderImpersonateGroup, "Bearer lent-token", 1},
+		{IdentityRequestHeader, HeaderRemoteUser, HeaderRemoteGroup, "", 1},
+	} {
+		t.Run(tc.mode.String(), func(t *testing.T) {
+			o := TransportOptions{Identity: tc.mode, StripHeaders: []string{"X-Auth-User"}}
+			cert, key := clientCertPEM(t)
+			o.Credentials = &rest.Config{Host: u.URL, BearerToken: "lent-token",
+				TLSClientConfig: rest.TLSClientConfig{CAData: u.caPEM(), CertData: cert, KeyData: key}}
+			if tc.mode == IdentityRequestHeader {
+				o.FrontProxyCert = &fp
+			}
+			b := newPool(t, PoolOptions{Transport: o}, u.URL).Backends()[0]
+
+			get, _ := http.NewRequest(http.MethodGet, b.Target(&url.URL{Path: "/api/v1/secrets"}).String(), nil)
+			up := upgradeRequest(t, b, "SPDY/3.1", "")
+			for _, req := range []*http.Request{get, up} {
+				forgeAll(req.Header)
+				req.TLS = verified("alice", "team-a", "team-b")
+				resp, err := b.RoundTrip(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				s := u.last(t)
+				if s.auth != tc.auth || s.certs != tc.certs {
+					t.Fatalf("%s: auth %q certs %d, want %q and %d", req.Method, s.auth, s.certs, tc.auth, tc.certs)
+				}
+				want := map[string][]string{tc.user: {"alice"}, tc.group: {"team-a", "team-b"}}
+				if got := identityHeaders(s.header); !equalHeaders(got, want) {
+					t.Fatalf("%s: identity headers upstream %v, want exactly %v", req.Method, got, want)
+				}
+				if req.Header.Get("Impersonate-User") != "system:admin" {
+					t.Fatal("the caller's request was modified")
+				}
+			}
+
+			// A bearer token: unchanged, with nothing asserted and no certificate of watchsan's.
+			own, _ := http.NewRequest(http.MethodGet, b.Target(&url.URL{Path: "/api/v1/secrets"}).String(), nil)
+			own.Header.Set("Authorization", "Bearer own")
+			own.Header.Set("Impersonate-User", "bob")
+			own.TLS = verified("alice")
+			resp, err := b.RoundTrip(own)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if s := u.last(t); s.auth != "Bearer own" || s.certs != 0 || !equalHeaders(identityHeaders(s.header), map[string][]string{"Impersonate-User": {"bob"}}) {
+				t.Fatalf("own token: auth %q certs %d headers %v, want it unchanged", s.auth, s.certs, identityHeaders(s.header))
+			}
+
+			// Neither: anonymous, never watchsan's own identity.
+			for _, cs := range []*tls.ConnectionState{nil, {}, verified("")} {
+				anon, _ := http.NewRequest(http.MethodGet, b.Target(&url.URL{Path: "/api/v1/secrets"}).String(), nil)
+				anon.TLS = cs
+				resp, err := b.RoundTrip(anon)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if s := u.last(t); s.auth != "" || s.certs != 0 || len(identityHeaders(s.header)) != 0 {
+					t.Fatalf("no verified identity: auth %q certs %d headers %v, want anonymous", s.auth, s.certs, identityHeaders(s.header))
+				}
+			}
+		})
+	}
+}
+
+func equalHeaders(a, b map[string][]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if !slices.Equal(v, b[k]) {
+			return false
+		}
+	}
+	return true
+}
