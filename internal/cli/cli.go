@@ -1,5 +1,6 @@
 // Package cli is watchsan's command line: `watchsan [flags]` runs the proxy, `watchsan version`
-// prints the version, `watchsan demo` runs the incident demo.
+// prints the version, `watchsan demo` points to
+// cmd/watchsan-demo.
 package cli
 
 import (
@@ -38,7 +39,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stdout, "watchsan", version())
 			return exitOK
 		case "demo":
-			return runDemo(args[1:], stdout, stderr)
+			fmt.Fprintln(stderr, "watchsan: the demo is a command of its own now, so that watchsan does not link it: run `make demo` or `go run ./cmd/watchsan-demo`")
+			return exitUsage
 		}
 	}
 	cfg, err := config.Load(args)
