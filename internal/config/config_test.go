@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -110,5 +111,86 @@ func TestIsLoopback(t *testing.T) {
 		if IsLoopback(addr) != want {
 			t.Errorf("IsLoopback(%q) = %v", addr, !want)
 		}
+	}
+}
+
+// Issue 11 item 4: each bad value is reported once, with what to give instead; a refused value
+// does not also come back from Validate as the zero value the parser left.
+func TestBadValueReportedOnceWithHint(t *testing.T) {
+	c, err := Load([]string{"--dial-timeout", "5", "--max-connections=many", "--watch-drain-rate=fast", "--enable-pprof=maybe"})
+	if err == nil {
+		t.Fatal("no error")
+	}
+	lines := strings.Split(err.Error(), "\n")
+	want := []string{
+		`--dial-timeout "5": not a duration: use one such as 5s, 500ms or 1m30s`,
+		`--max-connections "many": not a whole number: use one such as 100`,
+		`--watch-drain-rate "fast": not a number: use one such as 10 or 0.5`,
+		`--enable-pprof "maybe": not a boolean: use true or false`,
+	}
+	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("errors:\n%s\nwant:\n%s", err, strings.Join(want, "\n"))
+	}
+	if verr := c.Validate(); verr != nil {
+		t.Fatalf("Validate reports the refused values again: %v", verr)
+	}
+	var ve *ValueError
+	if !errors.As(err, &ve) || ve.Err == nil {
+		t.Fatalf("%v: no ValueError with the parser's error in the chain", err)
+	}
+}
+
+// A mistyped flag gets a suggestion, and its value is not reported as a second problem.
+func TestUnknownFlagDidYouMean(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--listn", "127.0.0.1:1"}, "unknown flag --listn; did you mean --listen?"},
+		{[]string{"--upstream-ca=ca.crt"}, "unknown flag --upstream-ca; did you mean --upstream-ca-file?"},
+		{[]string{"-kubeconfig", "kc"}, "unknown flag -kubeconfig; did you mean --kubeconfig?"},
+		{[]string{"--watch-stall-timout", "1m"}, "unknown flag --watch-stall-timout; did you mean --watch-stall-timeout?"},
+		{[]string{"--zzzzzz", "x"}, "unknown flag --zzzzzz"},
+		{[]string{"--enable-prof", "--listen=127.0.0.1:1"}, "unknown flag --enable-prof; did you mean --enable-pprof?"},
+	} {
+		_, err := Load(tc.args)
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("%q: got %v, want exactly %q", tc.args, err, tc.want)
+		}
+	}
+	f := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(f, []byte("listn: x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load([]string{"--config", f}); err == nil || !strings.Contains(err.Error(), `unknown key "listn"; did you mean "listen"?`) {
+		t.Errorf("config file key: got %v", err)
+	}
+}
+
+// -v / --v follow klog: higher is more verbose; 0 is info, 1 or more debug; the later of -v
+// and --log-level wins.
+func TestVerbosityMapsOntoLogLevel(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "info"},
+		{[]string{"-v", "2"}, "debug"},
+		{[]string{"-v2"}, "debug"},
+		{[]string{"--v=1"}, "debug"},
+		{[]string{"-v=0"}, "info"},
+		{[]string{"--log-level=warn", "-v", "1"}, "debug"},
+		{[]string{"-v", "1", "--log-level=error"}, "error"},
+	} {
+		c, err := Load(tc.args)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.args, err)
+		}
+		if c.LogLevel != tc.want {
+			t.Errorf("%q: log level %q, want %q", tc.args, c.LogLevel, tc.want)
+		}
+	}
+	if _, err := Load([]string{"-v", "-1"}); err == nil || !strings.Contains(err.Error(), "want 0 (info) or more (debug)") {
+		t.Errorf("-v -1: got %v", err)
 	}
 }
