@@ -194,3 +194,49 @@ func TestVerbosityMapsOntoLogLevel(t *testing.T) {
 		t.Errorf("-v -1: got %v", err)
 	}
 }
+
+// With no --upstream and no kubeconfig, the error says where watchsan looked and what to pass,
+// not client-go's hint about KUBERNETES_MASTER.
+func TestMissingUpstreamSaysWhereItLooked(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "nope")
+	t.Setenv("KUBECONFIG", missing)
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	t.Setenv("KUBERNETES_SERVICE_PORT", "")
+	c, err := Load(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Complete()
+	if err == nil {
+		t.Fatal("no error")
+	}
+	want := "no upstream: pass --upstream https://HOST:6443 or --kubeconfig FILE; watchsan looked for a kubeconfig in $KUBECONFIG, " +
+		missing + " (not found), the in-cluster service account (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT unset: not in a pod)"
+	if err.Error() != want {
+		t.Fatalf("got  %v\nwant %s", err, want)
+	}
+}
+
+// --fix-exempt-resource: every kubectl spelling is accepted and completed to the form requests
+// are matched in; garbage is refused with a hint.
+func TestFixExemptResourceSpellings(t *testing.T) {
+	c, err := Load([]string{"--upstream=https://a:6443", "--fix-exempt-resource=Pods", "--fix-exempt-resource", "deployments.apps",
+		"--fix-exempt-resource=deployments.v1.apps", "--fix-exempt-resource=widgets/scale"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, err := c.Complete()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(done.FixExemptResources, ","); got != "pods,apps/deployments,apps/deployments,widgets/scale" {
+		t.Errorf("completed %q", got)
+	}
+	if w := strings.Join(done.Warnings, "\n"); !strings.Contains(w, `"widgets/scale"`) || !strings.Contains(w, "subresource") {
+		t.Errorf("no warning about a probable subresource: %q", done.Warnings)
+	}
+	c.FixExemptResources = []string{"apps/deployments/scale"}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--fix-exempt-resource \"apps/deployments/scale\": want a resource") {
+		t.Errorf("got %v", err)
+	}
+}
