@@ -168,7 +168,7 @@ func TestParseGroupResource(t *testing.T) {
 		"Deployments.Apps": "apps/deployments", "deployments.v1.apps": "apps/deployments",
 		"certificatesigningrequests.certificates.k8s.io":         "certificates.k8s.io/certificatesigningrequests",
 		"certificatesigningrequests.v1beta1.certificates.k8s.io": "certificates.k8s.io/certificatesigningrequests",
-		"widgets.example.com": "example.com/widgets",
+		"widgets.example.com":                                    "example.com/widgets",
 	} {
 		got, err := ParseGroupResource(in)
 		if err != nil || got != want {
