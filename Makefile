@@ -4,7 +4,7 @@ BIN      := bin/watchsan
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X github.com/watchsan/watchsan/internal/cli.Version=$(VERSION)
 
-.PHONY: build demo test test-short soak cluster-bins vet fmt-check fuzz bench bench-micro image
+.PHONY: build demo docs test test-short soak cluster-bins vet fmt-check fuzz bench bench-micro image
 
 # A static binary (CGO_ENABLED=0: no libc, runs on any Linux, as in the image).
 build:
@@ -15,6 +15,11 @@ build:
 demo:
 	$(GO) build -o bin/watchsan-demo ./cmd/watchsan-demo
 	bin/watchsan-demo
+
+# The flags reference, docs/flags.md, written from the code (TestFlagsReferenceUpToDate fails
+# when it drifts).
+docs:
+	$(GO) generate ./internal/cli
 
 # Builds etcd, kube-apiserver and kubectl from pinned modules into .cache/bin (cached).
 cluster-bins:
