@@ -85,7 +85,7 @@ func NewCommand(stdout, stderr io.Writer, code *int) *cobra.Command {
 	root.Flags().BoolP("help", "h", false, "show this help")
 	root.Flags().Bool("version", false, "print the version and exit")
 	for _, name := range []string{"help", "version"} {
-		_ = root.Flags().SetAnnotation(name, "watchsan.io/group", []string{"General"})
+		_ = root.Flags().SetAnnotation(name, config.GroupAnnotation, []string{"General"})
 	}
 	completeFlags(root)
 	defaultHelp := root.HelpFunc()

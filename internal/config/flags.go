@@ -137,8 +137,8 @@ func FlagSet(c *Config) *pflag.FlagSet {
 	return fs
 }
 
-// groupAnnotation is the pflag annotation that holds a flag's help group.
-const groupAnnotation = "watchsan.io/group"
+// GroupAnnotation is the pflag annotation that holds a flag's help group (one title).
+const GroupAnnotation = "watchsan.io/group"
 
 // grouper returns group(title): the flags registered on fs since the previous call, and not
 // yet in a group, go into the previous call's group.
@@ -147,8 +147,8 @@ func grouper(fs *pflag.FlagSet) func(title string) {
 	return func(title string) {
 		if current != "" {
 			fs.VisitAll(func(f *pflag.Flag) {
-				if _, ok := f.Annotations[groupAnnotation]; !ok {
-					_ = fs.SetAnnotation(f.Name, groupAnnotation, []string{current})
+				if _, ok := f.Annotations[GroupAnnotation]; !ok {
+					_ = fs.SetAnnotation(f.Name, GroupAnnotation, []string{current})
 				}
 			})
 		}
@@ -169,7 +169,7 @@ func Groups(fs *pflag.FlagSet) []FlagGroup {
 	index := map[string]int{}
 	fs.VisitAll(func(f *pflag.Flag) {
 		title := "Other"
-		if t := f.Annotations[groupAnnotation]; len(t) == 1 {
+		if t := f.Annotations[GroupAnnotation]; len(t) == 1 {
 			title = t[0]
 		}
 		i, ok := index[title]
@@ -288,9 +288,14 @@ func findConfigFlag(args []string) string {
 // ValueError is a flag value that was refused: its message names the flag and the value once
 // and says what to give instead.
 type ValueError struct {
-	Flag, Value string
-	Hint        string // "use a duration such as 5s, 500ms or 1m30s"; "" for none
-	Err         error  // what the flag's parser said
+	// Flag is the flag's name, without dashes.
+	Flag string
+	// Value is the value given.
+	Value string
+	// Hint says what a valid value looks like; "" shows Err instead.
+	Hint string
+	// Err is what the flag's parser said.
+	Err error
 }
 
 func (e *ValueError) Error() string {
