@@ -158,7 +158,9 @@ func grouper(fs *pflag.FlagSet) func(title string) {
 
 // FlagGroup is a titled group of flags, as help shows them.
 type FlagGroup struct {
+	// Title is the group's title ("Listeners"); "Other" for flags registered outside a group.
 	Title string
+	// Flags are the group's flags in registration order; never empty.
 	Flags []*pflag.Flag
 }
 
