@@ -165,6 +165,13 @@ func TestUnknownFlagDidYouMean(t *testing.T) {
 	if _, err := Load([]string{"--config", f}); err == nil || !strings.Contains(err.Error(), `unknown key "listn"; did you mean "listen"?`) {
 		t.Errorf("config file key: got %v", err)
 	}
+	if err := os.WriteFile(f, []byte("dial-timeout: 5\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want := "--config " + f + `: key "dial-timeout": "5": not a duration: use one such as 5s, 500ms or 1m30s`
+	if _, err := Load([]string{"--config", f}); err == nil || err.Error() != want {
+		t.Errorf("config file value: got %v, want %s", err, want)
+	}
 }
 
 // -v / --v follow klog: higher is more verbose; 0 is info, 1 or more debug; the later of -v

@@ -249,7 +249,11 @@ func loadFile(path string, c *Config) error {
 		}
 		for _, v := range vals {
 			if err := setFlag(f, scalar(v)); err != nil {
-				errs = append(errs, fmt.Errorf("--config %s: key %q: %w", path, k, err))
+				var ve *ValueError
+				if errors.As(err, &ve) {
+					ve.File = path
+				}
+				errs = append(errs, err)
 			}
 		}
 	}
@@ -298,13 +302,19 @@ type ValueError struct {
 	Hint string
 	// Err is what the flag's parser said.
 	Err error
+	// File is the --config file the value came from; "": the command line.
+	File string
 }
 
 func (e *ValueError) Error() string {
-	if e.Hint != "" {
-		return fmt.Sprintf("--%s %q: %s", e.Flag, e.Value, e.Hint)
+	problem := e.Hint
+	if problem == "" {
+		problem = e.Err.Error()
 	}
-	return fmt.Sprintf("--%s %q: %v", e.Flag, e.Value, e.Err)
+	if e.File != "" {
+		return fmt.Sprintf("--config %s: key %q: %q: %s", e.File, e.Flag, e.Value, problem)
+	}
+	return fmt.Sprintf("--%s %q: %s", e.Flag, e.Value, problem)
 }
 
 func (e *ValueError) Unwrap() error { return e.Err }
