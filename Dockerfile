@@ -17,7 +17,7 @@ ARG TARGETARCH
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=$TARGETOS GOARCH=$TARGETARCH \
     go build -trimpath -ldflags "-X github.com/watchsan/watchsan/internal/cli.Version=${VERSION}" \
-      -o /out/watchsan ./cmd/proxy
+      -o /out/watchsan ./cmd/watchsan
 
 FROM gcr.io/distroless/static-debian12:nonroot
 ARG VERSION=dev

@@ -4,14 +4,22 @@ BIN      := bin/watchsan
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X github.com/watchsan/watchsan/internal/cli.Version=$(VERSION)
 
-.PHONY: build demo test test-short soak cluster-bins vet fmt-check fuzz bench bench-micro image
+.PHONY: build demo docs test test-short soak cluster-bins vet fmt-check fuzz bench bench-micro image
 
+# A static binary (CGO_ENABLED=0: no libc, runs on any Linux, as in the image).
 build:
-	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/proxy
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/watchsan
 
-# The 1.7-1.9 incident, end to end, with an embedded upstream: no cluster needed.
-demo: build
-	$(BIN) demo
+# The 1.7-1.9 incident, end to end, with an embedded upstream: no cluster needed. The demo is a
+# command of its own (cmd/watchsan-demo) so that watchsan does not link what it needs.
+demo:
+	$(GO) build -o bin/watchsan-demo ./cmd/watchsan-demo
+	bin/watchsan-demo
+
+# The flags reference, docs/flags.md, written from the code (TestFlagsReferenceUpToDate fails
+# when it drifts).
+docs:
+	$(GO) generate ./internal/cli
 
 # Builds etcd, kube-apiserver and kubectl from pinned modules into .cache/bin (cached).
 cluster-bins:
@@ -84,7 +92,7 @@ image:
 	  os=$${p%%/*}; arch=$${p#*/}; arch=$${arch%%/*}; \
 	  echo "go build $$p"; \
 	  CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags "$(LDFLAGS)" \
-	    -o bin/image-bin/$$os-$$arch/watchsan ./cmd/proxy; \
+	    -o bin/image-bin/$$os-$$arch/watchsan ./cmd/watchsan; \
 	done
 	$(GO) run ./hack/image --out bin/image --tarball bin/image.tar --ref $(IMAGE):$(VERSION) \
 	  --version $(VERSION) --revision $(REVISION) --created $(SOURCE_DATE_EPOCH) \

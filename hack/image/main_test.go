@@ -29,7 +29,7 @@ var (
 	binErr  error
 )
 
-// watchsanBinary builds cmd/proxy once, the way `make image` does (static, trimmed, version
+// watchsanBinary builds cmd/watchsan once, the way `make image` does (static, trimmed, version
 // stamped) for this machine's architecture, so the binary taken back out of the image can run.
 func watchsanBinary(t *testing.T) string {
 	t.Helper()
@@ -45,7 +45,7 @@ func watchsanBinary(t *testing.T) string {
 		binPath = filepath.Join(dir, "watchsan")
 		cmd := exec.Command("go", "build", "-trimpath",
 			"-ldflags", "-X github.com/watchsan/watchsan/internal/cli.Version="+testVersion,
-			"-o", binPath, "github.com/watchsan/watchsan/cmd/proxy")
+			"-o", binPath, "github.com/watchsan/watchsan/cmd/watchsan")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
 		if b, err := cmd.CombinedOutput(); err != nil {
 			binErr = fmt.Errorf("go build: %v\n%s", err, b)

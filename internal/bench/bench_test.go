@@ -21,7 +21,7 @@ import (
 )
 
 // childEnv makes the test binary act as a child process: watchsan itself (the same code as
-// cmd/proxy) or a baseline proxy, so the smoke test needs no build step.
+// cmd/watchsan) or a baseline proxy, so the smoke test needs no build step.
 const childEnv = "WATCHSAN_BENCH_CHILD"
 
 func TestMain(m *testing.M) {

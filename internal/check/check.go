@@ -29,7 +29,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/rand"
-	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
@@ -123,7 +123,7 @@ func (o Options) withDefaults() Options {
 
 // Checker runs checks against one cluster path.
 type Checker struct {
-	client   kubernetes.Interface
+	client   corev1client.CoreV1Interface
 	raw      rest.Interface // the core/v1 REST client, for watches read off the wire
 	server   string
 	clock    clock.WithTickerAndDelayedExecution
@@ -131,14 +131,15 @@ type Checker struct {
 	log      *zap.Logger
 }
 
-// New returns a Checker that talks to the cluster through client; server is the URL the
+// New returns a Checker that talks to the cluster through client (core/v1 only: the whole
+// clientset would link every API group into watchsan, about 20 MB); server is the URL the
 // client talks to (for the report), clk the time source for every measurement, progress where
 // the progress line goes (nil: nowhere), log the logger (nil: none).
-func New(client kubernetes.Interface, server string, clk clock.WithTickerAndDelayedExecution, progress *Progress, log *zap.Logger) *Checker {
+func New(client corev1client.CoreV1Interface, server string, clk clock.WithTickerAndDelayedExecution, progress *Progress, log *zap.Logger) *Checker {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Checker{client: client, raw: client.CoreV1().RESTClient(), server: server, clock: clk,
+	return &Checker{client: client, raw: client.RESTClient(), server: server, clock: clk,
 		progress: progress, log: log.Named("check")}
 }
 
@@ -207,7 +208,7 @@ func (c *Checker) createNamespace(ctx context.Context, o Options) (string, error
 	run := rand.String(10)
 	cctx, cancel := context.WithTimeout(ctx, o.StepTimeout)
 	defer cancel()
-	nsObj, err := c.client.CoreV1().Namespaces().Create(cctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+	nsObj, err := c.client.Namespaces().Create(cctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
 		GenerateName: o.NamespacePrefix,
 		Labels:       map[string]string{ManagedByLabel: ManagedByValue, runLabel: run},
 	}}, metav1.CreateOptions{})
@@ -215,7 +216,7 @@ func (c *Checker) createNamespace(ctx context.Context, o Options) (string, error
 		err = fmt.Errorf("creating the temporary namespace: %w", err)
 		lctx, cancel := context.WithTimeout(context.Background(), o.CleanupTimeout)
 		defer cancel()
-		l, lerr := c.client.CoreV1().Namespaces().List(lctx, metav1.ListOptions{LabelSelector: runLabel + "=" + run})
+		l, lerr := c.client.Namespaces().List(lctx, metav1.ListOptions{LabelSelector: runLabel + "=" + run})
 		if lerr == nil && len(l.Items) == 1 {
 			return l.Items[0].Name, err
 		}
@@ -230,7 +231,7 @@ func (c *Checker) cleanup(ns string, o Options) CleanupResult {
 	c.progress.Step("deleting namespace %s", ns)
 	ctx, cancel := context.WithTimeout(context.Background(), o.CleanupTimeout)
 	defer cancel()
-	err := c.client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
+	err := c.client.Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		c.log.Warn("could not delete the namespace", zap.String("namespace", ns), zap.Error(err))
 		return CleanupResult{Error: err.Error()}
@@ -241,7 +242,7 @@ func (c *Checker) cleanup(ns string, o Options) CleanupResult {
 func (c *Checker) createObject(ctx context.Context, o Options, ns, name string, labels map[string]string) (*corev1.ConfigMap, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.StepTimeout)
 	defer cancel()
-	cm, err := c.client.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
+	cm, err := c.client.ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
 		Data:       map[string]string{"created-by": "watchsan check"},
 	}, metav1.CreateOptions{})
@@ -278,7 +279,7 @@ func (c *Checker) reproduce(ctx context.Context, o Options, ns string, rep *Repo
 		}
 	}
 	dctx, cancel := context.WithTimeout(ctx, o.StepTimeout)
-	err = c.client.CoreV1().ConfigMaps(ns).Delete(dctx, "a", metav1.DeleteOptions{})
+	err = c.client.ConfigMaps(ns).Delete(dctx, "a", metav1.DeleteOptions{})
 	cancel()
 	if err != nil {
 		return "", fmt.Errorf("deleting configmap %s/a: %w", ns, err)
@@ -374,7 +375,7 @@ func (c *Checker) rewatch(ctx context.Context, o Options, ns string, highest uin
 func (c *Checker) listRV(ctx context.Context, o Options, ns string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.StepTimeout)
 	defer cancel()
-	l, err := c.client.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{})
+	l, err := c.client.ConfigMaps(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return "", fmt.Errorf("listing configmaps in %s: %w", ns, err)
 	}

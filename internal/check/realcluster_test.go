@@ -132,7 +132,7 @@ func TestCheckRealAPIServer(t *testing.T) {
 
 	t.Run("interrupted: the namespace is deleted", func(t *testing.T) {
 		var progress syncBuffer
-		chk := New(kubernetes.NewForConfigOrDie(c.RESTConfig(0, c.AdminToken)), "direct", clock.RealClock{},
+		chk := New(kubernetes.NewForConfigOrDie(c.RESTConfig(0, c.AdminToken)).CoreV1(), "direct", clock.RealClock{},
 			NewProgress(&progress, false), zaptest.NewLogger(t))
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -165,7 +165,7 @@ func TestCheckRealAPIServer(t *testing.T) {
 func runCheck(t *testing.T, rc *rest.Config, o Options) Report {
 	t.Helper()
 	cs := kubernetes.NewForConfigOrDie(rc)
-	chk := New(cs, rc.Host, clock.RealClock{}, nil, zaptest.NewLogger(t))
+	chk := New(cs.CoreV1(), rc.Host, clock.RealClock{}, nil, zaptest.NewLogger(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rep, err := chk.Run(ctx, o)

@@ -1,6 +1,12 @@
-// Package cli is watchsan's command line: `watchsan [flags]` runs the proxy, `watchsan version`
-// prints the version, `watchsan demo` runs the incident demo, `watchsan check` checks whether a
-// cluster (or the path to it) needs watchsan.
+// Package cli is watchsan's command line, the Kubernetes way (spf13/cobra and pflag):
+// `watchsan [flags]` runs the proxy; `watchsan version`, `watchsan help [command]` and
+// `watchsan completion bash|zsh|fish|powershell` are subcommands, and `watchsan check` checks
+// whether a cluster (or the path to it) needs watchsan.
+//
+// A subcommand plugs in as a constructor in commands (below): it returns a *cobra.Command whose
+// RunE does the work and sets the exit code through the pointer it is given; its flags go on
+// cmd.Flags() (a pflag.FlagSet, or a stdlib one through AddGoFlagSet), and help, completion and
+// docs/flags.md (make docs) pick them up from there.
 package cli
 
 import (
@@ -10,9 +16,12 @@ import (
 	"io"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"syscall"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -33,20 +42,151 @@ var Version = ""
 
 // Main runs watchsan with args (without the program name) and returns the exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 {
-		switch args[0] {
-		case "version":
-			fmt.Fprintln(stdout, "watchsan", version())
-			return exitOK
-		case "demo":
-			return runDemo(args[1:], stdout, stderr)
-		case "check":
-			return runCheck(args[1:], stdout, stderr)
+	code := exitOK
+	root := NewCommand(stdout, stderr, &code)
+	// The proxy's flags are parsed by config.Load (every problem at once, the --config file
+	// under them); cobra parses them only to complete them in a shell.
+	completing := len(args) > 0 && strings.HasPrefix(args[0], cobra.ShellCompRequestCmd)
+	root.DisableFlagParsing = !completing
+	root.SetArgs(args)
+	if err := root.Execute(); err != nil { // a subcommand's usage: unknown command, bad flags
+		fmt.Fprintf(stderr, "watchsan: %v\nRun 'watchsan --help' for usage.\n", err)
+		return exitUsage
+	}
+	return code
+}
+
+// NewCommand returns the watchsan command tree; its RunE functions set *code.
+func NewCommand(stdout, stderr io.Writer, code *int) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "watchsan [flags]",
+		Short: "a kube-apiserver proxy that makes watches trustworthy",
+		Long: "watchsan is a reverse proxy in front of kube-apiservers: it never lets a watch client see a\n" +
+			"resourceVersion go backwards, a replayed event or a lost one, and keeps watches alive across\n" +
+			"apiserver failures. Everything else passes through untouched.",
+		Example: "  # a sidecar: the kubeconfig's server and identity, served on 127.0.0.1:8001\n" +
+			"  watchsan --kubeconfig ~/.kube/config\n\n" +
+			"  # a frontend for clients with their own credentials\n" +
+			"  watchsan --listen 0.0.0.0:6443 --tls-cert-file tls.crt --tls-private-key-file tls.key \\\n" +
+			"    --upstream https://10.0.0.10:6443 --upstream-ca-file ca.crt --no-credentials",
+		Args:                       cobra.ArbitraryArgs,
+		SuggestionsMinimumDistance: 2,
+		SilenceErrors:              true,
+		SilenceUsage:               true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			*code = runProxy(cmd, args, stdout, stderr)
+			return nil
+		},
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	def := config.Default()
+	root.Flags().SortFlags = false // registration order, in groups
+	root.Flags().AddFlagSet(config.FlagSet(&def))
+	root.Flags().BoolP("help", "h", false, "show this help")
+	root.Flags().Bool("version", false, "print the version and exit")
+	for _, name := range []string{"help", "version"} {
+		_ = root.Flags().SetAnnotation(name, config.GroupAnnotation, []string{"General"})
+	}
+	completeFlags(root)
+	defaultHelp := root.HelpFunc()
+	root.SetHelpFunc(func(cmd *cobra.Command, args []string) {
+		if cmd == root {
+			writeHelp(cmd.OutOrStdout(), root)
+			return
 		}
+		defaultHelp(cmd, args)
+	})
+	root.AddCommand(commands(stdout, stderr, code)...)
+	return root
+}
+
+// commands are watchsan's subcommands besides help and completion (cobra's own).
+func commands(stdout, stderr io.Writer, code *int) []*cobra.Command {
+	return []*cobra.Command{
+		{
+			Use:   "version",
+			Short: "Print the version",
+			Args:  cobra.NoArgs,
+			Run:   func(*cobra.Command, []string) { fmt.Fprintln(stdout, "watchsan", version()) },
+		},
+		{
+			Use:   "check [flags]",
+			Short: "Check whether a cluster, or the path to it, needs watchsan (exit 1 when it does)",
+			// package check parses its own flags, reporting every problem at once.
+			DisableFlagParsing: true,
+			Run:                func(_ *cobra.Command, args []string) { *code = runCheck(args, stdout, stderr) },
+		},
+		{
+			Use:                "demo",
+			Short:              "The demo is the command watchsan-demo (make demo)",
+			Hidden:             true,
+			DisableFlagParsing: true,
+			Run: func(*cobra.Command, []string) {
+				fmt.Fprintln(stderr, "watchsan: the demo is a command of its own, so that watchsan does not link it: run `make demo` or `go run ./cmd/watchsan-demo`")
+				*code = exitUsage
+			},
+		},
+	}
+}
+
+// completeFlags tells shell completion what the proxy's enumerated and file flags take.
+func completeFlags(root *cobra.Command) {
+	for name, values := range map[string][]string{
+		"log-level":          {"debug", "info", "warn", "error"},
+		"log-format":         {"json", "console"},
+		"fix-mode":           {"repair", "observe"},
+		"upstream-discovery": {config.DiscoveryEndpoints},
+	} {
+		_ = root.RegisterFlagCompletionFunc(name, cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp))
+	}
+	for name, exts := range map[string][]string{
+		"config": {"yaml", "yml"}, "kubeconfig": nil, "tls-cert-file": nil, "tls-private-key-file": nil, "upstream-ca-file": nil,
+	} {
+		_ = root.MarkFlagFilename(name, exts...)
+	}
+}
+
+// writeHelp writes the root command's help: kubectl's layout, flags in their groups.
+func writeHelp(w io.Writer, root *cobra.Command) {
+	fmt.Fprintf(w, "%s\n\nUsage:\n  watchsan [flags]\n  watchsan [command]\n\nExamples:\n%s\n\nCommands:\n", root.Long, root.Example)
+	for _, c := range root.Commands() {
+		if c.IsAvailableCommand() || c.Name() == "help" {
+			fmt.Fprintf(w, "  %-11s %s\n", c.Name(), c.Short)
+		}
+	}
+	for _, g := range config.Groups(root.Flags()) {
+		fs := pflag.NewFlagSet(g.Title, pflag.ContinueOnError)
+		for _, f := range g.Flags {
+			fs.AddFlag(f)
+		}
+		fmt.Fprintf(w, "\n%s flags:\n%s", g.Title, fs.FlagUsagesWrapped(100))
+	}
+	fmt.Fprint(w, "\nEvery flag can also be set in the --config file, under its name; flags win.\n"+
+		"Use \"watchsan [command] --help\" for more about a command.\n")
+}
+
+// runProxy is `watchsan [flags]`: it loads the configuration and runs the proxy until SIGTERM.
+func runProxy(cmd *cobra.Command, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		fmt.Fprintf(stderr, "watchsan: unknown command %q", args[0])
+		if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+			fmt.Fprintf(stderr, "; did you mean %q?", s[0])
+		}
+		fmt.Fprintln(stderr, "\nRun 'watchsan --help' for usage.")
+		return exitUsage
+	}
+	end := len(args)
+	if i := slices.Index(args, "--"); i >= 0 {
+		end = i
+	}
+	if slices.Contains(args[:end], "--version") {
+		fmt.Fprintln(stdout, "watchsan", version())
+		return exitOK
 	}
 	cfg, err := config.Load(args)
 	if errors.Is(err, config.ErrHelp) {
-		config.Usage(stdout)
+		writeHelp(stdout, cmd)
 		return exitOK
 	}
 	var completed *config.Completed

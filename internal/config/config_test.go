@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -110,5 +111,139 @@ func TestIsLoopback(t *testing.T) {
 		if IsLoopback(addr) != want {
 			t.Errorf("IsLoopback(%q) = %v", addr, !want)
 		}
+	}
+}
+
+// Issue 11 item 4: each bad value is reported once, with what to give instead; a refused value
+// does not also come back from Validate as the zero value the parser left.
+func TestBadValueReportedOnceWithHint(t *testing.T) {
+	c, err := Load([]string{"--dial-timeout", "5", "--max-connections=many", "--watch-drain-rate=fast", "--enable-pprof=maybe"})
+	if err == nil {
+		t.Fatal("no error")
+	}
+	lines := strings.Split(err.Error(), "\n")
+	want := []string{
+		`--dial-timeout "5": not a duration: use one such as 5s, 500ms or 1m30s`,
+		`--max-connections "many": not a whole number: use one such as 100`,
+		`--watch-drain-rate "fast": not a number: use one such as 10 or 0.5`,
+		`--enable-pprof "maybe": not a boolean: use true or false`,
+	}
+	if strings.Join(lines, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("errors:\n%s\nwant:\n%s", err, strings.Join(want, "\n"))
+	}
+	if verr := c.Validate(); verr != nil {
+		t.Fatalf("Validate reports the refused values again: %v", verr)
+	}
+	var ve *ValueError
+	if !errors.As(err, &ve) || ve.Err == nil {
+		t.Fatalf("%v: no ValueError with the parser's error in the chain", err)
+	}
+}
+
+// A mistyped flag gets a suggestion, and its value is not reported as a second problem.
+func TestUnknownFlagDidYouMean(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--listn", "127.0.0.1:1"}, "unknown flag --listn; did you mean --listen?"},
+		{[]string{"--upstream-ca=ca.crt"}, "unknown flag --upstream-ca; did you mean --upstream-ca-file?"},
+		{[]string{"-kubeconfig", "kc"}, "unknown flag -kubeconfig; did you mean --kubeconfig?"},
+		{[]string{"--watch-stall-timout", "1m"}, "unknown flag --watch-stall-timout; did you mean --watch-stall-timeout?"},
+		{[]string{"--zzzzzz", "x"}, "unknown flag --zzzzzz"},
+		{[]string{"--enable-prof", "--listen=127.0.0.1:1"}, "unknown flag --enable-prof; did you mean --enable-pprof?"},
+	} {
+		_, err := Load(tc.args)
+		if err == nil || err.Error() != tc.want {
+			t.Errorf("%q: got %v, want exactly %q", tc.args, err, tc.want)
+		}
+	}
+	f := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(f, []byte("listn: x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load([]string{"--config", f}); err == nil || !strings.Contains(err.Error(), `unknown key "listn"; did you mean "listen"?`) {
+		t.Errorf("config file key: got %v", err)
+	}
+	if err := os.WriteFile(f, []byte("dial-timeout: 5\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want := "--config " + f + `: key "dial-timeout": "5": not a duration: use one such as 5s, 500ms or 1m30s`
+	if _, err := Load([]string{"--config", f}); err == nil || err.Error() != want {
+		t.Errorf("config file value: got %v, want %s", err, want)
+	}
+}
+
+// -v / --v follow klog: higher is more verbose; 0 is info, 1 or more debug; the later of -v
+// and --log-level wins.
+func TestVerbosityMapsOntoLogLevel(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "info"},
+		{[]string{"-v", "2"}, "debug"},
+		{[]string{"-v2"}, "debug"},
+		{[]string{"--v=1"}, "debug"},
+		{[]string{"-v=0"}, "info"},
+		{[]string{"--log-level=warn", "-v", "1"}, "debug"},
+		{[]string{"-v", "1", "--log-level=error"}, "error"},
+	} {
+		c, err := Load(tc.args)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.args, err)
+		}
+		if c.LogLevel != tc.want {
+			t.Errorf("%q: log level %q, want %q", tc.args, c.LogLevel, tc.want)
+		}
+	}
+	if _, err := Load([]string{"-v", "-1"}); err == nil || !strings.Contains(err.Error(), "want 0 (info) or more (debug)") {
+		t.Errorf("-v -1: got %v", err)
+	}
+}
+
+// With no --upstream and no kubeconfig, the error says where watchsan looked and what to pass,
+// not client-go's hint about KUBERNETES_MASTER.
+func TestMissingUpstreamSaysWhereItLooked(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "nope")
+	t.Setenv("KUBECONFIG", missing)
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	t.Setenv("KUBERNETES_SERVICE_PORT", "")
+	c, err := Load(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Complete()
+	if err == nil {
+		t.Fatal("no error")
+	}
+	want := "no upstream: pass --upstream https://HOST:6443 or --kubeconfig FILE; watchsan looked for a kubeconfig in $KUBECONFIG, " +
+		missing + " (not found), the in-cluster service account (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT unset: not in a pod)"
+	if err.Error() != want {
+		t.Fatalf("got  %v\nwant %s", err, want)
+	}
+}
+
+// --fix-exempt-resource: every kubectl spelling is accepted and completed to the form requests
+// are matched in; garbage is refused with a hint.
+func TestFixExemptResourceSpellings(t *testing.T) {
+	c, err := Load([]string{"--upstream=https://a:6443", "--fix-exempt-resource=Pods", "--fix-exempt-resource", "deployments.apps",
+		"--fix-exempt-resource=deployments.v1.apps", "--fix-exempt-resource=widgets/scale"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, err := c.Complete()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(done.FixExemptResources, ","); got != "pods,apps/deployments,apps/deployments,widgets/scale" {
+		t.Errorf("completed %q", got)
+	}
+	if w := strings.Join(done.Warnings, "\n"); !strings.Contains(w, `"widgets/scale"`) || !strings.Contains(w, "subresource") {
+		t.Errorf("no warning about a probable subresource: %q", done.Warnings)
+	}
+	c.FixExemptResources = []string{"apps/deployments/scale"}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--fix-exempt-resource \"apps/deployments/scale\": want a resource") {
+		t.Errorf("got %v", err)
 	}
 }

@@ -2,7 +2,6 @@ package config
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -10,14 +9,16 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
 )
 
 // stringList is a repeatable flag; the first use on the command line replaces what the file
-// gave, later uses append.
+// gave, later uses append. typ is what help calls a value ("URL"; "" is "strings").
 type stringList struct {
 	v   *[]string
 	set bool
+	typ string
 }
 
 func (s *stringList) String() string {
@@ -36,36 +37,81 @@ func (s *stringList) Set(v string) error {
 	return nil
 }
 
+func (s *stringList) Type() string {
+	if s.typ == "" {
+		return "strings"
+	}
+	return s.typ
+}
+
+// verbosity is -v/--v, klog's convention (higher is more verbose) mapped onto --log-level:
+// 0 is info (the default), 1 or more is debug. It sets LogLevel, so whichever of -v and
+// --log-level comes last wins.
+type verbosity struct{ level *string }
+
+func (v verbosity) String() string {
+	if v.level != nil && *v.level == "debug" {
+		return "1"
+	}
+	return "0"
+}
+
+func (v verbosity) Set(s string) error {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return errors.New("want 0 (info) or more (debug)")
+	}
+	*v.level = "info"
+	if n > 0 {
+		*v.level = "debug"
+	}
+	return nil
+}
+
+func (v verbosity) Type() string { return "int" }
+
 // FlagSet registers every flag on fs, bound to c's fields; a field's current value is the flag's
 // default, so a file loaded into c first is overridden only by flags actually given.
-func FlagSet(c *Config) *flag.FlagSet {
-	fs := flag.NewFlagSet("watchsan", flag.ContinueOnError)
+//
+// Flags are shown in help and in docs/flags.md in groups: group(title) puts the flags
+// registered after it under that title (a title used again adds to its group).
+func FlagSet(c *Config) *pflag.FlagSet {
+	fs := pflag.NewFlagSet("watchsan", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
+	fs.SortFlags = false
+	group := grouper(fs)
+	group("Configuration")
 	fs.StringVar(&c.ConfigFile, "config", c.ConfigFile, "YAML file with the same keys as these flags (flags win)")
+	group("Listeners")
 	fs.StringVar(&c.Listen, "listen", c.Listen, "main listener address (plain HTTP unless --tls-cert-file is given)")
 	fs.StringVar(&c.TLSCertFile, "tls-cert-file", c.TLSCertFile, "serve HTTPS (HTTP/2) on --listen with this certificate")
 	fs.StringVar(&c.TLSKeyFile, "tls-private-key-file", c.TLSKeyFile, "private key for --tls-cert-file")
 	fs.StringVar(&c.AdminListen, "admin-listen", c.AdminListen, "address for watchsan's own /metrics, /healthz, /readyz")
 	fs.BoolVar(&c.EnablePprof, "enable-pprof", c.EnablePprof, "serve /debug/pprof on the admin listener")
-	fs.Var(&stringList{v: &c.Upstreams}, "upstream", "apiserver URL, http:// or https:// (repeatable); default: the kubeconfig's server")
+	group("Upstreams")
+	fs.Var(&stringList{v: &c.Upstreams, typ: "URL"}, "upstream", "apiserver URL, http:// or https:// (repeatable); default: the kubeconfig's server")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig for the upstream and the credentials to lend (default $KUBECONFIG, ~/.kube/config, or in-cluster)")
 	fs.StringVar(&c.Context, "context", c.Context, "kubeconfig context to use")
 	fs.StringVar(&c.UpstreamCAFile, "upstream-ca-file", c.UpstreamCAFile, "CA bundle that verifies the upstream's serving certificate")
 	fs.BoolVar(&c.InsecureSkipTLSVerify, "insecure-skip-tls-verify", c.InsecureSkipTLSVerify, "do not verify the upstream's certificate (insecure)")
+	group("Credentials and the lending guard")
 	fs.BoolVar(&c.NoCredentials, "no-credentials", c.NoCredentials, "never lend the kubeconfig's credentials; forward only what the client sends")
 	fs.BoolVar(&c.AllowNonLoopbackCredentials, "allow-non-loopback-credentials", c.AllowNonLoopbackCredentials, "allow lending credentials on a listener that is not on loopback (anyone who reaches it acts as you)")
-	fs.Var(&stringList{v: &c.AllowCredentialsToUpstream}, "allow-credentials-to-upstream", "lend the kubeconfig's identity to this --upstream although it is plain http:// or not the kubeconfig's server (repeatable)")
+	fs.Var(&stringList{v: &c.AllowCredentialsToUpstream, typ: "URL"}, "allow-credentials-to-upstream", "lend the kubeconfig's identity to this --upstream although it is plain http:// or not the kubeconfig's server (repeatable)")
 	fs.StringVar(&c.AcceptHosts, "accept-hosts", c.AcceptHosts, "comma-separated regexps: the Host (and any Origin) a request that gets the lent identity must name; others get 403")
 	fs.StringVar(&c.RejectPaths, "reject-paths", c.RejectPaths, "comma-separated regexps: paths refused (403) to requests that would get the lent identity; empty: none")
 	fs.StringVar(&c.RejectMethods, "reject-methods", c.RejectMethods, "comma-separated regexps: methods refused (405) to requests that would get the lent identity; empty: none")
 	fs.StringVar(&c.StripIdentityHeaders, "strip-identity-headers", c.StripIdentityHeaders, "comma-separated header names (a trailing * makes a prefix) removed from every request that gets the lent identity or asserts a client's (--identity-forwarding, which also removes Impersonate-* and X-Remote-*): the apiserver's --requestheader-* names")
+	group("Identity forwarding (frontend mode)")
 	fs.StringVar(&c.ClientCAFile, "client-ca-file", c.ClientCAFile, "CA bundle that verifies client certificates on the TLS listener (reloaded when the file changes); needs --identity-forwarding")
 	fs.StringVar(&c.IdentityForwarding, "identity-forwarding", c.IdentityForwarding, "how a verified client certificate's user (CN) and groups (O) go upstream: impersonate (Impersonate-User/-Group on the kubeconfig's identity, which needs the impersonate verb) or requestheader (--requestheader-client-cert-file plus X-Remote-User/-Group); empty: off")
 	fs.StringVar(&c.RequestHeaderClientCertFile, "requestheader-client-cert-file", c.RequestHeaderClientCertFile, "front-proxy client certificate watchsan presents upstream with --identity-forwarding=requestheader (signed by the apiserver's --requestheader-client-ca-file)")
 	fs.StringVar(&c.RequestHeaderClientKeyFile, "requestheader-client-key-file", c.RequestHeaderClientKeyFile, "private key for --requestheader-client-cert-file")
+	group("Listeners")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", c.IdleTimeout, "close a main-listener connection idle this long between requests (an open watch is never idle); also bounds the wait for a request's headers, at most 30s")
 	fs.IntVar(&c.MaxConnections, "max-connections", c.MaxConnections, "most connections the main listener serves at once (more wait in the kernel's backlog); lowered to fit the open-file limit")
 	fs.IntVar(&c.HTTP2MaxStreams, "http2-max-streams-per-connection", c.HTTP2MaxStreams, "most concurrent requests (streams) on one HTTP/2 connection to the main listener")
+	group("Upstream connections and health")
 	fs.DurationVar(&c.DialTimeout, "dial-timeout", c.DialTimeout, "upstream TCP connect timeout")
 	fs.DurationVar(&c.TLSHandshakeTimeout, "tls-handshake-timeout", c.TLSHandshakeTimeout, "upstream TLS handshake timeout")
 	fs.DurationVar(&c.KeepAlive, "tcp-keepalive", c.KeepAlive, "upstream TCP keepalive period")
@@ -73,37 +119,89 @@ func FlagSet(c *Config) *flag.FlagSet {
 	fs.DurationVar(&c.HTTP2PingTimeout, "http2-ping-timeout", c.HTTP2PingTimeout, "close an upstream HTTP/2 connection whose ping is not answered within this")
 	fs.DurationVar(&c.ResponseHeaderTimeout, "response-header-timeout", c.ResponseHeaderTimeout, "how long a short request may wait for the upstream's response headers")
 	fs.DurationVar(&c.HealthInterval, "health-interval", c.HealthInterval, "how often each upstream is pinged (HTTP/2 PING: does it answer at all) and its /readyz checked")
+	group("Watch sanitizing")
 	fs.StringVar(&c.FixMode, "fix-mode", c.FixMode, "repair: sanitize watch streams; observe: only log and count what repair would do")
-	fs.Var(&stringList{v: &c.FixExemptResources}, "fix-exempt-resource", "resource (e.g. pods, or apps/deployments) whose watches pass unsanitized (repeatable)")
+	fs.Var(&stringList{v: &c.FixExemptResources, typ: "resource"}, "fix-exempt-resource", "resource whose watches pass unsanitized, as kubectl names it: pods, deployments.apps (or apps/deployments); repeatable")
 	fs.IntVar(&c.MaxFrameSize, "max-frame-size", c.MaxFrameSize, "largest watch event accepted from upstream, bytes")
 	fs.IntVar(&c.DeleteMemoryEntries, "delete-memory-entries", c.DeleteMemoryEntries, "rewritten deletes remembered across re-watches (at most)")
 	fs.DurationVar(&c.DeleteMemoryTTL, "delete-memory-ttl", c.DeleteMemoryTTL, "how long a rewritten delete is remembered")
+	group("Watch resilience")
 	fs.DurationVar(&c.WatchResumeTimeout, "watch-resume-timeout", c.WatchResumeTimeout, "how long a broken upstream watch is retried before the client's stream is ended")
 	fs.DurationVar(&c.WatchStallTimeout, "watch-stall-timeout", c.WatchStallTimeout, "an upstream watch that sends nothing, not even a bookmark (always asked for; apiservers send one a minute), for this long is resumed, whatever probes of its upstream say")
 	fs.BoolVar(&c.DisableResume, "disable-watch-resume", c.DisableResume, "end the client's watch when the upstream's breaks, instead of resuming it")
 	fs.DurationVar(&c.RetryBudget, "retry-budget", c.RetryBudget, "how long a request that failed before its response started is retried, and how long after an upstream was last healthy requests wait for it; 0: no retries")
+	group("Shutdown")
 	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", c.ShutdownDelay, "on SIGTERM, how long /readyz fails while the listeners keep serving (so load balancers stop sending) before they close")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "after the shutdown delay, how long shutdown waits for requests to finish")
+	group("Logging")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "json or console")
-	c.HA.flags(fs)
+	fs.VarP(verbosity{&c.LogLevel}, "v", "v", "log verbosity, klog's convention: 0 is --log-level=info, 1 or more is --log-level=debug (the later of -v and --log-level wins)")
+	c.HA.flags(fs, group)
+	group("")
 	return fs
 }
 
-// Usage writes the flag list.
-func Usage(w io.Writer) {
-	c := Default()
-	fs := FlagSet(&c)
-	fs.SetOutput(w)
-	fmt.Fprintln(w, "Usage: watchsan [flags] | watchsan version | watchsan demo [--real]")
-	fs.PrintDefaults()
+// GroupAnnotation is the pflag annotation that holds a flag's help group (one title).
+const GroupAnnotation = "watchsan.io/group"
+
+// grouper returns group(title): the flags registered on fs since the previous call, and not
+// yet in a group, go into the previous call's group.
+func grouper(fs *pflag.FlagSet) func(title string) {
+	current := ""
+	return func(title string) {
+		if current != "" {
+			fs.VisitAll(func(f *pflag.Flag) {
+				if _, ok := f.Annotations[GroupAnnotation]; !ok {
+					_ = fs.SetAnnotation(f.Name, GroupAnnotation, []string{current})
+				}
+			})
+		}
+		current = title
+	}
+}
+
+// FlagGroup is a titled group of flags, as help shows them.
+type FlagGroup struct {
+	// Title is the group's title ("Listeners"); "Other" for flags registered outside a group.
+	Title string
+	// Flags are the group's flags in registration order; never empty.
+	Flags []*pflag.Flag
+}
+
+// Groups returns fs's flags by group, groups in the order they were first used and flags in
+// the order they were registered; flags without a group come last, under "Other".
+func Groups(fs *pflag.FlagSet) []FlagGroup {
+	var out []FlagGroup
+	index := map[string]int{}
+	fs.VisitAll(func(f *pflag.Flag) {
+		title := "Other"
+		if t := f.Annotations[GroupAnnotation]; len(t) == 1 {
+			title = t[0]
+		}
+		i, ok := index[title]
+		if !ok {
+			i = len(out)
+			index[title] = i
+			out = append(out, FlagGroup{Title: title})
+		}
+		out[i].Flags = append(out[i].Flags, f)
+	})
+	for i, g := range out { // "Other" last
+		if g.Title == "Other" && i != len(out)-1 {
+			out = append(append(out[:i:i], out[i+1:]...), g)
+			break
+		}
+	}
+	return out
 }
 
 // ErrHelp is returned by Load when -h or --help was given.
-var ErrHelp = flag.ErrHelp
+var ErrHelp = pflag.ErrHelp
 
 // Load builds a Config from defaults, the --config file (if any) and args, in that order of
-// precedence from lowest. It returns every problem it found, joined; Validate finds the rest.
+// precedence from lowest. It returns every problem it found, joined, each once: a flag whose
+// value is refused keeps its previous value, so Validate does not report it again.
 func Load(args []string) (Config, error) {
 	c := Default()
 	var errs []error
@@ -115,7 +213,7 @@ func Load(args []string) (Config, error) {
 	fs := FlagSet(&c)
 	errs = append(errs, parseAll(fs, args)...)
 	for _, e := range errs {
-		if errors.Is(e, flag.ErrHelp) {
+		if errors.Is(e, ErrHelp) {
 			return c, ErrHelp
 		}
 	}
@@ -141,8 +239,13 @@ func loadFile(path string, c *Config) error {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		if k == "config" || fs.Lookup(k) == nil {
-			errs = append(errs, fmt.Errorf("--config %s: unknown key %q", path, k))
+		f := fs.Lookup(k)
+		if k == "config" || f == nil {
+			msg := fmt.Sprintf("--config %s: unknown key %q", path, k)
+			if s := suggest(fs, k); s != nil && s.Name != "config" {
+				msg += fmt.Sprintf("; did you mean %q?", s.Name)
+			}
+			errs = append(errs, errors.New(msg))
 			continue
 		}
 		vals, isList := m[k].([]any)
@@ -150,8 +253,12 @@ func loadFile(path string, c *Config) error {
 			vals = []any{m[k]}
 		}
 		for _, v := range vals {
-			if err := fs.Set(k, scalar(v)); err != nil {
-				errs = append(errs, fmt.Errorf("--config %s: key %q: invalid value %q: %w", path, k, scalar(v), err))
+			if err := setFlag(f, scalar(v)); err != nil {
+				var ve *ValueError
+				if errors.As(err, &ve) {
+					ve.File = path
+				}
+				errs = append(errs, err)
 			}
 		}
 	}
@@ -172,8 +279,11 @@ func scalar(v any) string {
 
 func findConfigFlag(args []string) string {
 	for i := 0; i < len(args); i++ {
-		name, val, hasVal := splitFlag(args[i])
-		if name != "config" {
+		if args[i] == "--" {
+			break
+		}
+		name, val, hasVal := strings.Cut(strings.TrimPrefix(args[i], "--"), "=")
+		if name != "config" || !strings.HasPrefix(args[i], "--") {
 			continue
 		}
 		if hasVal {
@@ -186,19 +296,62 @@ func findConfigFlag(args []string) string {
 	return ""
 }
 
-// splitFlag parses "-name", "--name" or "--name=value".
-func splitFlag(arg string) (name, value string, hasValue bool) {
-	if len(arg) < 2 || arg[0] != '-' {
-		return "", "", false
-	}
-	name = strings.TrimPrefix(strings.TrimPrefix(arg, "-"), "-")
-	name, value, hasValue = strings.Cut(name, "=")
-	return name, value, hasValue
+// ValueError is a flag value that was refused: its message names the flag and the value once
+// and says what to give instead.
+type ValueError struct {
+	// Flag is the flag's name, without dashes.
+	Flag string
+	// Value is the value given.
+	Value string
+	// Hint says what a valid value looks like; "" shows Err instead.
+	Hint string
+	// Err is what the flag's parser said.
+	Err error
+	// File is the --config file the value came from; "": the command line.
+	File string
 }
 
-// parseAll applies every flag in args and, unlike flag.FlagSet.Parse, keeps going after a bad one
-// so that every problem is reported at once.
-func parseAll(fs *flag.FlagSet, args []string) []error {
+func (e *ValueError) Error() string {
+	problem := e.Hint
+	if problem == "" {
+		problem = e.Err.Error()
+	}
+	if e.File != "" {
+		return fmt.Sprintf("--config %s: key %q: %q: %s", e.File, e.Flag, e.Value, problem)
+	}
+	return fmt.Sprintf("--%s %q: %s", e.Flag, e.Value, problem)
+}
+
+func (e *ValueError) Unwrap() error { return e.Err }
+
+// hints says, by a flag's value type, what a valid value looks like.
+var hints = map[string]string{
+	"duration": "not a duration: use one such as 5s, 500ms or 1m30s",
+	"int":      "not a whole number: use one such as 100",
+	"float64":  "not a number: use one such as 10 or 0.5",
+	"bool":     "not a boolean: use true or false",
+}
+
+// setFlag sets f to val; a refused value leaves f's previous value (some parsers zero it
+// first), so the problem is reported once, here, with a hint.
+func setFlag(f *pflag.Flag, val string) error {
+	old := f.Value.String()
+	if err := f.Value.Set(val); err != nil {
+		_ = f.Value.Set(old)
+		hint := hints[f.Value.Type()]
+		if _, ok := f.Value.(verbosity); ok {
+			hint = ""
+		}
+		return &ValueError{Flag: f.Name, Value: val, Hint: hint, Err: err}
+	}
+	f.Changed = true
+	return nil
+}
+
+// parseAll applies every flag in args with pflag's conventions (--name value, --name=value,
+// a bool's --name alone, -v 2, -v2) and, unlike pflag.FlagSet.Parse, keeps going after a bad
+// one so that every problem is reported at once.
+func parseAll(fs *pflag.FlagSet, args []string) []error {
 	var errs []error
 	for i := 0; i < len(args); i++ {
 		arg := args[i]
@@ -208,21 +361,45 @@ func parseAll(fs *flag.FlagSet, args []string) []error {
 			}
 			break
 		}
-		name, val, hasVal := splitFlag(arg)
-		if name == "" {
+		if len(arg) < 2 || arg[0] != '-' {
 			errs = append(errs, fmt.Errorf("unexpected argument %q", arg))
 			continue
 		}
-		if name == "h" || name == "help" {
-			return []error{flag.ErrHelp}
+		var (
+			f      *pflag.Flag
+			name   string
+			val    string
+			hasVal bool
+		)
+		if strings.HasPrefix(arg, "--") {
+			name, val, hasVal = strings.Cut(arg[2:], "=")
+			f = fs.Lookup(name)
+		} else if sf := fs.ShorthandLookup(arg[1:2]); sf != nil && (len(arg) == 2 || sf.NoOptDefVal == "") {
+			f, name = sf, sf.Name // -v, -v 2, -v2, -v=2
+			if len(arg) > 2 {
+				val, hasVal = strings.TrimPrefix(arg[2:], "="), true
+			}
+		} else {
+			name, _, hasVal = strings.Cut(arg[1:], "=")
 		}
-		f := fs.Lookup(name)
+		if name == "help" || arg == "-h" {
+			return []error{ErrHelp}
+		}
 		if f == nil {
-			errs = append(errs, fmt.Errorf("unknown flag --%s", name))
+			msg := fmt.Sprintf("unknown flag %s", strings.SplitN(arg, "=", 2)[0])
+			s := suggest(fs, name)
+			if s != nil {
+				msg += fmt.Sprintf("; did you mean --%s?", s.Name)
+			}
+			errs = append(errs, errors.New(msg))
+			// Its value, if it has one, is not another problem to report.
+			if !hasVal && i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") && (s == nil || s.NoOptDefVal == "") {
+				i++
+			}
 			continue
 		}
-		if bf, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && bf.IsBoolFlag() && !hasVal {
-			val, hasVal = "true", true
+		if !hasVal && f.NoOptDefVal != "" {
+			val, hasVal = f.NoOptDefVal, true
 		}
 		if !hasVal {
 			if i+1 >= len(args) {
@@ -232,9 +409,58 @@ func parseAll(fs *flag.FlagSet, args []string) []error {
 			i++
 			val = args[i]
 		}
-		if err := fs.Set(name, val); err != nil {
-			errs = append(errs, fmt.Errorf("invalid value %q for --%s: %w", val, name, err))
+		if err := setFlag(f, val); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errs
+}
+
+// suggest returns the flag whose name is closest to name (a mistyped flag): within an edit
+// distance of 2 (3 for long names), or the only flag name starts with; nil if none.
+func suggest(fs *pflag.FlagSet, name string) *pflag.Flag {
+	name = strings.ToLower(name)
+	var best, prefixed *pflag.Flag
+	bestDist, prefixes := len(name)+1, 0
+	fs.VisitAll(func(f *pflag.Flag) {
+		if d := levenshtein(name, f.Name); d < bestDist {
+			best, bestDist = f, d
+		}
+		if len(name) >= 3 && strings.HasPrefix(f.Name, name) {
+			prefixed = f
+			prefixes++
+		}
+	})
+	limit := 2
+	if len(name) >= 12 {
+		limit = 3
+	}
+	switch {
+	case best != nil && bestDist <= limit:
+		return best
+	case prefixes == 1:
+		return prefixed
+	}
+	return nil
+}
+
+// levenshtein is the edit distance between a and b (insertions, deletions, substitutions).
+func levenshtein(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }

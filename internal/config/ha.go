@@ -1,9 +1,10 @@
 package config
 
 import (
-	"flag"
 	"fmt"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -60,16 +61,21 @@ func defaultHA() HA {
 	}
 }
 
-func (h *HA) flags(fs *flag.FlagSet) {
+func (h *HA) flags(fs *pflag.FlagSet, group func(title string)) {
+	group("Upstream connections and health")
 	fs.DurationVar(&h.HealthPingTimeout, "health-ping-timeout", h.HealthPingTimeout, "how long an upstream may take to answer the HTTP/2 PING that shows it is alive (tried twice before it counts as down)")
 	fs.DurationVar(&h.HealthProbeInterval, "health-probe-interval", h.HealthProbeInterval, "the least time between /readyz probes of a healthy upstream (one that is not healthy is probed every --health-interval); pings go every --health-interval")
 	fs.DurationVar(&h.HealthProbeTimeout, "health-probe-timeout", h.HealthProbeTimeout, "how long an upstream's /readyz may take (an upstream alive but slower than this is degraded, not down)")
+	group("Watch resilience")
 	fs.DurationVar(&h.WatchLagTimeout, "watch-lag-timeout", h.WatchLagTimeout, "a watch that has not delivered an event another upstream delivered this long ago on a watch of the same scope is moved, and its upstream counted lagging; 0: never")
 	fs.Float64Var(&h.WatchRebalanceRate, "watch-rebalance-rate", h.WatchRebalanceRate, "watches moved per second onto healthy upstreams with fewer watches (after a recovery or an addition); 0: never")
 	fs.Float64Var(&h.WatchDrainRate, "watch-drain-rate", h.WatchDrainRate, "watches moved per second off a degraded or removed upstream; 0: all at once (an unresponsive upstream's always move at once)")
+	group("Watch sanitizing")
 	fs.BoolVar(&h.TimeTravelGuard, "time-travel-guard", h.TimeTravelGuard, "send a list at resourceVersion=0 with the highest resourceVersion watchsan has seen for the resource and resourceVersionMatch=NotOlderThan, so a lagging apiserver cannot answer with older data (kubernetes#59848)")
+	group("Upstreams")
 	fs.StringVar(&h.UpstreamDiscovery, "upstream-discovery", h.UpstreamDiscovery, "endpoints: follow the EndpointSlices of the default/kubernetes Service (read through the upstreams, with the kubeconfig's identity), starting from --upstream; empty: the --upstream flags only")
 	fs.DurationVar(&h.UpstreamDiscoveryInterval, "upstream-discovery-interval", h.UpstreamDiscoveryInterval, "how often --upstream-discovery reads the EndpointSlices")
+	group("Configuration")
 	fs.DurationVar(&h.ConfigCheckInterval, "config-check-interval", h.ConfigCheckInterval, "how often the --config file is checked for a change, applied live like SIGHUP; 0: only on SIGHUP")
 }
 
@@ -138,7 +144,10 @@ func LiveChanges(old, new Config) (restartOnly []string) {
 	o.ConfigFile, n.ConfigFile = "", ""
 	if fmt.Sprintf("%+v", o) != fmt.Sprintf("%+v", n) {
 		of, nf := FlagSet(&o), FlagSet(&n)
-		of.VisitAll(func(f *flag.Flag) {
+		of.VisitAll(func(f *pflag.Flag) {
+			if _, alias := f.Value.(verbosity); alias {
+				return // -v is --log-level, reported as such
+			}
 			if g := nf.Lookup(f.Name); g != nil && g.Value.String() != f.Value.String() {
 				restartOnly = append(restartOnly, "--"+f.Name)
 			}

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/watchsan/watchsan/internal/fix"
+	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
 
@@ -63,8 +64,8 @@ func (c *Config) Validate() error {
 		add("--fix-mode %q: want repair or observe", c.FixMode)
 	}
 	for _, r := range c.FixExemptResources {
-		if r == "" || strings.Count(r, "/") > 1 {
-			add("--fix-exempt-resource %q: want RESOURCE or GROUP/RESOURCE", r)
+		if _, err := reqinfo.ParseGroupResource(r); err != nil {
+			add("--fix-exempt-resource %w", err)
 		}
 	}
 	if c.MaxFrameSize < 1024 || c.MaxFrameSize > 1<<30 {
@@ -204,6 +205,14 @@ func (c Config) Complete() (*Completed, error) {
 	}
 	out := &Completed{Config: c}
 	out.Fix, _ = fix.ParseMode(c.FixMode) // validated above
+	out.FixExemptResources = nil          // in GroupResource's form, so that they match requests
+	for _, r := range c.FixExemptResources {
+		gr, _ := reqinfo.ParseGroupResource(r) // validated above
+		out.FixExemptResources = append(out.FixExemptResources, gr)
+		if g, res, ok := strings.Cut(gr, "/"); ok && !strings.Contains(g, ".") && !reqinfo.BuiltinGroupWithoutDot(g) {
+			out.Warnings = append(out.Warnings, fmt.Sprintf("--fix-exempt-resource %q: %q is not a built-in API group and has no dot, as other groups have: if %s/%s is a subresource, exempt its resource instead (watches are of whole resources)", r, g, g, res))
+		}
+	}
 	var errs []error
 	for _, s := range c.Upstreams {
 		u, _ := parseUpstream(s) // validated above
@@ -258,8 +267,40 @@ func loadKubeconfig(path, context string) (*rest.Config, error) {
 	}
 	overrides := &clientcmd.ConfigOverrides{CurrentContext: context}
 	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides).ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("no upstream: no --upstream given and the kubeconfig could not be loaded: %w", err)
+	switch {
+	case err == nil:
+		return rc, nil
+	case path == "" && clientcmd.IsEmptyConfig(err):
+		// client-go's own message here is about KUBERNETES_MASTER, long obsolete.
+		return nil, fmt.Errorf("no upstream: pass --upstream https://HOST:6443 or --kubeconfig FILE; watchsan looked for a kubeconfig in %s", kubeconfigSearch(rules.Precedence, os.Getenv))
+	case path == "":
+		return nil, fmt.Errorf("no upstream: no --upstream given and the kubeconfig (%s) could not be loaded: %w", strings.Join(rules.Precedence, ", "), err)
 	}
-	return rc, nil
+	return nil, fmt.Errorf("--kubeconfig %s: %w", path, err)
+}
+
+// kubeconfigSearch says where client-go's default loading rules looked for a kubeconfig
+// (files: $KUBECONFIG, else ~/.kube/config; then the pod's service account) and what it found.
+func kubeconfigSearch(files []string, getenv func(string) string) string {
+	var parts []string
+	if v := getenv(clientcmd.RecommendedConfigPathEnvVar); v != "" {
+		parts = append(parts, "$KUBECONFIG")
+	} else {
+		parts = append(parts, "$KUBECONFIG (unset)")
+	}
+	for _, f := range files {
+		if _, err := os.Stat(f); err != nil {
+			parts = append(parts, f+" (not found)")
+		} else {
+			parts = append(parts, f+" (no context or cluster in it)")
+		}
+	}
+	const token = "/var/run/secrets/kubernetes.io/serviceaccount/token" // rest.InClusterConfig's
+	switch {
+	case getenv("KUBERNETES_SERVICE_HOST") == "" || getenv("KUBERNETES_SERVICE_PORT") == "":
+		parts = append(parts, "the in-cluster service account (KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT unset: not in a pod)")
+	default:
+		parts = append(parts, "the in-cluster service account (no token at "+token+")")
+	}
+	return strings.Join(parts, ", ")
 }

@@ -313,7 +313,7 @@ func readCounters(srv *server.Server) Counters {
 // WriteReport writes the side-by-side report for a person in a terminal.
 func (r *Result) WriteReport(w io.Writer) {
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
-	p("watchsan demo: DELETED watch events that go back in time (Kubernetes 1.7.0-1.9.2, kubernetes#58545)\n\n")
+	p("watchsan-demo: DELETED watch events that go back in time (Kubernetes 1.7.0-1.9.2, kubernetes#58545)\n\n")
 	p("Upstream: %s, behind a fault layer with the 1.7 bug:\n", r.Upstream)
 	p("every DELETED event carries the object's previous resourceVersion, and the watch ends right\n")
 	p("after it (what a reflector's re-watch every 5-10 minutes would do, only now).\n")

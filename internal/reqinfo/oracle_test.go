@@ -1,7 +1,7 @@
 package reqinfo
 
 // The apiserver's RequestInfoFactory is the oracle. k8s.io/apiserver is imported here, in tests
-// only: the proxy binary does not link it (go list -deps ./cmd/proxy | grep apiserver is empty).
+// only: the proxy binary does not link it (go list -deps ./cmd/watchsan | grep apiserver is empty).
 
 import (
 	"net/http"

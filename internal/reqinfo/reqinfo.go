@@ -13,6 +13,7 @@
 package reqinfo
 
 import (
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	metainternalversionscheme "k8s.io/apimachinery/pkg/apis/meta/internalversion/scheme"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // Info is what watchsan knows of a request from its method, path and query. Every string is
@@ -307,4 +309,67 @@ func lowerMethod(method string) string {
 		return "options"
 	}
 	return strings.ToLower(method)
+}
+
+// ParseGroupResource reads a resource as an operator names it, the way kubectl does
+// ("pods", "Pods", "deployments.apps", "deployments.v1.apps") or in GroupResource's own form
+// ("apps/deployments"), and returns it in GroupResource's form, so that it matches requests
+// exactly. A version is dropped; names are lowercased. A subresource, a version alone or a
+// name that cannot be a resource is an error that says what to write.
+func ParseGroupResource(s string) (string, error) {
+	in := s
+	s = strings.ToLower(strings.TrimSpace(s))
+	var group, resource string
+	switch strings.Count(s, "/") {
+	case 0:
+		resource, group, _ = strings.Cut(s, ".")
+		if v, rest, _ := strings.Cut(group, "."); isVersion(v) {
+			group = rest // deployments.v1.apps; pods.v1
+		}
+	case 1:
+		group, resource, _ = strings.Cut(s, "/")
+		if isVersion(group) {
+			group = "" // v1/pods
+		}
+	default:
+		return "", fmt.Errorf("%q: want a resource, not a subresource or a version path: e.g. pods, deployments.apps or apps/deployments", in)
+	}
+	if errs := validation.IsDNS1123Label(resource); resource == "" || len(errs) > 0 || isVersion(resource) {
+		return "", fmt.Errorf("%q: %q is not a resource name: want e.g. pods, deployments.apps or apps/deployments", in, resource)
+	}
+	if group == "" {
+		return resource, nil
+	}
+	if errs := validation.IsDNS1123Subdomain(group); len(errs) > 0 {
+		return "", fmt.Errorf("%q: %q is not an API group: want e.g. pods, deployments.apps or apps/deployments", in, group)
+	}
+	return group + "/" + resource, nil
+}
+
+// BuiltinGroupWithoutDot reports whether group is one of the API groups Kubernetes serves that
+// have no dot in their name (any other group, a CRD's included, has one).
+func BuiltinGroupWithoutDot(group string) bool {
+	switch group {
+	case "", "apps", "batch", "autoscaling", "policy", "extensions":
+		return true
+	}
+	return false
+}
+
+func isVersion(s string) bool {
+	rest, ok := strings.CutPrefix(s, "v")
+	if !ok || rest == "" || rest[0] < '1' || rest[0] > '9' {
+		return false
+	}
+	i := 0
+	for i < len(rest) && rest[i] >= '0' && rest[i] <= '9' {
+		i++
+	}
+	rest = rest[i:]
+	for _, q := range []string{"alpha", "beta"} {
+		if n, ok := strings.CutPrefix(rest, q); ok {
+			return n != "" && strings.Trim(n, "0123456789") == ""
+		}
+	}
+	return rest == ""
 }

@@ -158,3 +158,38 @@ func TestManyParams(t *testing.T) {
 		t.Error("a long query's watch parameter is lost")
 	}
 }
+
+// Issue 11 item 4: --fix-exempt-resource takes a resource as kubectl names it and matches
+// requests exactly, whatever the spelling.
+func TestParseGroupResource(t *testing.T) {
+	for in, want := range map[string]string{
+		"pods": "pods", "Pods": "pods", " PODS ": "pods", "v1/pods": "pods", "pods.v1": "pods",
+		"deployments.apps": "apps/deployments", "apps/deployments": "apps/deployments",
+		"Deployments.Apps": "apps/deployments", "deployments.v1.apps": "apps/deployments",
+		"certificatesigningrequests.certificates.k8s.io":         "certificates.k8s.io/certificatesigningrequests",
+		"certificatesigningrequests.v1beta1.certificates.k8s.io": "certificates.k8s.io/certificatesigningrequests",
+		"widgets.example.com":                                    "example.com/widgets",
+	} {
+		got, err := ParseGroupResource(in)
+		if err != nil || got != want {
+			t.Errorf("ParseGroupResource(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "apps/v1/deployments", "apps/deployments/scale", "pods!", "v1", "apps/", "deployments.apps..", "a_b"} {
+		if got, err := ParseGroupResource(in); err == nil || !strings.Contains(err.Error(), "want") {
+			t.Errorf("ParseGroupResource(%q) = %q, %v; want an error with a hint", in, got, err)
+		}
+	}
+	// Every accepted spelling of a resource matches its requests' GroupResource.
+	for _, tc := range []struct{ spelling, path string }{
+		{"Pods", "/api/v1/namespaces/a/pods?watch=1"},
+		{"deployments.apps", "/apis/apps/v1/deployments?watch=1"},
+		{"deployments.v1.apps", "/apis/apps/v1/namespaces/a/deployments?watch=1"},
+	} {
+		gr, _ := ParseGroupResource(tc.spelling)
+		r := httptest.NewRequest("GET", tc.path, nil)
+		if info := Parse(r); info.GroupResource() != gr {
+			t.Errorf("%q: request %s has GroupResource %q, the flag gives %q", tc.spelling, tc.path, info.GroupResource(), gr)
+		}
+	}
+}

@@ -44,7 +44,7 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	build := exec.Command("go", "build", "-race", "-o", watchsanBin, "./cmd/proxy")
+	build := exec.Command("go", "build", "-race", "-o", watchsanBin, "./cmd/watchsan")
 	build.Dir = root
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {

@@ -1,5 +1,5 @@
 // Package clustertest starts the real control plane of test/cluster for a Go test. It is apart
-// from test/cluster so that programs using the harness (watchsan demo --real) do not link the
+// from test/cluster so that programs using the harness (watchsan-demo --real) do not link the
 // testing package.
 package clustertest
 

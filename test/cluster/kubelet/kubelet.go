@@ -1,5 +1,5 @@
 // Package kubelet is a stand-in kubelet for the test harness (test/cluster): see Kubelet. It is
-// apart from package cluster so that programs using the harness (watchsan demo --real) do not
+// apart from package cluster so that programs using the harness (watchsan-demo --real) do not
 // link it and its streaming libraries.
 package kubelet
 

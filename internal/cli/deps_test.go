@@ -1,0 +1,29 @@
+package cli
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// Issue 11 item 5: the production binary links none of the demo's real-cluster mode, the
+// in-memory apiserver, the fault layers or the test harness (they are cmd/watchsan-demo's).
+func TestBinaryLinksNoDemoOrTestCode(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list")
+	}
+	out, err := exec.Command("go", "list", "-deps", "github.com/watchsan/watchsan/cmd/watchsan").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	for _, pkg := range strings.Fields(string(out)) {
+		for _, bad := range []string{
+			"github.com/watchsan/watchsan/internal/demo", "github.com/watchsan/watchsan/internal/memapi",
+			"github.com/watchsan/watchsan/internal/faults", "github.com/watchsan/watchsan/test/", "k8s.io/apiserver",
+		} {
+			if pkg == bad || strings.HasPrefix(pkg, bad+"/") || (strings.HasSuffix(bad, "/") && strings.HasPrefix(pkg, bad)) {
+				t.Errorf("cmd/watchsan links %s", pkg)
+			}
+		}
+	}
+}
