@@ -25,11 +25,12 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/rand"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
@@ -63,6 +64,12 @@ const (
 	// quietSelector leaves it out of the quiet watches.
 	tickLabel     = "watchsan.io/check-tick"
 	quietSelector = "!" + tickLabel
+)
+
+// The two resources the check writes, through client-go's dynamic client (see New).
+var (
+	namespacesResource = schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}
+	configMapsResource = schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}
 )
 
 // Options are one check's settings.
@@ -123,23 +130,37 @@ func (o Options) withDefaults() Options {
 
 // Checker runs checks against one cluster path.
 type Checker struct {
-	client   corev1client.CoreV1Interface
-	raw      rest.Interface // the core/v1 REST client, for watches read off the wire
+	client   dynamic.Interface // namespaces and configmaps, as unstructured objects
+	raw      rest.Interface    // GET /version and the watches read off the wire
 	server   string
 	clock    clock.WithTickerAndDelayedExecution
 	progress *Progress
 	log      *zap.Logger
 }
 
-// New returns a Checker that talks to the cluster through client (core/v1 only: the whole
-// clientset would link every API group into watchsan, about 20 MB); server is the URL the
-// client talks to (for the report), clk the time source for every measurement, progress where
-// the progress line goes (nil: nowhere), log the logger (nil: none).
-func New(client corev1client.CoreV1Interface, server string, clk clock.WithTickerAndDelayedExecution, progress *Progress, log *zap.Logger) *Checker {
+// NewClient returns the REST client New wants, for the cluster rc names: an unversioned
+// client with client-go's dynamic (unstructured JSON) serializer. Neither it nor the dynamic
+// client links a k8s.io/api package; a typed client, even core/v1 alone, links client-go's
+// scheme and with it every API group (about 20 MB of watchsan's binary; a test in
+// internal/cli checks).
+func NewClient(rc *rest.Config) (rest.Interface, error) {
+	c, err := rest.UnversionedRESTClientFor(dynamic.ConfigFor(rc))
+	if err != nil {
+		return nil, err // Main prefixes it, as it did the typed client's
+	}
+	return c, nil
+}
+
+// New returns a Checker that talks to the cluster through client (from NewClient): the
+// namespace and configmaps through a dynamic client on top of it, /version and the watches
+// raw. server is the URL the client talks to (for the report), clk the time source for every
+// measurement, progress where the progress line goes (nil: nowhere), log the logger (nil:
+// none).
+func New(client rest.Interface, server string, clk clock.WithTickerAndDelayedExecution, progress *Progress, log *zap.Logger) *Checker {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Checker{client: client, raw: client.RESTClient(), server: server, clock: clk,
+	return &Checker{client: dynamic.New(client), raw: client, server: server, clock: clk,
 		progress: progress, log: log.Named("check")}
 }
 
@@ -208,22 +229,24 @@ func (c *Checker) createNamespace(ctx context.Context, o Options) (string, error
 	run := rand.String(10)
 	cctx, cancel := context.WithTimeout(ctx, o.StepTimeout)
 	defer cancel()
-	nsObj, err := c.client.Namespaces().Create(cctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
-		GenerateName: o.NamespacePrefix,
-		Labels:       map[string]string{ManagedByLabel: ManagedByValue, runLabel: run},
-	}}, metav1.CreateOptions{})
+	nsObj := &unstructured.Unstructured{}
+	nsObj.SetAPIVersion("v1")
+	nsObj.SetKind("Namespace")
+	nsObj.SetGenerateName(o.NamespacePrefix)
+	nsObj.SetLabels(map[string]string{ManagedByLabel: ManagedByValue, runLabel: run})
+	nsObj, err := c.client.Resource(namespacesResource).Create(cctx, nsObj, metav1.CreateOptions{})
 	if err != nil {
 		err = fmt.Errorf("creating the temporary namespace: %w", err)
 		lctx, cancel := context.WithTimeout(context.Background(), o.CleanupTimeout)
 		defer cancel()
-		l, lerr := c.client.Namespaces().List(lctx, metav1.ListOptions{LabelSelector: runLabel + "=" + run})
+		l, lerr := c.client.Resource(namespacesResource).List(lctx, metav1.ListOptions{LabelSelector: runLabel + "=" + run})
 		if lerr == nil && len(l.Items) == 1 {
-			return l.Items[0].Name, err
+			return l.Items[0].GetName(), err
 		}
 		return "", err
 	}
-	c.log.Info("namespace created", zap.String("namespace", nsObj.Name))
-	return nsObj.Name, nil
+	c.log.Info("namespace created", zap.String("namespace", nsObj.GetName()))
+	return nsObj.GetName(), nil
 }
 
 // cleanup deletes the namespace with a context of its own.
@@ -231,7 +254,7 @@ func (c *Checker) cleanup(ns string, o Options) CleanupResult {
 	c.progress.Step("deleting namespace %s", ns)
 	ctx, cancel := context.WithTimeout(context.Background(), o.CleanupTimeout)
 	defer cancel()
-	err := c.client.Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
+	err := c.client.Resource(namespacesResource).Delete(ctx, ns, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		c.log.Warn("could not delete the namespace", zap.String("namespace", ns), zap.Error(err))
 		return CleanupResult{Error: err.Error()}
@@ -239,17 +262,24 @@ func (c *Checker) cleanup(ns string, o Options) CleanupResult {
 	return CleanupResult{Deleted: true}
 }
 
-func (c *Checker) createObject(ctx context.Context, o Options, ns, name string, labels map[string]string) (*corev1.ConfigMap, error) {
+// createObject creates configmap ns/name and returns its resourceVersion.
+func (c *Checker) createObject(ctx context.Context, o Options, ns, name string, labels map[string]string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.StepTimeout)
 	defer cancel()
-	cm, err := c.client.ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
-		Data:       map[string]string{"created-by": "watchsan check"},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("creating configmap %s/%s: %w", ns, name, err)
+	cm := &unstructured.Unstructured{Object: map[string]any{
+		"data": map[string]any{"created-by": "watchsan check"},
+	}}
+	cm.SetAPIVersion("v1")
+	cm.SetKind("ConfigMap")
+	cm.SetName(name)
+	if labels != nil {
+		cm.SetLabels(labels)
 	}
-	return cm, nil
+	cm, err := c.client.Resource(configMapsResource).Namespace(ns).Create(ctx, cm, metav1.CreateOptions{})
+	if err != nil {
+		return "", fmt.Errorf("creating configmap %s/%s: %w", ns, name, err)
+	}
+	return cm.GetResourceVersion(), nil
 }
 
 // reproduce runs the reproduction of kubernetes#58545 and the re-watch from the DELETED
@@ -279,7 +309,7 @@ func (c *Checker) reproduce(ctx context.Context, o Options, ns string, rep *Repo
 		}
 	}
 	dctx, cancel := context.WithTimeout(ctx, o.StepTimeout)
-	err = c.client.ConfigMaps(ns).Delete(dctx, "a", metav1.DeleteOptions{})
+	err = c.client.Resource(configMapsResource).Namespace(ns).Delete(dctx, "a", metav1.DeleteOptions{})
 	cancel()
 	if err != nil {
 		return "", fmt.Errorf("deleting configmap %s/a: %w", ns, err)
@@ -337,16 +367,12 @@ func (c *Checker) rewatch(ctx context.Context, o Options, ns string, highest uin
 		var st apierrors.APIStatus
 		if errors.As(err, &st) && st.Status().Code == 410 {
 			d.RewatchError = "410 Gone: a client would relist everything"
-			m, err := c.createObject(ctx, o, ns, markerName, nil)
-			if err != nil {
-				return "", err
-			}
-			return m.ResourceVersion, nil
+			return c.createObject(ctx, o, ns, markerName, nil)
 		}
 		return "", err
 	}
 	defer w.close()
-	m, err := c.createObject(ctx, o, ns, markerName, nil)
+	markerRV, err := c.createObject(ctx, o, ns, markerName, nil)
 	if err != nil {
 		return "", err
 	}
@@ -362,9 +388,9 @@ func (c *Checker) rewatch(ctx context.Context, o Options, ns string, highest uin
 			continue
 		case ev.Type == stream.Error:
 			d.RewatchError = "ERROR event: " + errorEventText(ev)
-			return m.ResourceVersion, nil
+			return markerRV, nil
 		case ev.Name == markerName:
-			return m.ResourceVersion, nil
+			return markerRV, nil
 		case ev.RVIsInt && ev.RVInt <= highest:
 			d.Replayed = append(d.Replayed, Event{Type: ev.Type, Name: ev.Name, RV: ev.RV})
 		}
@@ -375,11 +401,11 @@ func (c *Checker) rewatch(ctx context.Context, o Options, ns string, highest uin
 func (c *Checker) listRV(ctx context.Context, o Options, ns string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.StepTimeout)
 	defer cancel()
-	l, err := c.client.ConfigMaps(ns).List(ctx, metav1.ListOptions{})
+	l, err := c.client.Resource(configMapsResource).Namespace(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return "", fmt.Errorf("listing configmaps in %s: %w", ns, err)
 	}
-	return l.ResourceVersion, nil
+	return l.GetResourceVersion(), nil
 }
 
 // waitQuiet keeps a watch with bookmarks and an idle one open at the same time, up to their

@@ -132,7 +132,7 @@ func TestCheckRealAPIServer(t *testing.T) {
 
 	t.Run("interrupted: the namespace is deleted", func(t *testing.T) {
 		var progress syncBuffer
-		chk := New(kubernetes.NewForConfigOrDie(c.RESTConfig(0, c.AdminToken)).CoreV1(), "direct", clock.RealClock{},
+		chk := New(newClient(t, c.RESTConfig(0, c.AdminToken)), "direct", clock.RealClock{},
 			NewProgress(&progress, false), zaptest.NewLogger(t))
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -164,8 +164,7 @@ func TestCheckRealAPIServer(t *testing.T) {
 
 func runCheck(t *testing.T, rc *rest.Config, o Options) Report {
 	t.Helper()
-	cs := kubernetes.NewForConfigOrDie(rc)
-	chk := New(cs.CoreV1(), rc.Host, clock.RealClock{}, nil, zaptest.NewLogger(t))
+	chk := New(newClient(t, rc), rc.Host, clock.RealClock{}, nil, zaptest.NewLogger(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rep, err := chk.Run(ctx, o)
@@ -179,6 +178,15 @@ func runCheck(t *testing.T, rc *rest.Config, o Options) Report {
 		t.Errorf("cleanup %+v", rep.Cleanup)
 	}
 	return rep
+}
+
+func newClient(t *testing.T, rc *rest.Config) rest.Interface {
+	t.Helper()
+	client, err := NewClient(rc)
+	if err != nil {
+		t.Fatalf("NewClient: %v", err)
+	}
+	return client
 }
 
 func wantProblems(t *testing.T, rep Report, want ...string) {

@@ -8,6 +8,10 @@ import (
 
 // Issue 11 item 5: the production binary links none of the demo's real-cluster mode, the
 // in-memory apiserver, the fault layers or the test harness (they are cmd/watchsan-demo's).
+// Nor does it link any k8s.io/api group or client-go's clientset (k8s.io/client-go/kubernetes
+// and its scheme): they registered every API group's types and doubled the binary (42.9 MB
+// instead of 21.6 MB) when `watchsan check` used the typed core/v1 client; check talks through
+// client-go's dynamic client and a REST client without that scheme.
 func TestBinaryLinksNoDemoOrTestCode(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs go list")
@@ -20,6 +24,7 @@ func TestBinaryLinksNoDemoOrTestCode(t *testing.T) {
 		for _, bad := range []string{
 			"github.com/watchsan/watchsan/internal/demo", "github.com/watchsan/watchsan/internal/memapi",
 			"github.com/watchsan/watchsan/internal/faults", "github.com/watchsan/watchsan/test/", "k8s.io/apiserver",
+			"k8s.io/api/", "k8s.io/client-go/kubernetes",
 		} {
 			if pkg == bad || strings.HasPrefix(pkg, bad+"/") || (strings.HasSuffix(bad, "/") && strings.HasPrefix(pkg, bad)) {
 				t.Errorf("cmd/watchsan links %s", pkg)
