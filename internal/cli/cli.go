@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/watchsan/watchsan/internal/config"
+	"github.com/watchsan/watchsan/internal/logging"
 	"github.com/watchsan/watchsan/internal/server"
 )
 
@@ -62,6 +63,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	defer func() { _ = log.Sync() }()
+	logging.RouteKlog(log) // client-go's own lines (watch errors, throttling) as watchsan's
 	for _, w := range completed.Warnings {
 		log.Warn(w)
 	}
@@ -121,8 +123,7 @@ func NewLogger(level, format string, w io.Writer) (*zap.Logger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--log-level: %w", err)
 	}
-	encCfg := zap.NewProductionEncoderConfig()
-	encCfg.EncodeTime = zapcore.ISO8601TimeEncoder
+	encCfg := logging.EncoderConfig()
 	var enc zapcore.Encoder
 	switch format {
 	case "json":

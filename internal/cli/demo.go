@@ -13,6 +13,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/watchsan/watchsan/internal/demo"
+	"github.com/watchsan/watchsan/internal/logging"
 )
 
 // runDemo runs `watchsan demo [flags]`: the 1.7-1.9 DELETED-event incident, reproduced with and
@@ -56,6 +57,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		}
 		log = l
 		defer func() { _ = log.Sync() }()
+		logging.RouteKlog(log)
 	} else {
 		// client-go also logs through klog's global logger; keep the report readable.
 		klog.SetOutput(io.Discard)
