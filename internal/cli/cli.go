@@ -72,6 +72,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		reportStartError(stderr, err)
 		return exitUsage
 	}
+	srv.Metrics().SetVersion(Version) // watchsan_build_info
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	go newReloader(args, completed, srv.Reload, log).run(ctx) // SIGHUP, --config changes
