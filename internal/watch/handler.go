@@ -171,7 +171,9 @@ func progressScope(r *http.Request) string {
 }
 
 // ServeHTTP serves one watch request, classifying it first; its log lines carry no request id.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.Serve(w, r, reqinfo.Parse(r), "") }
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.Serve(w, r, reqinfo.Parse(r), "")
+}
 
 // Serve serves one watch request that info (reqinfo.Parse(r)) classifies. Every line logged
 // about it carries the client's address and requestID, the id of its access log line.
@@ -200,7 +202,7 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 	s := &session{
 		h: h, client: r, ctx: ctx, params: p, resource: resource, deadline: deadline,
 		// Lazy: the fields are encoded only if a line is written, which most watches never do.
-		log: h.log.WithLazy(zap.String("remote", r.RemoteAddr), zap.String("requestID", requestID)),
+		log:          h.log.WithLazy(zap.String("remote", r.RemoteAddr), zap.String("requestID", requestID)),
 		upstreamSide: upstreamSide{backoff: upstream.ResumeBackoff, scope: progressScope(r), groupResource: info.GroupResource()},
 		clientSide:   clientSide{w: w, rc: http.NewResponseController(w)},
 	}
