@@ -20,6 +20,7 @@ demo:
 # when it drifts).
 docs:
 	$(GO) generate ./internal/cli
+	$(GO) test ./internal/server -run TestMetricsReference -update-metrics-doc
 
 # Builds etcd, kube-apiserver and kubectl from pinned modules into .cache/bin (cached).
 cluster-bins:

@@ -19,6 +19,7 @@ import (
 
 	"github.com/watchsan/watchsan/internal/cli"
 	"github.com/watchsan/watchsan/internal/demo"
+	"github.com/watchsan/watchsan/internal/logging"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -71,6 +72,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		log = l
 		defer func() { _ = log.Sync() }()
+		logging.RouteKlog(log)
 	} else {
 		// client-go also logs through klog's global logger; keep the report readable.
 		klog.SetOutput(io.Discard)

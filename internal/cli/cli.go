@@ -26,6 +26,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/watchsan/watchsan/internal/config"
+	"github.com/watchsan/watchsan/internal/logging"
 	"github.com/watchsan/watchsan/internal/server"
 )
 
@@ -205,6 +206,7 @@ func runProxy(cmd *cobra.Command, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	defer func() { _ = log.Sync() }()
+	logging.RouteKlog(log) // client-go's own lines (watch errors, throttling) as watchsan's
 	for _, w := range completed.Warnings {
 		log.Warn(w)
 	}
@@ -213,6 +215,7 @@ func runProxy(cmd *cobra.Command, args []string, stdout, stderr io.Writer) int {
 		reportStartError(stderr, err)
 		return exitUsage
 	}
+	srv.Metrics().SetVersion(Version) // watchsan_build_info
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	go newReloader(args, completed, srv.Reload, log).run(ctx) // SIGHUP, --config changes
@@ -264,8 +267,7 @@ func NewLogger(level, format string, w io.Writer) (*zap.Logger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--log-level: %w", err)
 	}
-	encCfg := zap.NewProductionEncoderConfig()
-	encCfg.EncodeTime = zapcore.ISO8601TimeEncoder
+	encCfg := logging.EncoderConfig()
 	var enc zapcore.Encoder
 	switch format {
 	case "json":

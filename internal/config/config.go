@@ -96,6 +96,9 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	LogLevel        string
 	LogFormat       string
+	// AccessLog writes one "request" line per main-listener request (logger watchsan.access);
+	// false (the zero value): none. Default writes them.
+	AccessLog bool
 
 	// HA frontend: failure detection, balancing, moving watches, membership (issue 9; ha.go).
 	HA
@@ -130,6 +133,7 @@ func Default() Config {
 		ShutdownTimeout:       30 * time.Second,
 		LogLevel:              "info",
 		LogFormat:             "json",
+		AccessLog:             true,
 		HA:                    defaultHA(),
 	}
 }

@@ -136,6 +136,7 @@ func FlagSet(c *Config) *pflag.FlagSet {
 	group("Logging")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "json or console")
+	fs.BoolVar(&c.AccessLog, "access-log", c.AccessLog, "log one line per request on the main listener (with its request id, which watch lines carry too); false: none")
 	fs.VarP(verbosity{&c.LogLevel}, "v", "v", "log verbosity, klog's convention: 0 is --log-level=info, 1 or more is --log-level=debug (the later of -v and --log-level wins)")
 	c.HA.flags(fs, group)
 	group("")

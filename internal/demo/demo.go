@@ -22,7 +22,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-logr/logr/funcr"
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,6 +33,7 @@ import (
 
 	"github.com/watchsan/watchsan/internal/config"
 	"github.com/watchsan/watchsan/internal/faults"
+	"github.com/watchsan/watchsan/internal/logging"
 	"github.com/watchsan/watchsan/internal/server"
 )
 
@@ -86,7 +86,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	// client-go's reflectors log through the context's logger.
-	ctx = klog.NewContext(ctx, funcr.New(func(prefix, args string) { log.Named("client-go").Debug(prefix + " " + args) }, funcr.Options{}))
+	ctx = klog.NewContext(ctx, logging.Logr(log))
 	began := time.Now()
 
 	var (

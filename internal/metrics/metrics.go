@@ -3,6 +3,8 @@
 package metrics
 
 import (
+	"runtime"
+	"runtime/debug"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,6 +40,9 @@ type Metrics struct {
 	ConnectionLimit *prometheus.GaugeVec   // listener
 	TLSReloads      *prometheus.CounterVec // result: ok | error (the main listener's TLS files)
 
+	// BuildInfo is 1 for the running build's version, revision and Go version (SetVersion).
+	BuildInfo *prometheus.GaugeVec // version, revision, goversion
+
 	// Per upstream (issue 9; upstream.go).
 	Upstream UpstreamMetrics
 
@@ -52,7 +57,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	f := func(c prometheus.Collector) { reg.MustRegister(c) }
 	m := &Metrics{Registry: reg, labels: &boundedLabels{seen: map[string]struct{}{}, max: 500}}
 	m.Requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_requests_total", Help: "Requests proxied, by verb, resource and HTTP status code."}, []string{"verb", "resource", "code"})
-	m.RequestSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "watchsan_request_duration_seconds", Help: "Duration of proxied requests other than watches and upgrades.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 9)}, []string{"verb", "resource"})
+	m.RequestSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "watchsan_request_duration_seconds", Help: "Duration of proxied requests other than watches and upgrades.", Buckets: RequestBuckets}, []string{"verb", "resource"})
 	m.InFlight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "watchsan_requests_in_flight", Help: "Requests being served now, watches included."})
 	m.OpenWatches = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_open_watches", Help: "Client watches open now, by resource."}, []string{"resource"})
 	m.Bytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_bytes_total", Help: "Body bytes proxied, by direction."}, []string{"direction"})
@@ -64,23 +69,65 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	m.StreamEnds = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_stream_ends_total", Help: "Client watch streams ended, by reason."}, []string{"reason"})
 	m.Resumes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_resumes_total", Help: "Upstream watches resumed without ending the client's stream, by the reason the upstream broke."}, []string{"reason"})
 	m.Stalls = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_stalls_total", Help: "Upstream watches found hung: nothing, not even a bookmark, for the stall timeout."})
-	m.ResumeSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "watchsan_watch_resume_duration_seconds", Help: "Time from an upstream watch breaking to its resumption.", Buckets: prometheus.ExponentialBuckets(0.005, 3, 10)})
+	m.ResumeSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "watchsan_watch_resume_duration_seconds", Help: "Time from an upstream watch breaking to its resumption.", Buckets: ResumeBuckets})
 	m.RelistsForced = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_relists_forced_total", Help: "410 Expired ERROR events sent to clients (each makes the client relist)."})
 	m.Retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_request_retries_total", Help: "Retries of requests that failed before their response started, by outcome."}, []string{"outcome"})
 	m.Refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_requests_refused_total", Help: "Requests watchsan refused itself before anything went upstream, by reason (host, origin, cors_preflight, path, method, dot_segment, connect, absolute_target)."}, []string{"reason"})
 	m.Connections = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_connections", Help: "Client connections open now, by listener (upgraded ones included)."}, []string{"listener"})
 	m.ConnectionLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_connection_limit", Help: "Most client connections a listener serves at once; more wait in the kernel's backlog."}, []string{"listener"})
 	m.TLSReloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_tls_reloads_total", Help: "Changes of the main listener's TLS files (serving certificate, key, client CA) seen, by result: ok (in use from the next handshake) or error (they do not load; the previous ones stay)."}, []string{"result"})
-	for _, c := range []prometheus.Collector{m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.ResumeSeconds, m.RelistsForced, m.Retries, m.Refused, m.Connections, m.ConnectionLimit} {
+	for _, result := range []string{"ok", "error"} { // at 0 from the start: alerts see 0, not no data
+		m.TLSReloads.WithLabelValues(result)
+	}
+	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_build_info", Help: "Always 1; its labels say which build runs: version, VCS revision and Go version."}, []string{"version", "revision", "goversion"})
+	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.ResumeSeconds, m.RelistsForced, m.Retries, m.Refused, m.Connections, m.ConnectionLimit} {
 		f(c)
 	}
 	m.Upstream.register(reg)
+	m.SetVersion("")
+	for _, d := range Directions { // every closed-set series from the start: alerts see 0, not "no data"
+		m.Bytes.WithLabelValues(d)
+	}
 	if deleteMemoryLen != nil {
 		m.DeleteMemory = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "watchsan_delete_memory_entries", Help: "Rewritten deletes remembered to suppress their replay after a re-watch."}, deleteMemoryLen)
 		f(m.DeleteMemory)
 	}
 	return m
 }
+
+// Histogram bounds, chosen round so that they print as le="0.25", not le="3.6450000000000005".
+var (
+	// RequestBuckets bound short requests: 5 ms (a cached get) to a minute (the apiserver's
+	// default request timeout).
+	RequestBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
+	// ResumeBuckets bound the time from a broken upstream watch to its resumption: an
+	// immediate resume (milliseconds) to the resume timeout (60 s by default).
+	ResumeBuckets = []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
+)
+
+// SetVersion sets watchsan_build_info: version as given (the -ldflags version), or the main
+// module's version when empty; revision and Go version from the binary's build info.
+func (m *Metrics) SetVersion(version string) {
+	revision := "unknown"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if version == "" {
+			version = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				revision = s.Value
+			}
+		}
+	}
+	if version == "" {
+		version = "unknown"
+	}
+	m.BuildInfo.Reset()
+	m.BuildInfo.WithLabelValues(version, revision, runtime.Version()).Set(1)
+}
+
+// Directions are every value of Bytes's direction label.
+var Directions = []string{"upstream_to_client", "client_to_upstream"}
 
 // RefusalReasons are every value of Refused's reason label.
 var RefusalReasons = []string{"host", "origin", "cors_preflight", "path", "method", "dot_segment", "connect", "absolute_target"}

@@ -13,7 +13,6 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/watchsan/watchsan/internal/metrics"
-	"github.com/watchsan/watchsan/internal/reqinfo"
 )
 
 // recorder remembers the status and body size of a response. It unwraps for
@@ -54,8 +53,9 @@ func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 // serveInstrumented serves r with next, then writes the access log line and the request
 // metrics. The log never carries a header value: tokens live there.
-func (s *Server) serveInstrumented(w http.ResponseWriter, r *http.Request, info reqinfo.Info, next http.Handler) {
+func (s *Server) serveInstrumented(w http.ResponseWriter, r *http.Request, c *classified, next http.Handler) {
 	start := time.Now()
+	info := c.info
 	resource := info.FullResource()
 	rec := &recorder{ResponseWriter: w}
 	s.metrics.InFlight.Inc()
@@ -83,7 +83,12 @@ func (s *Server) serveInstrumented(w http.ResponseWriter, r *http.Request, info 
 				zap.Duration("duration", d),
 				zap.Int64("bytes", rec.bytes),
 				zap.String("remote", r.RemoteAddr),
+				zap.String("requestID", c.id),
+				zap.String("route", c.route),
 				zap.String("userAgent", r.UserAgent()),
+				// the apiserver's id of the request in its audit log (every attempt's answer
+				// carries one; this is the one relayed)
+				zap.String("auditID", rec.Header().Get("Audit-Id")),
 			)
 		}
 	}()

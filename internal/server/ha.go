@@ -98,6 +98,9 @@ func (s *Server) initUpstreamSeries(b *upstream.Backend) {
 	for _, r := range watch.ResumeReasons() {
 		s.metrics.Upstream.Resumes.WithLabelValues(name, r.String())
 	}
+	for _, what := range []string{"unhealthy", "lagging"} { // upstream.PoolOptions.OnDetect
+		s.metrics.Upstream.Detection.WithLabelValues(name, what)
+	}
 }
 
 // onBreak counts a watch that broke on b and is resumed.

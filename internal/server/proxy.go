@@ -36,7 +36,8 @@ func newProxy(attempts *upstream.Attempter, log *zap.Logger) *httputil.ReversePr
 				lvl = zapcore.DebugLevel // the outage is logged once, at its transition; not per request
 			}
 			if ce := log.Check(lvl, "upstream failed before the response started"); ce != nil {
-				ce.Write(zap.String("path", r.URL.Path), zap.Int32("code", st.Code), zap.Error(err))
+				ce.Write(zap.String("path", r.URL.Path), zap.Int32("code", st.Code), zap.Error(err),
+					zap.String("remote", r.RemoteAddr), zap.String("requestID", classifiedOf(r).id))
 			}
 			apistatus.Write(w, st)
 		},

@@ -17,11 +17,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
-	"github.com/watchsan/watchsan/internal/apistatus"
 	"github.com/watchsan/watchsan/internal/config"
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/metrics"
-	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/upstream"
 	"github.com/watchsan/watchsan/internal/watch"
 )
@@ -53,6 +51,9 @@ type Server struct {
 // pool and its attempt loop, then the watch handler and the pass-through that use them.
 func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	s := &Server{cfg: cfg, log: log.Named("server"), accessLog: log.Named("access"), watchesDone: make(chan struct{})}
+	if !cfg.AccessLog {
+		s.accessLog = zap.NewNop()
+	}
 	memory := fix.NewDeleteMemory(cfg.DeleteMemoryEntries, cfg.DeleteMemoryTTL, nil)
 	s.metrics = metrics.New(func() float64 { return float64(memory.Len()) })
 	if cfg.TLSCertFile != "" {
@@ -151,24 +152,6 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 
 // Metrics exposes the server's metrics (tests and the demo read them).
 func (s *Server) Metrics() *metrics.Metrics { return s.metrics }
-
-// Handler is the main listener's handler: a request the guard refuses is answered with its
-// Status; a watch goes to the watch pipeline; everything else passes through. Every request is
-// logged and counted.
-func (s *Server) Handler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		info := reqinfo.Parse(r)              // once per request: the log, the metrics and the route share it
-		next := s.listGuard(r, info, s.proxy) // the time-travel guard, for a list at RV 0
-		if info.IsWatch() {
-			next = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.watch.Serve(w, r, info) })
-		}
-		if ref := s.guard.refuse(r); ref != nil { // logged and counted like any request
-			s.metrics.Refused.WithLabelValues(ref.reason).Inc()
-			next = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { apistatus.Write(w, ref.status) })
-		}
-		s.serveInstrumented(w, r, info, next)
-	})
-}
 
 // AdminHandler serves watchsan's own endpoints.
 func (s *Server) AdminHandler() http.Handler {

@@ -170,11 +170,14 @@ func progressScope(r *http.Request) string {
 	return path + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector")
 }
 
-// ServeHTTP serves one watch request, classifying it first.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.Serve(w, r, reqinfo.Parse(r)) }
+// ServeHTTP serves one watch request, classifying it first; its log lines carry no request id.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.Serve(w, r, reqinfo.Parse(r), "")
+}
 
-// Serve serves one watch request that info (reqinfo.Parse(r)) classifies.
-func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Info) {
+// Serve serves one watch request that info (reqinfo.Parse(r)) classifies. Every line logged
+// about it carries the client's address and requestID, the id of its access log line.
+func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Info, requestID string) {
 	p := parseParams(r)
 	m := h.deps.Metrics
 	resource := m.Resource(info.FullResource())
@@ -197,7 +200,9 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 	}
 
 	s := &session{
-		h: h, client: r, ctx: ctx, params: p, resource: resource, deadline: deadline, log: h.log,
+		h: h, client: r, ctx: ctx, params: p, resource: resource, deadline: deadline,
+		// Lazy: the fields are encoded only if a line is written, which most watches never do.
+		log:          h.log.WithLazy(zap.String("remote", r.RemoteAddr), zap.String("requestID", requestID)),
 		upstreamSide: upstreamSide{backoff: upstream.ResumeBackoff, scope: progressScope(r), groupResource: info.GroupResource()},
 		clientSide:   clientSide{w: w, rc: http.NewResponseController(w)},
 	}
@@ -215,7 +220,7 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 		if errors.Is(err, upstream.ErrNoBackend) {
 			lvl = zapcore.DebugLevel // the outage is logged once, at its transition; not per request
 		}
-		if ce := h.log.Check(lvl, "upstream failed before the response started"); ce != nil {
+		if ce := s.log.Check(lvl, "upstream failed before the response started"); ce != nil {
 			ce.Write(zap.String("path", r.URL.Path), zap.Int32("code", st.Code), zap.Error(err))
 		}
 		apistatus.Write(w, st)

@@ -1,0 +1,131 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/gorilla/mux"
+
+	"github.com/watchsan/watchsan/internal/apistatus"
+	"github.com/watchsan/watchsan/internal/reqinfo"
+)
+
+// Handler is the main listener's handler. Each request is classified once (reqinfo), checked
+// once by the guard and given a request id; then the first route of the table (routes) that
+// matches serves it, logged and counted like every request (serveInstrumented).
+func (s *Server) Handler() http.Handler {
+	table := s.routes()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := &classified{info: reqinfo.Parse(r), ref: s.guard.refuse(r), id: requestID(r)}
+		if c.ref != nil {
+			s.metrics.Refused.WithLabelValues(c.ref.reason).Inc()
+		}
+		w.Header()["X-Request-Id"] = []string{c.id} // a client can quote it; the logs carry it
+		// mux's matchers see only the request, so the classification rides in its context:
+		// set here, once, read by the matchers and the routes through classifiedOf.
+		r = r.WithContext(context.WithValue(r.Context(), classifiedKey{}, c))
+		var m mux.RouteMatch
+		table.Match(r, &m) // the last route matches every request
+		c.route = m.Route.GetName()
+		s.serveInstrumented(w, r, c, m.Handler)
+	})
+}
+
+// routes is the main listener's route table, tried in order; the first match serves. There
+// are no local endpoints: /healthz, /readyz, /livez and /metrics are the apiserver's and pass
+// through (watchsan's own are on the admin listener).
+//
+//	route         matches                                 policy
+//	refused       what the guard refuses (guard.go)       answered with its Status, counted; never sent upstream
+//	watch         a watch, as reqinfo classifies it        the watch pipeline: parsed, sanitized, resumed (internal/watch)
+//	list          a GET list (time-travel guard on)        at resourceVersion=0: sent at the high-water mark (listGuard, ha.go)
+//	pass-through  everything else: verbs, discovery,      streamed as it is, upgrades (exec, attach, port-forward)
+//	              OpenAPI, upgrades                        spliced; retried before the response starts (upstream.Attempter)
+//
+// The router is used only to match (the Handler calls Match): mux neither cleans the path
+// (the guard must see dot segments as sent) nor copies the request to store its variables.
+func (s *Server) routes() *mux.Router {
+	t := mux.NewRouter()
+	t.SkipClean(true)
+	t.MatcherFunc(func(r *http.Request, _ *mux.RouteMatch) bool { return classifiedOf(r).ref != nil }).
+		Name("refused").HandlerFunc(serveRefusal)
+	t.MatcherFunc(func(r *http.Request, _ *mux.RouteMatch) bool { return classifiedOf(r).info.IsWatch() }).
+		Name("watch").HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c := classifiedOf(r)
+		s.watch.Serve(w, r, c.info, c.id)
+	})
+	t.MatcherFunc(func(r *http.Request, _ *mux.RouteMatch) bool {
+		return s.cfg.TimeTravelGuard && r.Method == http.MethodGet && classifiedOf(r).info.Verb == "list"
+	}).Name("list").HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.listGuard(r, classifiedOf(r).info, s.proxy).ServeHTTP(w, r)
+	})
+	t.MatcherFunc(func(*http.Request, *mux.RouteMatch) bool { return true }).Name("pass-through").Handler(s.proxy)
+	return t
+}
+
+func serveRefusal(w http.ResponseWriter, r *http.Request) {
+	apistatus.Write(w, classifiedOf(r).ref.status)
+}
+
+// classified is what the main listener decided about one request before routing it.
+type classified struct {
+	info  reqinfo.Info
+	ref   *refusal // nil: not refused
+	id    string   // the request id (requestID)
+	route string   // the route that served it, for the access log
+}
+
+type classifiedKey struct{}
+
+// classifiedOf returns what Handler decided about r; every request on the main listener has it.
+func classifiedOf(r *http.Request) *classified {
+	c, _ := r.Context().Value(classifiedKey{}).(*classified)
+	if c == nil {
+		return &classified{info: reqinfo.Parse(r)} // not through Handler (a test calling a route directly)
+	}
+	return c
+}
+
+// requestID is the client's X-Request-Id when it looks like an id (1 to 64 letters, digits and
+// ._:-), so that a caller's own id ties its logs to watchsan's; otherwise a new one.
+func requestID(r *http.Request) string {
+	if v := r.Header["X-Request-Id"]; len(v) == 1 && plausibleID(v[0]) {
+		return v[0]
+	}
+	return newRequestID()
+}
+
+func plausibleID(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == ':' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// Request ids are this process's random prefix and a counter: unique across restarts and
+// replicas in practice, one small allocation each, no UUID generation per request.
+var (
+	idPrefix = func() string {
+		b := make([]byte, 6)
+		_, _ = rand.Read(b)
+		return hex.EncodeToString(b)
+	}()
+	idSeq atomic.Uint64
+)
+
+func newRequestID() string {
+	var b [32]byte
+	n := copy(b[:], idPrefix)
+	b[n] = '-'
+	return string(strconv.AppendUint(b[:n+1], idSeq.Add(1), 36))
+}
