@@ -123,12 +123,17 @@ func (s *session) run(at upstream.Attempt) EndReason {
 		// Why: a resume that delivers nothing is a failure, whatever its status line said: an
 		// upstream that ends every watch at once would otherwise be asked again at once,
 		// forever (issue #7: 15,209 requests in 10 s from one client watch). A move is no
-		// failure: watchsan ended the attempt itself.
-		if end.progress || end.resume == ResumeMoved || s.brokeAt.IsZero() {
+		// failure: watchsan ended the attempt itself. Nor is a stall: the upstream accepted the
+		// attempt and it stayed open, silent, for the whole stall timeout, which is at most one
+		// request per stall timeout, and exactly what an apiserver sends a caught-up watch of a
+		// resource nothing changes (docs/design.md section 2). Counting it would end a healthy
+		// quiet watch's stream at its second stall.
+		neutral := end.progress || end.resume == ResumeMoved || end.resume == ResumeStall
+		if neutral || s.brokeAt.IsZero() {
 			s.brokeAt = brokeAt
 			s.giveUpAt = time.Now().Add(s.h.cfg.ResumeTimeout)
 		}
-		if end.progress || end.resume == ResumeMoved {
+		if neutral {
 			s.backoff.Reset()
 		}
 		next, final := s.resume(end)
@@ -458,7 +463,9 @@ func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, at upstr
 			return
 		}
 		s.h.deps.Metrics.Stalls.Inc()
-		s.log.Warn("upstream watch stalled: nothing, not even a bookmark, for the stall timeout; resuming it",
+		// Info, not a warning: a caught-up watch of a resource nothing changes is silent too
+		// (docs/design.md section 2), and this cannot tell the two apart.
+		s.log.Info("upstream watch silent: nothing, not even a bookmark, for the stall timeout (a hung path, or a resource nothing changes); resuming it",
 			zap.String("path", s.client.URL.Path), zap.Stringer("upstream", at.Backend), zap.Duration("silent", idle))
 		at.Cancel(errStalled)
 	}
@@ -478,7 +485,7 @@ func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, at upstr
 // progress. It gives up at giveUpAt. It returns the new attempt, or the end reason.
 func (s *session) resume(end attemptEnd) (upstream.Attempt, EndReason) {
 	deadline := s.giveUpAt
-	if !end.progress && end.resume != ResumeMoved {
+	if !end.progress && end.resume != ResumeMoved && end.resume != ResumeStall { // see run
 		wait := s.backoff.Next()
 		if time.Now().Add(wait).After(deadline) {
 			return upstream.Attempt{}, s.giveUp(end)

@@ -339,6 +339,30 @@ func TestQuietUpstreamWithBookmarksIsNotResumed(t *testing.T) {
 	}
 }
 
+// A caught-up watch of a resource nothing changes hears nothing, not even a bookmark
+// (docs/design.md section 2): every stall resumes it, and it stays open until the client's own
+// deadline. A stall is no failure: counted as one, it ended such a watch at its second stall,
+// once --watch-resume-timeout had passed since the first.
+func TestQuietWatchOutlivesTheResumeTimeout(t *testing.T) {
+	up := &upstreamScript{}
+	up.steps = []func(http.ResponseWriter, *http.Request){
+		thenHang(up, obj("ADDED", "a", "10")),
+		thenHang(up), // every resume: accepted, then silent
+	}
+	const stall, resume, deadline = 300 * time.Millisecond, 200 * time.Millisecond, 2 * time.Second
+	f := newFixture(t, Config{StallTimeout: stall, ResumeTimeout: resume}, up)
+	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2")
+	expectStream(t, gs, err, "ADDED a 10")
+	if v := promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndDeadline.String())); v != 1 {
+		t.Fatalf("ends{client-deadline} = %v, want 1 (ends{resume-timeout} = %v)", v,
+			promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndResumeTimeout.String())))
+	}
+	// Resumed at each stall, and no faster: one upstream request per stall timeout.
+	if n, most := up.attempts(), int(deadline/stall)+1; n < 3 || n > most {
+		t.Fatalf("%d upstream attempts in %v with a %v stall timeout, want 3..%d", n, deadline, stall, most)
+	}
+}
+
 // Issue 9: a watch on which bookmarks were asked for and nothing arrived for the stall timeout
 // is stalled even though its upstream answers probes (the hop between may be what hangs); it
 // is resumed, losslessly.
