@@ -94,7 +94,7 @@ func (s *session) plan(from uint64) upstream.Plan {
 
 // movable says whether the watch can resume elsewhere without its client noticing.
 func (s *session) movable() bool {
-	return !s.h.cfg.DisableResume && !s.fix.InInitialPhase() && s.fix.LastDelivered() != ""
+	return !s.h.cfg.DisableResume && !s.fix.InInitialPhase() && s.fix.HasResumePoint()
 }
 
 // run pumps the first attempt and every resume until the client's stream ends.
