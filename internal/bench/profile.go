@@ -171,7 +171,7 @@ func (p *profiler) run(ctx context.Context, f stream.Format, size, watches, seco
 					continue
 				}
 				switch name {
-				case "HeapInuse", "HeapIdle", "HeapReleased", "StackInuse", "MSpanInuse", "GCSys", "OtherSys", "Sys":
+				case "HeapInuse", "HeapIdle", "HeapReleased", "Stack", "MSpan", "GCSys", "OtherSys", "Sys": // Stack and MSpan: "in use / sys"
 					fmt.Fprintf(p.stdout, "%-12s %9d KiB  %6.1f KiB per idle watch\n", name, v>>10, float64(v)/1024/float64(idle))
 				}
 			}
