@@ -158,6 +158,21 @@ func pbNext(f *pbField, raw []byte, i, limit int) (int, error) {
 	return pbNextSlow(f, raw, i, limit)
 }
 
+// pbSkipUnwanted returns the end of the field at raw[i:limit] when it is one the caller skips
+// anyway, decided from its first two bytes: a length-delimited field with a one-byte tag whose
+// number is not in want (a bit per field number 1-15) and a one-byte length. Otherwise it
+// returns 0 and the caller reads the field with pbNext, which would find the same end.
+func pbSkipUnwanted(raw []byte, i, limit int, want uint16) int {
+	if i+1 >= limit || limit > len(raw) {
+		return 0
+	}
+	t, l := raw[i], raw[i+1]
+	if t >= 0x80 || l >= 0x80 || t&7 != 2 || t < 8 || want>>(t>>3)&1 != 0 || i+2+int(l) > limit {
+		return 0
+	}
+	return i + 2 + int(l)
+}
+
 // pbNextSlow is pbNext for any field.
 func pbNextSlow(f *pbField, raw []byte, i, limit int) (int, error) {
 	wire, j, err := pbVarint(raw, i, limit)
@@ -283,6 +298,10 @@ func (ps *parseState) parseProtobuf(raw []byte) error {
 
 	// The object: every occurrence of field 1 is (part of) its metadata.
 	for i := obj.start; i < obj.end; {
+		if end := pbSkipUnwanted(raw, i, obj.end, 1<<1); end > 0 {
+			i = end // a ConfigMap's data entries, a Pod's spec, ...
+			continue
+		}
 		var f pbField
 		next, err := pbNext(&f, raw, i, obj.end)
 		if err != nil {
@@ -308,7 +327,15 @@ func (ps *parseState) pbMetadata(raw []byte, listMeta bool, outer [4]pbLen, m pb
 	if listMeta {
 		rvField = 2
 	}
+	want := uint16(1<<1 | 1<<3 | 1<<5 | 1<<6 | 1<<12)
+	if listMeta {
+		want = 1 << 2
+	}
 	for i := m.start; i < m.end; {
+		if end := pbSkipUnwanted(raw, i, m.end, want); end > 0 {
+			i = end // labels, creationTimestamp, ...
+			continue
+		}
 		var f pbField
 		next, err := pbNext(&f, raw, i, m.end)
 		if err != nil {
