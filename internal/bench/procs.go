@@ -17,6 +17,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/watchsan/watchsan/internal/config"
 )
 
 // PathName names one way from the client to the upstream.
@@ -98,7 +100,8 @@ func (l *Launcher) start(ctx context.Context, name PathName, up upstreamSpec) (*
 			mode = "observe"
 		}
 		argv = append(append([]string{}, l.Watchsan...), "--upstream", up.url, "--no-credentials",
-			"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--fix-mode", mode, "--log-level", "error")
+			"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--fix-mode", mode, "--log-level", "error",
+			"--max-connections", strconv.Itoa(watchsanMaxConn()))
 		if up.caFile != "" {
 			argv = append(argv, "--upstream-ca-file", up.caFile)
 		}
@@ -305,6 +308,14 @@ backend be
 // haproxyMaxConn is the most connections haproxy can be configured for under the process's file
 // descriptor limit: it reserves two per connection (client and server side) and refuses to
 // start otherwise.
+// watchsanMaxConn is the --max-connections the bench gives watchsan: as many connections as
+// its open-file limit (the bench's, passed on) holds, as watchsan itself fits the flag to it
+// (config.FitConnections). The default, 1000, would stop the memory runs at 1000 watches.
+func watchsanMaxConn() int {
+	n, _ := config.FitConnections(1<<20, RaiseFDLimit(0))
+	return n
+}
+
 func haproxyMaxConn() int {
 	return int(min(100000, (RaiseFDLimit(0)-64)/2))
 }

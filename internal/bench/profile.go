@@ -158,6 +158,25 @@ func (p *profiler) run(ctx context.Context, f stream.Format, size, watches, seco
 		}
 	}
 	fmt.Fprintf(p.stdout, "\n== heap: %d idle watches over HTTP/2 upstream; VmRSS %d KiB, %d fds, %s; %s\n", idle, rss, procFDs(w.pid), goroutines, heapFile)
+	// The runtime's own account (heap?debug=1 ends with MemStats): how the RSS splits into
+	// heap, goroutine stacks and the rest, per idle watch.
+	statsFile := filepath.Join(p.out, "memstats.txt")
+	if err := fetch(ctx, w.admin+"/debug/pprof/heap?debug=1", statsFile, time.Minute); err == nil {
+		if b, err := os.ReadFile(statsFile); err == nil {
+			_, stats, _ := strings.Cut(string(b), "\n# runtime.MemStats\n")
+			for _, line := range strings.Split(stats, "\n") {
+				var name string
+				var v int64
+				if _, err := fmt.Sscanf(line, "# %s = %d", &name, &v); err != nil {
+					continue
+				}
+				switch name {
+				case "HeapInuse", "HeapIdle", "HeapReleased", "Stack", "MSpan", "GCSys", "OtherSys", "Sys": // Stack and MSpan: "in use / sys"
+					fmt.Fprintf(p.stdout, "%-12s %9d KiB  %6.1f KiB per idle watch\n", name, v>>10, float64(v)/1024/float64(idle))
+				}
+			}
+		}
+	}
 	p.pprofTop(heapFile, "-sample_index=inuse_space")
 	return nil
 }

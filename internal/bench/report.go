@@ -111,7 +111,7 @@ func (r *Results) Targets() []Target {
 	}
 	out = append(out, lat)
 	mem := Target{Goal: fmt.Sprintf("repair memory per idle watch at %d watches ≤ %.2fx pass-through", targetMemWatches, targetMemVsPass)}
-	if w, p := r.memoryOf(WatchsanRepair, targetMemWatches), r.memoryOf(Pass, targetMemWatches); w != nil && p != nil && p.PerWatchKiB > 0 {
+	if w, p := r.memoryOf(WatchsanRepair, targetMemWatches), r.memoryOf(Pass, targetMemWatches); w != nil && p != nil && w.PerWatchKiB > 0 && p.PerWatchKiB > 0 {
 		x := w.PerWatchKiB / p.PerWatchKiB
 		mem.Measured, mem.Pass, mem.Known = fmt.Sprintf("%.2fx (%.1f vs %.1f KiB)", x, w.PerWatchKiB, p.PerWatchKiB), x <= targetMemVsPass, true
 	}

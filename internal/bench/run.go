@@ -636,6 +636,12 @@ func (r *runner) memory(ctx context.Context, sets map[setKey]*EventSet, up upstr
 				if ctx.Err() != nil {
 					return
 				}
+				var tooMany string
+				if (name == WatchsanRepair || name == WatchsanObserve) && n+1 > watchsanMaxConn() {
+					tooMany = fmt.Sprintf("watchsan serves at most %d connections under this machine's hard limit of %d open files "+
+						"(--max-connections is fitted to the limit: a client connection may need an upstream one too); %d watches need %d",
+						watchsanMaxConn(), RaiseFDLimit(0), n, n+1)
+				}
 				var mr *MemoryResult
 				for _, m := range r.res.Memory {
 					if m.Path == name && m.Watches == n {
@@ -646,7 +652,12 @@ func (r *runner) memory(ctx context.Context, sets map[setKey]*EventSet, up upstr
 					mr = &MemoryResult{Path: name, Watches: n}
 					r.res.Memory = append(r.res.Memory, mr)
 				}
-				s := r.idle(ctx, name, up, sc, n)
+				var s MemorySample
+				if tooMany != "" {
+					s.Err = tooMany // not started: it could only time out
+				} else {
+					s = r.idle(ctx, name, up, sc, n)
+				}
 				mr.Samples = append(mr.Samples, s)
 				r.progress("memory     %-16s %5d watches rep %d: %7.1f KiB/watch (RSS %d -> %d KiB, %d fds) %s",
 					name, n, rep+1, s.PerWatchKiB, s.RSSBeforeKiB, s.RSSAfterKiB, s.FDs, s.Err)

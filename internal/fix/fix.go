@@ -319,6 +319,10 @@ func (s *Stream) LastDelivered() string {
 	return string(s.lastOpaque)
 }
 
+// HasResumePoint reports whether LastDelivered is not "", without formatting it: a watch asks
+// for every event whether it can be moved (formatting it per event was 2% of the CPU).
+func (s *Stream) HasResumePoint() bool { return s.lastIsInt || len(s.lastOpaque) > 0 }
+
 // Counts returns the stream's totals so far.
 func (s *Stream) Counts() Counts { return s.counts }
 

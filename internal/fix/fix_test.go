@@ -271,6 +271,9 @@ func TestDecideRules(t *testing.T) {
 			if got := repair.LastDelivered(); got != tt.opts.StartRV {
 				t.Fatalf("LastDelivered at start = %q, want StartRV %q", got, tt.opts.StartRV)
 			}
+			if got := repair.HasResumePoint(); got != (tt.opts.StartRV != "") {
+				t.Fatalf("HasResumePoint at start = %v with StartRV %q", got, tt.opts.StartRV)
+			}
 			var want Counts
 			for i, st := range tt.steps {
 				d := repair.Decide(st.ev)
@@ -285,6 +288,9 @@ func TestDecideRules(t *testing.T) {
 				}
 				if repair.InInitialPhase() != st.initial {
 					t.Fatalf("step %d: InInitialPhase = %v, want %v", i, repair.InInitialPhase(), st.initial)
+				}
+				if got, want := repair.HasResumePoint(), repair.LastDelivered() != ""; got != want {
+					t.Fatalf("step %d: HasResumePoint = %v with LastDelivered %q", i, got, repair.LastDelivered())
 				}
 				o := observe.Decide(st.ev)
 				if o.Action != Pass || o.Would != d.Would || o.Reason != d.Reason || o.RV != d.RV {

@@ -94,7 +94,7 @@ func (s *session) plan(from uint64) upstream.Plan {
 
 // movable says whether the watch can resume elsewhere without its client noticing.
 func (s *session) movable() bool {
-	return !s.h.cfg.DisableResume && !s.fix.InInitialPhase() && s.fix.LastDelivered() != ""
+	return !s.h.cfg.DisableResume && !s.fix.InInitialPhase() && s.fix.HasResumePoint()
 }
 
 // run pumps the first attempt and every resume until the client's stream ends.
@@ -179,7 +179,7 @@ func (s *session) pump(at upstream.Attempt) attemptEnd {
 	// network. What is still batched when the attempt ends goes out before the session waits
 	// for anything else (a resume, the end of the stream).
 	defer s.out.flush()
-	rd := stream.NewReader(s.format, flushBeforeRead{r: resp.Body, out: &s.out, activity: &activity}, s.h.cfg.MaxFrameSize)
+	rd := stream.NewReader(s.format, flushBeforeRead{r: resp.Body, out: &s.out, activity: &activity, lease: at.Lease}, s.h.cfg.MaxFrameSize)
 	for {
 		ev, err := rd.Next()
 		if err != nil {
@@ -266,8 +266,7 @@ func (s *session) reportProgress(ev *stream.Event, d fix.Decision) {
 	n, ok := stream.ParseRV(rv)
 	switch {
 	case ev.Type == stream.Error || !ok:
-		s.lease.Progress(0, 0)
-		return
+		return // no position; the read that brought it told the lease the backend is alive
 	case s.fix.InInitialPhase():
 		s.lease.Observed(n) // a real RV of the upstream's, for the high-water mark
 		return
@@ -358,12 +357,14 @@ func (b *batchWriter) flush() error {
 
 // flushBeforeRead flushes the client's pending events before every read from the upstream:
 // a read is where the pump may wait for the network, and an event must not wait with it.
-// It also notes when the upstream last sent anything, for the watchdog: per read, not per
-// event (a clock read per event was 3% of the CPU at saturation).
+// It also notes when the upstream last sent anything, for the watchdog and as a sign of life
+// of the backend (lease): per read, not per event (a clock read per event was 3% of the CPU at
+// saturation).
 type flushBeforeRead struct {
 	r        io.Reader
 	out      *batchWriter
 	activity *atomic.Int64
+	lease    *upstream.Lease
 }
 
 func (f flushBeforeRead) Read(p []byte) (int, error) {
@@ -372,7 +373,9 @@ func (f flushBeforeRead) Read(p []byte) (int, error) {
 	}
 	n, err := f.r.Read(p)
 	if n > 0 {
-		f.activity.Store(time.Now().UnixNano())
+		now := time.Now().UnixNano()
+		f.activity.Store(now)
+		f.lease.Alive(now)
 	}
 	return n, err
 }
