@@ -56,6 +56,10 @@ type upstreamSide struct {
 	brokeAt  time.Time
 	giveUpAt time.Time
 	resumes  int
+
+	// stallResumedAt is when the attempt after a stall started; zero once its first delivery
+	// has told whether the silent stream had hung (see judgeStall).
+	stallResumedAt time.Time
 }
 
 // clientSide is the client half of a session.
@@ -141,6 +145,10 @@ func (s *session) run(at upstream.Attempt) EndReason {
 			return final
 		}
 		at = next
+		s.stallResumedAt = time.Time{}
+		if end.resume == ResumeStall {
+			s.stallResumedAt = time.Now()
+		}
 	}
 }
 
@@ -219,8 +227,35 @@ func (s *session) endAfterError(ev *stream.Event) attemptEnd {
 	return attemptEnd{end: EndUpstreamError}
 }
 
+// stallBacklogWindow is how soon after a stall's resume an object event counts as backlog the
+// silent stream held back: an apiserver writes the events after the resume point at once.
+const stallBacklogWindow = time.Second
+
+// judgeStall tells, from the first delivery after a stall's resume, whether the silent stream
+// had hung. A watch from the resume point gets at once every event after it: object events
+// at once mean the silent stream held them back (a hung apiserver or L7 hop). A bookmark, or
+// nothing for a while, means the watch was caught up and its resource unchanged, which an
+// apiserver also answers with silence (docs/design.md section 2).
+func (s *session) judgeStall(ev *stream.Event) {
+	at := s.stallResumedAt
+	s.stallResumedAt = time.Time{}
+	switch ev.Type {
+	case stream.Bookmark, stream.Error:
+		return
+	}
+	if time.Since(at) > stallBacklogWindow {
+		return
+	}
+	s.h.deps.Metrics.StallsHung.Inc()
+	s.log.Warn("the upstream watch had hung: its resume delivered at once events the silent stream had held back",
+		zap.String("path", s.client.URL.Path), zap.String("type", ev.Type), zap.String("rv", ev.RV))
+}
+
 // deliver applies the policy to one event and writes it (or not).
 func (s *session) deliver(ev *stream.Event) error {
+	if !s.stallResumedAt.IsZero() {
+		s.judgeStall(ev)
+	}
 	d := s.fix.Decide(ev)
 	m := s.h.deps.Metrics
 	if d.Would != fix.Pass && !s.regressed {

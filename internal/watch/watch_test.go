@@ -361,6 +361,10 @@ func TestQuietWatchOutlivesTheResumeTimeout(t *testing.T) {
 	if n, most := up.attempts(), int(deadline/stall)+1; n < 3 || n > most {
 		t.Fatalf("%d upstream attempts in %v with a %v stall timeout, want 3..%d", n, deadline, stall, most)
 	}
+	// Stalls, but none of them a hang: no resume delivered anything held back.
+	if s, h := promtest.ToFloat64(f.m.Stalls), promtest.ToFloat64(f.m.StallsHung); s < 2 || h != 0 {
+		t.Fatalf("stalls %v, hung %v: want at least 2 and 0", s, h)
+	}
 }
 
 // Issue 9: a watch on which bookmarks were asked for and nothing arrived for the stall timeout
@@ -380,6 +384,11 @@ func TestSilentUpstreamIsResumedThoughItAnswersProbes(t *testing.T) {
 	}
 	if q := up.query(1); q.Get("resourceVersion") != "10" {
 		t.Fatalf("resume from %q, want 10", q.Get("resourceVersion"))
+	}
+	// The resume delivered at once what the silent stream had held back: a hang, not a quiet
+	// watch.
+	if v := promtest.ToFloat64(f.m.StallsHung); v != 1 {
+		t.Fatalf("stalls hung = %v, want 1", v)
 	}
 }
 
