@@ -514,6 +514,11 @@ func TestResilienceFaultLayer(t *testing.T) {
 		if n := e.p.Metric("watchsan_watch_resumes_total", map[string]string{"reason": "stall"}); n < 1 {
 			t.Errorf("watchsan resumed %v watches after a stall, want at least 1", n)
 		}
+		// Changes went on during the stall, so the resume delivered them at once: a hang, told
+		// apart from a quiet watch (docs/design.md section 2).
+		if n := e.p.Metric("watchsan_watch_stalls_hung_total", nil); n < 1 {
+			t.Errorf("watchsan counted %v stalls as hangs, want at least 1: the resume delivered the changes held back", n)
+		}
 		if up := e.p.Metric("watchsan_upstream_up", map[string]string{"upstream": front.URL}); up != 1 {
 			t.Errorf("the upstream's health is %v after a stall of one watch, want 1: its probes passed", up)
 		}
