@@ -159,9 +159,16 @@ func (p *proxy) Metric(name string, want map[string]string) float64 {
 
 // requireProxied fails the test unless watchsan served at least n requests matching labels;
 // every test calls it, so a client that bypassed watchsan fails.
+//
+// A request is counted when watchsan's handler returns, which for a watch the client stopped
+// can be after the client has moved on: the count is waited for, up to 10s.
 func (p *proxy) requireProxied(n float64, labels map[string]string) {
 	p.t.Helper()
-	if got := p.Metric("watchsan_requests_total", labels); got < n {
+	var got float64
+	if !testutil.Until(10*time.Second, func() bool {
+		got = p.Metric("watchsan_requests_total", labels)
+		return got >= n
+	}) {
 		p.t.Fatalf("watchsan served %v requests matching %v, want at least %v: traffic bypassed the proxy", got, labels, n)
 	}
 }
