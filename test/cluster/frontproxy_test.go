@@ -1,10 +1,8 @@
 package cluster
 
 import (
-	"encoding/json"
 	"net/http"
 	"slices"
-	"strings"
 	"testing"
 
 	"k8s.io/client-go/rest"
@@ -22,27 +20,11 @@ func TestRequestHeaderAuth(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		req, _ := http.NewRequest(http.MethodPost, c.APIServers[0].URL+"/apis/authentication.k8s.io/v1/selfsubjectreviews",
-			strings.NewReader(`{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`))
-		req.Header.Set("Content-Type", "application/json")
-		for k, v := range h {
-			req.Header[k] = v
-		}
-		resp, err := hc.Do(req)
+		code, user, groups, err := WhoAmI(hc, c.APIServers[0].URL, h)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer resp.Body.Close()
-		var r struct {
-			Status struct {
-				UserInfo struct {
-					Username string
-					Groups   []string
-				}
-			}
-		}
-		_ = json.NewDecoder(resp.Body).Decode(&r)
-		return resp.StatusCode, r.Status.UserInfo.Username, r.Status.UserInfo.Groups
+		return code, user, groups
 	}
 	asserted := http.Header{RemoteUserHeader: {"carol"}, RemoteGroupHeader: {"g1", "g2"}}
 	if code, user, groups := whoami(c.FrontProxyCertFile, c.FrontProxyKeyFile, asserted); code != http.StatusCreated || user != "carol" ||

@@ -208,29 +208,11 @@ current-context: x
 	p := startProxy(t, "--kubeconfig="+kc)
 	whoami := func(h http.Header) (string, []string) {
 		t.Helper()
-		req, _ := http.NewRequest(http.MethodPost, p.URL+"/apis/authentication.k8s.io/v1/selfsubjectreviews",
-			strings.NewReader(`{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`))
-		req.Header.Set("Content-Type", "application/json")
-		for k, v := range h {
-			req.Header[k] = v
+		code, user, groups, err := cluster.WhoAmI(http.DefaultClient, p.URL, h)
+		if err != nil || code != http.StatusCreated {
+			t.Fatalf("selfsubjectreview: %d %v", code, err)
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var r struct {
-			Status struct {
-				UserInfo struct {
-					Username string
-					Groups   []string
-				}
-			}
-		}
-		if err := json.NewDecoder(resp.Body).Decode(&r); err != nil || resp.StatusCode != 201 {
-			t.Fatalf("selfsubjectreview: %d %v", resp.StatusCode, err)
-		}
-		return r.Status.UserInfo.Username, r.Status.UserInfo.Groups
+		return user, groups
 	}
 	forged := http.Header{}
 	forge(forged)

@@ -3,7 +3,6 @@ package e2e
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -169,35 +168,14 @@ func (e *identityEnv) httpClient(t *testing.T, user string) *http.Client {
 	return &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true}}
 }
 
-// whoami asks the apiserver, through watchsan, who the request is (SelfSubjectReview).
+// whoamiVia asks the apiserver, through watchsan, who the request is (SelfSubjectReview).
 func whoamiVia(t *testing.T, hc *http.Client, url string, h http.Header) (string, []string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url+"/apis/authentication.k8s.io/v1/selfsubjectreviews",
-		strings.NewReader(`{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}`))
-	req.Header.Set("Content-Type", "application/json")
-	for k, v := range h {
-		req.Header[k] = v
+	code, user, groups, err := cluster.WhoAmI(hc, url, h)
+	if err != nil || code != http.StatusCreated {
+		t.Fatalf("selfsubjectreview: %d %v", code, err)
 	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var r struct {
-		Status struct {
-			UserInfo struct {
-				Username string
-				Groups   []string
-			}
-		}
-	}
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if resp.StatusCode != http.StatusCreated || json.Unmarshal(body, &r) != nil {
-		t.Fatalf("selfsubjectreview: %d %s", resp.StatusCode, body)
-	}
-	groups := r.Status.UserInfo.Groups
-	slices.Sort(groups)
-	return r.Status.UserInfo.Username, groups
+	return user, groups
 }
 
 // TestIdentityForwardingRBAC: in both modes, alice and bob, each with a client certificate
