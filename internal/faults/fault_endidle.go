@@ -32,8 +32,11 @@ func startIdleCut(a *active, wt *watchReq, u *upstream) *idleCut {
 		}
 		wt.l.stats.endedIdle.Add(1)
 		wt.log.Info("ending an idle watch (EndIdleAfter)", zap.Duration("idle", c.after), zap.Int("events", wt.events))
-		u.cancel()
+		// The pipe first: a pipe keeps its first error, and cancelling the upstream first let
+		// the copy into the pipe close it with the upstream's abort, which the loop passed on
+		// to the client as a broken stream (CI, TestEndIdleAfter/json).
 		u.pw.CloseWithError(errIdleCut) // the writer side: the loop's read returns errIdleCut
+		u.cancel()
 	})
 	return c
 }
