@@ -88,6 +88,11 @@ func (c *Config) Validate() error {
 			add("--%s %s: must be positive", d.flag, d.v)
 		}
 	}
+	// Why: a stall resumes a watch without backoff (a quiet watch is silent for good reason,
+	// docs/design.md section 2), so this is how often every quiet watch sends a request upstream.
+	if c.WatchStallTimeout > 0 && c.WatchStallTimeout < time.Second {
+		add("--watch-stall-timeout %s: use at least 1s: every quiet watch is resumed once per stall timeout", c.WatchStallTimeout)
+	}
 	if c.KeepAlive < 0 {
 		add("--tcp-keepalive %s: must not be negative", c.KeepAlive)
 	}
