@@ -41,6 +41,20 @@ func complete(t *testing.T, args ...string) (*Completed, error) {
 	return c.Complete()
 }
 
+// requireOutcome fails the test unless err is nil when wantErr is empty, or contains wantErr;
+// accepted says what it means that a configuration that should be refused was accepted.
+func requireOutcome(t *testing.T, err error, wantErr, accepted string) {
+	t.Helper()
+	switch {
+	case wantErr == "" && err != nil:
+		t.Fatalf("refused: %v", err)
+	case wantErr != "" && err == nil:
+		t.Fatal("accepted: " + accepted)
+	case wantErr != "" && !strings.Contains(err.Error(), wantErr):
+		t.Fatalf("error %q lacks %q", err, wantErr)
+	}
+}
+
 // TestAttackCredentialsToAnotherUpstream: the lent identity goes only to the server the
 // kubeconfig names, over TLS, unless --allow-credentials-to-upstream names the exception.
 func TestAttackCredentialsToAnotherUpstream(t *testing.T) {
@@ -65,14 +79,7 @@ func TestAttackCredentialsToAnotherUpstream(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := complete(t, tc.args...)
-			switch {
-			case tc.wantErr == "" && err != nil:
-				t.Fatalf("refused: %v", err)
-			case tc.wantErr != "" && err == nil:
-				t.Fatal("accepted: the lent identity would go where it does not belong")
-			case tc.wantErr != "" && !strings.Contains(err.Error(), tc.wantErr):
-				t.Fatalf("error %q lacks %q", err, tc.wantErr)
-			}
+			requireOutcome(t, err, tc.wantErr, "the lent identity would go where it does not belong")
 			if err != nil && strings.Contains(err.Error(), "secret-token-value") {
 				t.Fatal("the token is in the error")
 			}
