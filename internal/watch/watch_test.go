@@ -314,8 +314,9 @@ func bookmark(rv string) string {
 	return fmt.Sprintf(`{"type":"BOOKMARK","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"resourceVersion":%q}}}`+"\n", rv)
 }
 
-// A quiet watch hears a bookmark within the stall timeout (an apiserver sends one about every
-// minute, and the stall timeout is longer): it is never taken for stalled.
+// A quiet watch that hears a bookmark within the stall timeout (an apiserver sends one about
+// every minute while the watch's resource changes anywhere in the cluster) is never taken for
+// stalled.
 func TestQuietUpstreamWithBookmarksIsNotResumed(t *testing.T) {
 	up := &upstreamScript{}
 	up.steps = []func(http.ResponseWriter, *http.Request){func(w http.ResponseWriter, r *http.Request) {

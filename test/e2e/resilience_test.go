@@ -491,10 +491,10 @@ func TestResilienceFaultLayer(t *testing.T) {
 	})
 
 	// A watch that stops while its connection stays open and its apiserver answers every
-	// probe. watchsan asks for bookmarks on every upstream watch, and an apiserver sends one
-	// about every minute, so a watch that hears nothing for the stall timeout is hung whatever
-	// the probes say (issue 9: the hop between may be what hangs; resuming is lossless): it is
-	// resumed after the stall timeout, and the upstream stays healthy. Controls: straight to
+	// probe. watchsan asks for bookmarks on every upstream watch, and while its resource changes
+	// an apiserver sends one about every minute, so a watch that hears nothing for the stall
+	// timeout is resumed whatever the probes say (issue 9: the hop between may be what hangs;
+	// resuming is lossless), and the upstream stays healthy. Controls: straight to
 	// the layer the client hangs for good (client-go's pings are answered); with resume
 	// disabled the client re-watches.
 	t.Run("stall", func(t *testing.T) {
