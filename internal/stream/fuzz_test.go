@@ -50,7 +50,13 @@ func errClass(err error) string {
 }
 
 func readAllErr(f Format, r io.Reader, maxFrame int) ([]*Event, error) {
+	return readAllPath(f, r, maxFrame, false)
+}
+
+// readAllPath is readAllErr with the JSON scanner's block path off when bytesOnly is set.
+func readAllPath(f Format, r io.Reader, maxFrame int, bytesOnly bool) ([]*Event, error) {
 	rd := NewReader(f, r, maxFrame)
+	rd.ps.js.bytesOnly, rd.ps.jsSkip.bytesOnly = bytesOnly, bytesOnly
 	var out []*Event
 	for {
 		ev, err := rd.Next()
@@ -77,6 +83,19 @@ func fuzzReader(f *testing.F, format Format) {
 		}
 		if c := errClass(werr); c != "EOF" && c != "unexpected EOF" && c != "too large" && c != "malformed" {
 			t.Fatalf("unexpected error %v", werr)
+		}
+		if format == JSON {
+			// The scanner's byte loop alone reads the same events, byte for byte, and fails
+			// alike (format_json_scan.go).
+			ref, rerr := readAllPath(format, bytes.NewReader(data), limit, true)
+			if errClass(rerr) != errClass(werr) || len(ref) != len(whole) {
+				t.Fatalf("byte loop: %d events, %v; block path: %d events, %v", len(ref), rerr, len(whole), werr)
+			}
+			for i, ev := range whole {
+				if err := sameFields(ev, ref[i]); err != nil || !bytes.Equal(ev.Raw, ref[i].Raw) || ev.rv != ref[i].rv {
+					t.Fatalf("event %d differs from the byte loop's: %v\n raw %q\n ref %q", i, err, ev.Raw, ref[i].Raw)
+				}
+			}
 		}
 		for i, ev := range whole {
 			if err := sameFields(parts[i], ev); err != nil {
