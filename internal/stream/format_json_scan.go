@@ -70,8 +70,6 @@ type jsonScan struct {
 	spans []jsonSpan
 	open  [spanDepth + 1]int
 
-	// masks holds the bitmasks of up to maskBatch blocks, computed together.
-	masks [maskBatch]jsonMasks
 	// bytesOnly makes run use the byte loop alone (tests compare the two paths).
 	bytesOnly bool
 	// stats counts what the scanner did, for the tests that show each path was taken.
@@ -97,9 +95,12 @@ type jsonSpan struct{ start, end int }
 func (s *jsonScan) reset(pos int) {
 	s.pos, s.depth, s.inStr, s.esc, s.err = pos, 0, false, false, nil
 	s.spans = s.spans[:0]
+	if s.objs == nil {
+		s.objs = make([]uint64, 1, 4)
+	}
 }
 
-// Word-at-a-time test for a quote or a backslash among 8 bytes.
+// Word-at-a-time search for a quote or a backslash among 8 bytes.
 const (
 	lsb        = 0x0101010101010101
 	msb        = 0x8080808080808080
@@ -107,15 +108,20 @@ const (
 	backslashs = '\\' * lsb
 )
 
-func hasQuoteOrBackslash(w uint64) bool {
+// quoteOrBackslash returns a mask whose lowest set bit is the top bit of w's first byte that is
+// a quote or a backslash, 0 when there is none. (x-lsb)&^x&msb flags the first zero byte of x
+// exactly; above it a borrow may flag others, never below.
+func quoteOrBackslash(w uint64) uint64 {
 	q, bs := w^quotes, w^backslashs
-	return ((q-lsb)&^q|(bs-lsb)&^bs)&msb != 0
+	return ((q-lsb)&^q | (bs-lsb)&^bs) & msb
 }
 
 // skipPlain returns the index of the first '"' or '\\' in b at or after i, or len(b).
 func skipPlain(b []byte, i int) int {
-	for i+8 <= len(b) && !hasQuoteOrBackslash(binary.LittleEndian.Uint64(b[i:])) {
-		i += 8
+	for ; i+8 <= len(b); i += 8 {
+		if m := quoteOrBackslash(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+			return i + bits.TrailingZeros64(m)/8
+		}
 	}
 	for i < len(b) && b[i] != '"' && b[i] != '\\' {
 		i++
@@ -244,12 +250,15 @@ type jsonMasks struct{ quote, bslash, open, close uint64 }
 // runBlocks scans whole blocks from s.pos while there are any, and returns as run does;
 // -1 with no error means it stopped at a block boundary short of the end.
 func (s *jsonScan) runBlocks(b []byte) int {
+	// The masks of up to maskBatch blocks, computed together; on the stack, so that a Reader
+	// holds nothing for them while its watch is idle.
+	var masks [maskBatch]jsonMasks
 	for len(b)-s.pos >= blockSize {
 		n := min((len(b)-s.pos)/blockSize, maskBatch)
-		jsonMasksOf(b[s.pos:s.pos+n*blockSize], s.masks[:n])
+		jsonMasksOf(b[s.pos:s.pos+n*blockSize], masks[:n])
 		for k := range n {
 			base := s.pos
-			m := &s.masks[k]
+			m := &masks[k]
 			esc, next := escapedBits(m.bslash, b2u(s.esc))
 			in := prefixXor(m.quote&^esc) ^ -b2u(s.inStr)
 			if m.bslash&^in != 0 {
@@ -265,20 +274,30 @@ func (s *jsonScan) runBlocks(b []byte) int {
 			for br := (m.open | m.close) &^ in; br != 0; br &= br - 1 {
 				i := base + bits.TrailingZeros64(br)
 				c := b[i]
-				if d := s.depth; d > spanDepth && d < 64 {
-					// bracket's common case inline: no span to record, the stack's bit in
-					// objs[0], no way to close the frame. (Bit 5 tells '{' and '}' from
-					// '[' and ']', bit 1 an opening bracket from a closing one.)
-					obj := uint64(c >> 5 & 1)
-					if c&2 != 0 {
-						s.objs[0] = s.objs[0]&^(1<<d) | obj<<d
-						s.depth = d + 1
-						continue
+				// bracket's work inline while the stack fits objs[0] and nothing fails (bit 5
+				// tells '{' and '}' from '[' and ']', bit 1 an opening bracket from a closing one).
+				d := s.depth
+				obj := uint64(c >> 5 & 1)
+				switch {
+				case d >= 63:
+				case c&2 != 0:
+					s.objs[0] = s.objs[0]&^(1<<d) | obj<<d
+					s.depth = d + 1
+					if d < spanDepth && s.record {
+						s.open[d+1] = len(s.spans)
+						s.spans = append(s.spans, jsonSpan{start: i})
 					}
-					if s.objs[0]>>(d-1)&1 == obj {
-						s.depth = d - 1
-						continue
+					continue
+				case d > 0 && s.objs[0]>>(d-1)&1 == obj:
+					if d <= spanDepth && s.record {
+						s.spans[s.open[d]].end = i + 1
 					}
+					s.depth = d - 1
+					if d == 1 {
+						s.pos = i + 1
+						return i + 1
+					}
+					continue
 				}
 				if s.bracket(c, i) {
 					s.pos = i + 1

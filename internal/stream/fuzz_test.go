@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"unicode/utf8"
 
@@ -245,6 +247,11 @@ func fuzzSeeds(t *testing.T, f Format) [][]byte {
 				cbBytes("apiVersion"), cbBytes("v1"), cbBytes("metadata"), cbIndefMap(cbBytes("resourceVersion"), cbBytes("9")))))))
 	}
 	if f == JSON {
+		// The shapes an apiserver does not write (jsonscan_test.go), in a fixed order.
+		hostile := hostileStreams(t)
+		for _, name := range slices.Sorted(maps.Keys(hostile)) {
+			seeds = append(seeds, hostile[name])
+		}
 		seeds = append(seeds,
 			[]byte(`{"object":{"metadata":{"resourceVersion":"\u0031","name":"a"},"kind":"ConfigMap","apiVersion":"v1"},"type":"ADDED"}{"type":"DELETED"}`),
 			[]byte(`{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"resourceVersion":"1","resourceVersion":"2"},"metadata":{"name":"x"}}}`))
@@ -280,5 +287,11 @@ func TestWriteFuzzSeeds(t *testing.T) {
 		}
 		// Small limits, to reach ErrFrameTooLarge.
 		write("FuzzReader"+name, len(seeds), fmt.Sprintf("[]byte(%q)\nuint16(%d)\nuint16(%d)\n", seeds[0], 5, 100))
+		if f == JSON {
+			// The scanner alone: each seed cut at block edges and at random.
+			for i, s := range seeds {
+				write("FuzzJSONScan", i, fmt.Sprintf("[]byte(%q)\n[]byte(%q)\n", s, []byte{1, 62, 1, 1, 63, byte(i * 37)}))
+			}
+		}
 	}
 }
