@@ -17,6 +17,13 @@ import (
 
 func isJSONSpace(c byte) bool { return c == ' ' || c == '\n' || c == '\r' || c == '\t' }
 
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 type jsonSplitter struct{ scan *jsonScan }
 
 func (s *jsonSplitter) reset() {
@@ -124,6 +131,13 @@ func (p *jsonParser) key(i int) (k []byte, next int, err error) {
 // members iterates an object's members. Call it with i at '{' to start, and then with i just
 // past each value; it returns the next key and the index of its value, or done at '}'.
 func (p *jsonParser) members(i int, first bool) (k []byte, vi int, done bool, next int, err error) {
+	// The compact shape the apiserver writes, `{"key":v` or `,"key":v` with no whitespace and
+	// no escape in the key, read at once; the general path below reads it the same way.
+	if b := p.b; i+1 < len(b) && b[i+1] == '"' && b[i] == "{,"[b2i(!first)] {
+		if j := skipPlain(b, i+2); j+2 < len(b) && b[j] == '"' && b[j+1] == ':' && !isJSONSpace(b[j+2]) {
+			return b[i+2 : j], j + 2, false, 0, nil
+		}
+	}
 	if first {
 		if i >= len(p.b) || p.b[i] != '{' {
 			return nil, 0, false, 0, malformed("expected a JSON object at %d", i)
