@@ -90,9 +90,13 @@ type Cluster struct {
 	// APIServers are the apiservers, all on one etcd with the same prefix.
 	APIServers []*APIServer
 	// CAFile and CAData are the one CA that signed the serving certificate every apiserver
-	// shares (valid for 127.0.0.1, ::1 and localhost) and the admin client certificate.
+	// shares (valid for 127.0.0.1, ::1, localhost and the kubernetes Service) and the admin
+	// client certificate.
 	CAFile string
 	CAData []byte
+	// CA is that CA, to issue more certificates the apiservers trust (the apiservers verify
+	// kubelets' serving certificates with it too).
+	CA *CA
 	// AdminToken is a static token of AdminUser, in group system:masters.
 	AdminToken string
 	// UserToken is a static token of LimitedUser (see LimitedNamespace).
@@ -121,9 +125,10 @@ type Cluster struct {
 	// phases records how long each part of Start took, for reports.
 	phases []phase
 
-	mu      sync.Mutex // guards the fields below, and every APIServer's proc
-	stopped bool
-	etcd    *proc
+	mu         sync.Mutex // guards the fields below, and every APIServer's and Component's proc
+	stopped    bool
+	etcd       *proc
+	components []*Component // StartComponent
 }
 
 // Start starts etcd and the apiservers, waits until every apiserver is ready, and sets up the
@@ -166,7 +171,7 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	if c.pki, err = writePKI(dir, o.BindAddresses); err != nil {
 		return nil, err
 	}
-	c.CAFile, c.CAData = c.pki.caPath, c.pki.caData
+	c.CAFile, c.CAData, c.CA = c.pki.caPath, c.pki.caData, c.pki.ca
 	c.AdminCertFile, c.AdminKeyFile = c.pki.adminCert, c.pki.adminKey
 	c.ServingCertFile, c.ServingKeyFile = c.pki.servingCert, c.pki.servingKey
 	if err := c.writeFrontProxy(dir); err != nil {
@@ -220,13 +225,19 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	return c, nil
 }
 
-// Stop kills the apiservers, then etcd, waits for them to exit and removes Dir. It is
+// Stop kills the components (StartComponent), the apiservers, then etcd, waits for them to exit
+// and removes Dir. It is
 // idempotent and safe to call from any goroutine; later Restarts fail.
 func (c *Cluster) Stop() {
 	c.stopOnce.Do(func() {
 		c.mu.Lock()
 		c.stopped = true
-		var procs []*proc
+		var procs, components []*proc
+		for _, m := range c.components {
+			if m.proc != nil {
+				components = append(components, m.proc)
+			}
+		}
 		for _, a := range c.APIServers {
 			if a.proc != nil {
 				procs = append(procs, a.proc)
@@ -236,6 +247,10 @@ func (c *Cluster) Stop() {
 		c.mu.Unlock()
 
 		var wg sync.WaitGroup
+		for _, p := range components { // first: they would log every apiserver's end
+			wg.Go(p.kill)
+		}
+		wg.Wait()
 		for _, p := range procs {
 			wg.Go(p.kill)
 		}
@@ -324,6 +339,11 @@ func (c *Cluster) LogTails(lines int) string {
 	for _, a := range c.APIServers {
 		logs = append(logs, a.LogFile)
 	}
+	c.mu.Lock()
+	for _, m := range c.components {
+		logs = append(logs, m.LogFile)
+	}
+	c.mu.Unlock()
 	for _, l := range logs {
 		if t := fileTail(l, lines); t != "" {
 			fmt.Fprintf(&b, "--- %s\n%s\n", filepath.Base(l), t)
@@ -372,7 +392,7 @@ func (c *Cluster) startProc(name, bin string, args []string, logPath string, set
 	if c.stopped {
 		return nil, errors.New("cluster stopped")
 	}
-	p, err := startProc(name, bin, args, logPath, c.logSink(name))
+	p, err := startProc(name, bin, args, nil, logPath, c.logSink(name))
 	if err != nil {
 		return nil, err
 	}
