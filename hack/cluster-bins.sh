@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the real cluster the tests run against, from the pinned modules in tools/etcd, tools/kube
 # and tools/containerd, into a git-ignored cache keyed by version: etcd, kube-apiserver, kubectl,
-# kube-controller-manager, kube-scheduler, a node's kubelet, kubemark, and containerd v2 with its
-# runc shim and ctr (runc itself is Debian's, installed by .ci/run).
+# kube-controller-manager, kube-scheduler, a node's kubelet, kubemark (and hollow-node, its hollow
+# kubelet bound to loopback), and containerd v2 with its runc shim and ctr (runc itself is
+# Debian's, installed by .ci/run). Builds run under `nice -n 10`: the machine's cores are shared.
 # Prints the cache directory on its last line. A second run with the cache present does nothing.
 #
 #   hack/cluster-bins.sh            build what is missing
@@ -39,7 +40,7 @@ build() { # dir pkg out [ldflags]
   if [ -x "$out" ]; then return 0; fi
   echo "cluster-bins: building $(basename "$out") ($pkg) ..." >&2
   local start=$SECONDS
-  (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags="$ldflags" -o "$out.tmp" "$pkg")
+  (cd "$dir" && CGO_ENABLED=0 nice -n 10 go build -trimpath -ldflags="$ldflags" -o "$out.tmp" "$pkg")
   mv "$out.tmp" "$out"
   echo "cluster-bins: built $(basename "$out") in $((SECONDS - start))s" >&2
 }
@@ -54,6 +55,9 @@ for cmd in kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet
   build "$root/tools/kube" "k8s.io/kubernetes/cmd/$cmd" "$kube_dir/$cmd" "$kube_ldflags"
   ln -sf "$kube_dir/$cmd" "$cache/current/$cmd"
 done
+# kubemark's hollow kubelet on loopback, for the scenario's nodes (tools/kube/hollownode).
+build "$root/tools/kube" ./hollownode "$kube_dir/hollow-node" "$kube_ldflags"
+ln -sf "$kube_dir/hollow-node" "$cache/current/hollow-node"
 for cmd in containerd containerd-shim-runc-v2 ctr; do
   build "$root/tools/containerd" "github.com/containerd/containerd/v2/cmd/$cmd" "$containerd_dir/$cmd" "$containerd_ldflags"
   ln -sf "$containerd_dir/$cmd" "$cache/current/$cmd"
