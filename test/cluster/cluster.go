@@ -73,10 +73,23 @@ type Options struct {
 	// 127.0.0.2), advertised as its address, all on one port; the serving certificate covers
 	// them. Empty: every apiserver on 127.0.0.1, each on a port of its own.
 	BindAddresses []string
+	// Audit gives every apiserver an audit log of its own (APIServer.AuditLog, read with
+	// ReadAuditLog): every resource request it receives, at Metadata level (audit.go).
+	Audit bool
+	// Users are more static-token users, each with its token in Cluster.Tokens, for clients
+	// that must be told apart (in an audit log, by RBAC): a controller manager, a scheduler,
+	// nodes.
+	Users []User
 	// Log, if set, also receives every process's output, each line prefixed with the process
 	// name. Output always goes to log files in Dir too (their tails are in start errors and in
 	// LogTails); nil means only there. Errors from Log are ignored.
 	Log io.Writer
+}
+
+// User is a static-token user of Options.Users.
+type User struct {
+	Name   string
+	Groups []string
 }
 
 // Cluster is a running control plane. Its exported fields are set by Start and not changed
@@ -101,6 +114,8 @@ type Cluster struct {
 	AdminToken string
 	// UserToken is a static token of LimitedUser (see LimitedNamespace).
 	UserToken string
+	// Tokens are the static tokens of Options.Users, by user name.
+	Tokens map[string]string
 	// AdminCertFile and AdminKeyFile are a client certificate and key for a user in
 	// system:masters, for clients that authenticate with certificates.
 	AdminCertFile, AdminKeyFile string
@@ -114,12 +129,14 @@ type Cluster struct {
 	// KubectlPath is the kubectl built with the apiserver.
 	KubectlPath string
 
-	bins     Bins
-	pki      *pki
-	opts     Options
-	logMu    sync.Mutex // serializes writes to opts.Log
-	client   *http.Client
-	stopOnce sync.Once
+	bins Bins
+	pki  *pki
+	// auditPolicy is the policy file with Options.Audit, "" without.
+	auditPolicy string
+	opts        Options
+	logMu       sync.Mutex // serializes writes to opts.Log
+	client      *http.Client
+	stopOnce    sync.Once
 	// pickPorts returns n free loopback ports; nil means freePorts. A hook for tests.
 	pickPorts func(n int) ([]int, error)
 	// phases records how long each part of Start took, for reports.
@@ -181,6 +198,14 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	// --token-auth-file: token,user,uid,"group1,group2"
 	tokens := fmt.Sprintf("%s,%s,%s-uid,\"system:masters\"\n%s,%s,%s-uid\n",
 		c.AdminToken, AdminUser, AdminUser, c.UserToken, LimitedUser, LimitedUser)
+	c.Tokens = map[string]string{}
+	for _, u := range o.Users {
+		if _, dup := c.Tokens[u.Name]; dup || u.Name == AdminUser || u.Name == LimitedUser || strings.ContainsAny(u.Name, ",\"\n") {
+			return nil, fmt.Errorf("cluster: user %q given twice, reserved or not a plain name", u.Name)
+		}
+		c.Tokens[u.Name] = randomToken()
+		tokens += fmt.Sprintf("%s,%s,%s-uid,\"%s\"\n", c.Tokens[u.Name], u.Name, u.Name, strings.Join(u.Groups, ","))
+	}
 	if err := os.WriteFile(c.tokenFile(), []byte(tokens), 0o600); err != nil {
 		return nil, fmt.Errorf("token file: %w", err)
 	}
@@ -195,8 +220,16 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.Audit {
+		if c.auditPolicy, err = writeAuditPolicy(dir); err != nil {
+			return nil, err
+		}
+	}
 	for i := range n {
 		a := &APIServer{Index: i, c: c, LogFile: filepath.Join(dir, fmt.Sprintf("apiserver-%d.log", i)), Address: "127.0.0.1"}
+		if o.Audit {
+			a.AuditLog = filepath.Join(dir, fmt.Sprintf("audit-%d.log", i))
+		}
 		if len(o.BindAddresses) > 0 {
 			a.Address = o.BindAddresses[i]
 		}
