@@ -8,8 +8,8 @@
 // the kubelet's server to 0.0.0.0 and its healthz to the default port 10248 (each hollow node
 // has a pod network namespace of its own there); this one binds the server to --address
 // (loopback by default) on --kubelet-port, turns the read-only port and healthz off, and keeps
-// its root directory under --root-dir. Everything else is kubemark's: its
-// GetHollowKubeletConfig and NewHollowKubelet.
+// its directories and its fake runtime's socket under --root-dir (kubemark's are in /tmp).
+// Everything else is kubemark's: its GetHollowKubeletConfig and NewHollowKubelet.
 package main
 
 import (
@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -46,7 +47,7 @@ func run() error {
 		name        = flag.String("name", "hollow-node", "the Node's name")
 		address     = flag.String("address", "127.0.0.1", "address the kubelet's server binds")
 		port        = flag.Int("kubelet-port", 0, "port of the kubelet's server (required)")
-		rootDir     = flag.String("root-dir", "", "the kubelet's root directory (default: a new temporary one)")
+		rootDir     = flag.String("root-dir", "", "the kubelet's root directory, its fake runtime's socket too (required)")
 		nodeIP      = flag.String("node-ip", "127.0.0.1", "the Node's InternalIP")
 		contentType = flag.String("kube-api-content-type", "application/vnd.kubernetes.protobuf", "content type of requests to the apiserver")
 		qps         = flag.Float64("kube-api-qps", 10, "client QPS")
@@ -54,8 +55,8 @@ func run() error {
 		maxPods     = flag.Int("max-pods", 110, "pods this node accepts")
 	)
 	flag.Parse()
-	if *kubeconfig == "" || *port == 0 {
-		return fmt.Errorf("--kubeconfig and --kubelet-port are required")
+	if *kubeconfig == "" || *port == 0 || *rootDir == "" {
+		return fmt.Errorf("--kubeconfig, --kubelet-port and --root-dir are required")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -75,11 +76,16 @@ func run() error {
 		NodeName: *name, KubeletPort: *port, KubeletReadOnlyPort: 0, MaxPods: *maxPods,
 		NodeLabels: map[string]string{},
 	})
-	if *rootDir != "" {
-		if err := os.MkdirAll(*rootDir, 0o700); err != nil {
+	// kubemark makes its directories under /tmp, for a pod's lifetime; here they go under the
+	// root directory, which the caller removes.
+	_ = os.RemoveAll(f.RootDirectory)
+	f.RootDirectory = *rootDir
+	c.StaticPodPath = filepath.Join(*rootDir, "static-pods")
+	c.PodLogsDir = filepath.Join(*rootDir, "pod-logs")
+	for _, d := range []string{c.StaticPodPath, c.PodLogsDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
 			return err
 		}
-		f.RootDirectory = *rootDir
 	}
 	f.NodeIP = *nodeIP
 	c.Address = *address
@@ -95,10 +101,7 @@ func run() error {
 		return err
 	}
 
-	endpoint, err := fakeremote.GenerateEndpoint()
-	if err != nil {
-		return fmt.Errorf("fake runtime endpoint: %w", err)
-	}
+	endpoint := "unix://" + filepath.Join(*rootDir, "runtime.sock") // kubemark's is in /tmp
 	rt := fakeremote.NewFakeRemoteRuntime()
 	if err := rt.Start(endpoint); err != nil {
 		return fmt.Errorf("fake runtime: %w", err)
