@@ -24,11 +24,13 @@ func auditPolicy() *auditv1.Policy {
 			auditv1.StageResponseStarted, auditv1.StageResponseComplete, auditv1.StagePanic,
 		},
 		Rules: []auditv1.PolicyRule{
+			// First, since a rule that names no resources and no URLs matches non-resource
+			// requests too.
+			{Level: auditv1.LevelNone, NonResourceURLs: []string{"*"}},
+			// Every resource (a rule with no Resources matches all of them).
 			{
 				Level: auditv1.LevelMetadata,
 				Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"},
-				// Every resource: a rule with no Resources matches all of them, and no
-				// non-resource URL (NonResourceURLs is empty).
 			},
 			{Level: auditv1.LevelNone},
 		},
