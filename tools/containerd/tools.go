@@ -5,8 +5,8 @@
 package tools
 
 import (
+	_ "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/manager"
 	_ "github.com/containerd/containerd/v2/cmd/containerd/builtins"
 	_ "github.com/containerd/containerd/v2/cmd/containerd/command"
-	_ "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2/manager"
 	_ "github.com/containerd/containerd/v2/cmd/ctr/app"
 )
