@@ -54,6 +54,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
@@ -613,6 +614,9 @@ func (e *scenarioEnv) scale() <-chan time.Duration {
 		var err error
 		if want == scenarioStep {
 			_, err = e.admin().AppsV1().Deployments(scenarioNamespace).Create(ctx, scenarioDeployment(want), metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) { // an earlier try's answer was lost
+				err = nil
+			}
 		} else {
 			patch := fmt.Sprintf(`{"spec":{"replicas":%d}}`, want)
 			_, err = e.admin().AppsV1().Deployments(scenarioNamespace).Patch(ctx, "web", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
