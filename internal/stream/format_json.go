@@ -231,7 +231,9 @@ func (p *jsonParser) stringField(i int, name string, dst *[]byte, loc *rvLocatio
 func (ps *parseState) parseJSON(raw []byte) error {
 	p := &jsonParser{b: raw, ps: ps}
 	i := p.ws(0)
-	badObject := false
+	// objErr is what is wrong with the current "object": it counts only if no later one
+	// replaces it.
+	var objErr error
 	for first := true; ; first = false {
 		k, vi, done, _, err := p.members(i, first)
 		if err != nil {
@@ -245,17 +247,20 @@ func (ps *parseState) parseJSON(raw []byte) error {
 			i, err = p.stringField(vi, "type", &ps.typ, nil)
 		case "object":
 			// A RawExtension takes any value, a later one replacing it, except null,
-			// which leaves it be. Only the value that stays must be an object.
+			// which leaves it be; client-go decodes only the value that stays, so only that
+			// one must be an object and read as one (an earlier one must still end).
 			switch {
 			case vi < len(raw) && raw[vi] == '{':
 				ps.resetObject()
-				badObject = false
-				i, err = p.object(vi)
+				if i, objErr = p.object(vi); objErr != nil {
+					ps.resetObject()
+					i, err = p.skip(vi)
+				}
 			case vi < len(raw) && p.isNull(vi):
 				i = vi + 4
 			default:
 				ps.resetObject()
-				badObject = true
+				objErr = malformed("JSON watch event object is not an object")
 				i, err = p.skip(vi)
 			}
 		default:
@@ -265,10 +270,7 @@ func (ps *parseState) parseJSON(raw []byte) error {
 			return err
 		}
 	}
-	if badObject {
-		return malformed("JSON watch event object is not an object")
-	}
-	return nil
+	return objErr
 }
 
 func (p *jsonParser) object(i int) (int, error) {
