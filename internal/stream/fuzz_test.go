@@ -179,7 +179,12 @@ func checkRewrite(t *testing.T, format Format, ev *Event, rv string, oracle bool
 		}
 	}
 	// Rewriting back gives what rewriting to the original RV gives (for protobuf, the only
-	// bytes that may differ from the input are non-minimal length varints, re-encoded).
+	// bytes that may differ from the input are non-minimal length varints, re-encoded); an
+	// original RV that is not valid UTF-8 cannot be written back into JSON or a CBOR text
+	// string, as above.
+	if textual := format == JSON || (format == CBOR && ev.rv.cborMajor == 3); textual && !utf8.ValidString(ev.RV) {
+		return
+	}
 	var back, direct bytes.Buffer
 	if err := NewWriter(format, &back).WriteWithRV(got[0], ev.RV); err != nil {
 		t.Fatal(err)
