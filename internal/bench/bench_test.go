@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"image/png"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -335,5 +336,31 @@ func BenchmarkInProcessProxy(b *testing.B) {
 				})
 			}
 		}
+	}
+}
+
+// TestTargetsCPU: the CPU-per-event target compares watchsan's repair mode with the
+// pass-through of the same workload, for JSON and protobuf only.
+func TestTargetsCPU(t *testing.T) {
+	tr := func(p PathName, format string, evs, cpu float64) *ThroughputResult {
+		return &ThroughputResult{Path: p, Format: format, Size: 1024, Watches: 1, EventsPerSec: evs, CPUPerM: cpu}
+	}
+	r := &Results{Throughput: []*ThroughputResult{
+		tr(Direct, "json", 1000, 0), tr(Pass, "json", 500, 1.0), tr(WatchsanRepair, "json", 600, 0.9),
+		tr(Direct, "protobuf", 1000, 0), tr(Pass, "protobuf", 500, 1.0), tr(WatchsanRepair, "protobuf", 400, 1.5),
+		tr(Pass, "cbor", 500, 1.0), tr(WatchsanRepair, "cbor", 400, 3.0),
+	}}
+	got := map[string]bool{}
+	for _, x := range r.Targets() {
+		if strings.Contains(x.Goal, "CPU") {
+			got[x.Goal] = x.Pass
+		}
+	}
+	want := map[string]bool{
+		"repair CPU per event json/1KiB/1w ≤ 1.0x pass-through":     true,
+		"repair CPU per event protobuf/1KiB/1w ≤ 1.0x pass-through": false,
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("CPU targets %v, want %v", got, want)
 	}
 }

@@ -37,10 +37,11 @@ func WriteReport(dir string, res *Results) error {
 	return f.Close()
 }
 
-// Targets are the goals issue 10 sets for watchsan's repair mode.
+// Targets are the goals issues 10 and 18 set for watchsan's repair mode.
 const (
 	targetVsPass       = 1.0 // throughput ≥ 1.0x the pass-through
 	targetVsDirect     = 0.5 // throughput ≥ 0.5x direct
+	targetCPUVsPass    = 1.0 // CPU per event ≤ 1.0x the pass-through's
 	targetAddedP99     = time.Millisecond
 	targetAddedP99Rate = 10000
 	targetMemVsPass    = 0.75 // idle-watch memory ≤ 0.75x the pass-through
@@ -83,27 +84,28 @@ func (r *Results) memoryOf(p PathName, n int) *MemoryResult {
 
 // Targets evaluates the goals on this run.
 func (r *Results) Targets() []Target {
-	var out []Target
+	var vsPass, vsDirect, cpu []Target
 	for _, t := range r.Throughput {
 		if t.Path != WatchsanRepair || (t.Format != "json" && t.Format != "protobuf") {
 			continue
 		}
 		if p := r.throughputOf(Pass, t.Key()); p != nil && p.EventsPerSec > 0 {
 			x := t.EventsPerSec / p.EventsPerSec
-			out = append(out, Target{Goal: fmt.Sprintf("repair throughput %s ≥ %.1fx pass-through", t.Key(), targetVsPass),
+			vsPass = append(vsPass, Target{Goal: fmt.Sprintf("repair throughput %s ≥ %.1fx pass-through", t.Key(), targetVsPass),
 				Measured: fmt.Sprintf("%.2fx", x), Pass: x >= targetVsPass, Known: true})
-		}
-	}
-	for _, t := range r.Throughput {
-		if t.Path != WatchsanRepair || (t.Format != "json" && t.Format != "protobuf") {
-			continue
+			if p.CPUPerM > 0 && t.CPUPerM > 0 {
+				c := t.CPUPerM / p.CPUPerM
+				cpu = append(cpu, Target{Goal: fmt.Sprintf("repair CPU per event %s ≤ %.1fx pass-through", t.Key(), targetCPUVsPass),
+					Measured: fmt.Sprintf("%.2fx (%.2f vs %.2f s/M)", c, t.CPUPerM, p.CPUPerM), Pass: c <= targetCPUVsPass, Known: true})
+			}
 		}
 		if d := r.throughputOf(Direct, t.Key()); d != nil && d.EventsPerSec > 0 {
 			x := t.EventsPerSec / d.EventsPerSec
-			out = append(out, Target{Goal: fmt.Sprintf("repair throughput %s ≥ %.1fx direct", t.Key(), targetVsDirect),
+			vsDirect = append(vsDirect, Target{Goal: fmt.Sprintf("repair throughput %s ≥ %.1fx direct", t.Key(), targetVsDirect),
 				Measured: fmt.Sprintf("%.2fx", x), Pass: x >= targetVsDirect, Known: true})
 		}
 	}
+	out := append(append(vsPass, vsDirect...), cpu...)
 	lat := Target{Goal: fmt.Sprintf("repair added p99 latency at %s events/s ≤ %v", si(targetAddedP99Rate), targetAddedP99)}
 	if w, d := r.latencyOf(WatchsanRepair, targetAddedP99Rate), r.latencyOf(Direct, targetAddedP99Rate); w != nil && d != nil {
 		added := w.P99 - d.P99

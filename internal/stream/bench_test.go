@@ -173,3 +173,28 @@ func TestPassAllocs(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkJSONScan is the frame-end scan alone, by path, over the events of BenchmarkPass.
+func BenchmarkJSONScan(b *testing.B) {
+	for _, sz := range benchSizes {
+		stream, per := benchStream(b, JSON, sz.size)
+		frame := stream[:bytes.IndexByte(stream, '\n')+1]
+		for _, path := range []struct {
+			name      string
+			bytesOnly bool
+		}{{"bytes", true}, {"blocks", false}} {
+			b.Run(sz.name+"/"+path.name, func(b *testing.B) {
+				s := &jsonScan{record: true, bytesOnly: path.bytesOnly}
+				b.SetBytes(int64(per))
+				b.ReportAllocs()
+				defer reportCPU(b, cpuNanos())
+				for range b.N {
+					s.reset(0)
+					if s.run(frame) != len(frame)-1 {
+						b.Fatal("frame end not found")
+					}
+				}
+			})
+		}
+	}
+}

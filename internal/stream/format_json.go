@@ -2,7 +2,6 @@ package stream
 
 import (
 	"bytes"
-	"encoding/binary"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -18,146 +17,11 @@ import (
 
 func isJSONSpace(c byte) bool { return c == ' ' || c == '\n' || c == '\r' || c == '\t' }
 
-// jsonScan finds where a JSON object or array ends, resumably: run can be called again with a
-// longer buffer (same prefix) and continues where it stopped. It checks that brackets match
-// and strings end, nothing more. When record is set it also notes where each container
-// shallower than spanDepth starts and ends, so that the parser can skip those values without
-// scanning them a second time.
-type jsonScan struct {
-	pos        int
-	depth      int
-	inStr, esc bool
-	// objs is a bit stack: bit d-1 is set when the container at depth d is an object.
-	objs []uint64
-	err  error
-
-	record bool
-	// spans are the containers at depths 1..spanDepth, in the order they open; open[d] is
-	// the index in spans of the one open at depth d.
-	spans []jsonSpan
-	open  [spanDepth + 1]int
-}
-
-// spanDepth: the event is depth 1, its object 2, the object's fields' values 3 (spec,
-// metadata) and metadata's fields' values 4 (labels, managedFields): the deepest values the
-// parser may skip.
-const spanDepth = 4
-
-// jsonSpan is a container's extent in the frame; end is 0 while it is open.
-type jsonSpan struct{ start, end int }
-
-func (s *jsonScan) reset(pos int) {
-	s.pos, s.depth, s.inStr, s.esc, s.err = pos, 0, false, false, nil
-	s.spans = s.spans[:0]
-}
-
-// Word-at-a-time test for a quote or a backslash among 8 bytes.
-const (
-	lsb        = 0x0101010101010101
-	msb        = 0x8080808080808080
-	quotes     = '"' * lsb
-	backslashs = '\\' * lsb
-)
-
-func hasQuoteOrBackslash(w uint64) bool {
-	q, bs := w^quotes, w^backslashs
-	return ((q-lsb)&^q|(bs-lsb)&^bs)&msb != 0
-}
-
-// skipPlain returns the index of the first '"' or '\\' in b at or after i, or len(b).
-func skipPlain(b []byte, i int) int {
-	for i+8 <= len(b) && !hasQuoteOrBackslash(binary.LittleEndian.Uint64(b[i:])) {
-		i += 8
+func b2i(b bool) int {
+	if b {
+		return 1
 	}
-	for i < len(b) && b[i] != '"' && b[i] != '\\' {
-		i++
-	}
-	return i
-}
-
-// jsonStructural marks the bytes the scanner acts on outside strings.
-var jsonStructural = [256]bool{'"': true, '{': true, '}': true, '[': true, ']': true}
-
-// run returns the index just past the container that starts at the scan's first position, or
-// -1 when b ends first (or on error, in s.err).
-func (s *jsonScan) run(b []byte) int {
-	i := s.pos
-	if s.esc && i < len(b) {
-		s.esc = false
-		i++
-	}
-	for i < len(b) {
-		if s.inStr {
-			i = skipPlain(b, i)
-			if i >= len(b) {
-				break
-			}
-			if b[i] == '"' {
-				s.inStr = false
-				i++
-				continue
-			}
-			// A backslash escapes the next byte, which may not be here yet.
-			if i+1 >= len(b) {
-				s.esc = true
-				i = len(b)
-				break
-			}
-			i += 2
-			continue
-		}
-		for i < len(b) && !jsonStructural[b[i]] {
-			i++
-		}
-		if i >= len(b) {
-			break
-		}
-		c := b[i]
-		i++
-		switch c {
-		case '"':
-			s.inStr = true
-		case '{', '[':
-			if s.depth >= maxDepth {
-				s.err = malformed("JSON nested deeper than %d", maxDepth)
-				return -1
-			}
-			w, bit := s.depth/64, uint64(1)<<(s.depth%64)
-			for len(s.objs) <= w {
-				s.objs = append(s.objs, 0)
-			}
-			if c == '{' {
-				s.objs[w] |= bit
-			} else {
-				s.objs[w] &^= bit
-			}
-			s.depth++
-			if s.record && s.depth <= spanDepth {
-				s.open[s.depth] = len(s.spans)
-				s.spans = append(s.spans, jsonSpan{start: i - 1})
-			}
-		case '}', ']':
-			if s.depth == 0 {
-				s.err = malformed("unbalanced %q in JSON", c)
-				return -1
-			}
-			if s.record && s.depth <= spanDepth {
-				s.spans[s.open[s.depth]].end = i
-			}
-			s.depth--
-			isObj := s.objs[s.depth/64]&(1<<(s.depth%64)) != 0
-			if isObj != (c == '}') {
-				s.err = malformed("mismatched %q in JSON", c)
-				return -1
-			}
-			if s.depth == 0 {
-				s.pos = i
-				return i
-			}
-		}
-	}
-	s.pos = i
-	return -1
+	return 0
 }
 
 type jsonSplitter struct{ scan *jsonScan }
@@ -267,6 +131,13 @@ func (p *jsonParser) key(i int) (k []byte, next int, err error) {
 // members iterates an object's members. Call it with i at '{' to start, and then with i just
 // past each value; it returns the next key and the index of its value, or done at '}'.
 func (p *jsonParser) members(i int, first bool) (k []byte, vi int, done bool, next int, err error) {
+	// The compact shape the apiserver writes, `{"key":v` or `,"key":v` with no whitespace and
+	// no escape in the key, read at once; the general path below reads it the same way.
+	if b := p.b; i+1 < len(b) && b[i+1] == '"' && b[i] == "{,"[b2i(!first)] {
+		if j := skipPlain(b, i+2); j+2 < len(b) && b[j] == '"' && b[j+1] == ':' && !isJSONSpace(b[j+2]) {
+			return b[i+2 : j], j + 2, false, 0, nil
+		}
+	}
 	if first {
 		if i >= len(p.b) || p.b[i] != '{' {
 			return nil, 0, false, 0, malformed("expected a JSON object at %d", i)
@@ -360,7 +231,9 @@ func (p *jsonParser) stringField(i int, name string, dst *[]byte, loc *rvLocatio
 func (ps *parseState) parseJSON(raw []byte) error {
 	p := &jsonParser{b: raw, ps: ps}
 	i := p.ws(0)
-	badObject := false
+	// objErr is what is wrong with the current "object": it counts only if no later one
+	// replaces it.
+	var objErr error
 	for first := true; ; first = false {
 		k, vi, done, _, err := p.members(i, first)
 		if err != nil {
@@ -374,17 +247,20 @@ func (ps *parseState) parseJSON(raw []byte) error {
 			i, err = p.stringField(vi, "type", &ps.typ, nil)
 		case "object":
 			// A RawExtension takes any value, a later one replacing it, except null,
-			// which leaves it be. Only the value that stays must be an object.
+			// which leaves it be; client-go decodes only the value that stays, so only that
+			// one must be an object and read as one (an earlier one must still end).
 			switch {
 			case vi < len(raw) && raw[vi] == '{':
 				ps.resetObject()
-				badObject = false
-				i, err = p.object(vi)
+				if i, objErr = p.object(vi); objErr != nil {
+					ps.resetObject()
+					i, err = p.skip(vi)
+				}
 			case vi < len(raw) && p.isNull(vi):
 				i = vi + 4
 			default:
 				ps.resetObject()
-				badObject = true
+				objErr = malformed("JSON watch event object is not an object")
 				i, err = p.skip(vi)
 			}
 		default:
@@ -394,10 +270,7 @@ func (ps *parseState) parseJSON(raw []byte) error {
 			return err
 		}
 	}
-	if badObject {
-		return malformed("JSON watch event object is not an object")
-	}
-	return nil
+	return objErr
 }
 
 func (p *jsonParser) object(i int) (int, error) {

@@ -278,6 +278,7 @@ func TestJSONShapes(t *testing.T) {
 		"duplicate keys, last wins":            `{"type":"ADDED","type":"MODIFIED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"resourceVersion":"1","name":"a","resourceVersion":"2"}}}`,
 		"metadata merges":                      `{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"a","resourceVersion":"3"},"metadata":{"namespace":"n"}}}`,
 		"object replaces":                      `{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"a","uid":"u"}},"object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"b","resourceVersion":"4"}}}`,
+		"replaced object read wrong":           `{"type":"ADDED","object":{"metadata":{"name":{},"annotations":[]}},"object":"x","object":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"b"}}}`,
 		"nulls":                                `{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"a","resourceVersion":"5","uid":null,"annotations":null,"labels":null},"data":null}}`,
 		"numbers and literals":                 `{"type":"ADDED","object":{"kind":"Pod","apiVersion":"v1","metadata":{"name":"a","resourceVersion":"5","generation":-15,"deletionGracePeriodSeconds":30},"spec":{"hostNetwork":true,"containers":[]},"status":{}}}`,
 		"bookmark annotation not true":         `{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"5","annotations":{"k8s.io/initial-events-end":"false"}}}}`,
