@@ -132,7 +132,7 @@ func (m *Metrics) SetVersion(version string) {
 var Directions = []string{"upstream_to_client", "client_to_upstream"}
 
 // RefusalReasons are every value of Refused's reason label.
-var RefusalReasons = []string{"host", "origin", "cors_preflight", "path", "method", "dot_segment", "connect", "absolute_target"}
+var RefusalReasons = []string{"host", "origin", "cors_preflight", "path", "method", "dot_segment", "connect", "absolute_target", "connection_header", "impersonation"}
 
 // verbs are the verb label's values besides "other": the apiserver's verbs for resource
 // requests (RequestInfoFactory) and the lower-case methods it serves on other paths.

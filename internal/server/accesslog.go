@@ -53,7 +53,7 @@ func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 // serveInstrumented serves r with next, then writes the access log line and the request
 // metrics. The log never carries a header value: tokens live there.
-func (s *Server) serveInstrumented(w http.ResponseWriter, r *http.Request, c *classified, next http.Handler) {
+func (s *Server) serveInstrumented(w http.ResponseWriter, r *http.Request, c *classified, next route) {
 	start := time.Now()
 	info := c.info
 	resource := info.FullResource()
@@ -98,7 +98,7 @@ func (s *Server) serveInstrumented(w http.ResponseWriter, r *http.Request, c *cl
 		r.Body = body
 		defer func() { s.metrics.Bytes.WithLabelValues("client_to_upstream").Add(float64(body.n.Load())) }()
 	}
-	next.ServeHTTP(rec, r)
+	next(rec, r, c)
 }
 
 // countingBody counts the request body bytes read (by the proxy, towards the upstream).

@@ -21,7 +21,6 @@ import (
 
 	"github.com/watchsan/watchsan/internal/config"
 	"github.com/watchsan/watchsan/internal/metrics"
-	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/upstream"
 	"github.com/watchsan/watchsan/internal/watch"
 )
@@ -117,44 +116,40 @@ func (s *Server) onBreak(b *upstream.Backend, r watch.ResumeReason) {
 // anything watchsan delivered, and as RV=0 allows, it may be newer; like a list at RV=0 it is
 // not paged (the client's limit is dropped). When every upstream
 // answers 504 (an etcd restored from a backup starts below the mark), the mark is dropped.
-func (s *Server) listGuard(r *http.Request, info reqinfo.Info, next http.Handler) http.Handler {
-	if !s.cfg.TimeTravelGuard || info.Verb != "list" || r.Method != http.MethodGet {
-		return next
-	}
+func (s *Server) listGuard(w http.ResponseWriter, r *http.Request, c *classified) {
+	plan := upstream.Plan{Credentials: c.cred}
+	info := c.info
 	q := r.URL.Query()
-	if q.Get("resourceVersion") != "0" {
-		return next
+	high, ok := uint64(0), false
+	if m := q.Get("resourceVersionMatch"); q.Get("resourceVersion") == "0" && (m == "" || m == "NotOlderThan") {
+		high, ok = s.pool.HighWater(info.GroupResource())
 	}
-	if m := q.Get("resourceVersionMatch"); m != "" && m != "NotOlderThan" {
-		return next
+	if !s.cfg.TimeTravelGuard || info.Verb != "list" || r.Method != http.MethodGet || !ok {
+		s.proxy.serve(w, r, c, plan)
+		return
 	}
 	resource := info.GroupResource()
-	high, ok := s.pool.HighWater(resource)
-	if !ok {
-		return next
+	q.Set("resourceVersion", strconv.FormatUint(high, 10))
+	q.Set("resourceVersionMatch", "NotOlderThan")
+	// A list at RV 0 is served whole from the watch cache, its limit ignored; at an RV
+	// above 0 the limit would page it, and a client that knows RV 0 is never paged may
+	// not follow a continue token.
+	q.Del("limit")
+	u := *r.URL
+	u.RawQuery = q.Encode()
+	r = r.WithContext(r.Context()) // a shallow copy: the client's request stays as it came
+	r.URL = &u
+	plan.RetryTooLarge = true
+	rec := &recorder{ResponseWriter: w}
+	s.proxy.serve(rec, r, c, plan)
+	outcome := "sent"
+	if rec.code == http.StatusGatewayTimeout {
+		outcome = "too-large"
+		s.pool.ForgetHighWater(resource)
+		s.log.Warn("no upstream could serve a list at watchsan's high-water resourceVersion; the mark is dropped",
+			zap.String("resource", resource), zap.Uint64("resourceVersion", high))
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		q.Set("resourceVersion", strconv.FormatUint(high, 10))
-		q.Set("resourceVersionMatch", "NotOlderThan")
-		// A list at RV 0 is served whole from the watch cache, its limit ignored; at an RV
-		// above 0 the limit would page it, and a client that knows RV 0 is never paged may
-		// not follow a continue token.
-		q.Del("limit")
-		u := *r.URL
-		u.RawQuery = q.Encode()
-		r = r.WithContext(upstream.WithPlan(r.Context(), upstream.Plan{RetryTooLarge: true}))
-		r.URL = &u
-		rec := &recorder{ResponseWriter: w}
-		next.ServeHTTP(rec, r)
-		outcome := "sent"
-		if rec.code == http.StatusGatewayTimeout {
-			outcome = "too-large"
-			s.pool.ForgetHighWater(resource)
-			s.log.Warn("no upstream could serve a list at watchsan's high-water resourceVersion; the mark is dropped",
-				zap.String("resource", resource), zap.Uint64("resourceVersion", high))
-		}
-		s.metrics.Upstream.ListsRaised.WithLabelValues(outcome).Inc()
-	})
+	s.metrics.Upstream.ListsRaised.WithLabelValues(outcome).Inc()
 }
 
 // Reload applies a new configuration: its upstream set (with discovery, the configured set is
@@ -283,7 +278,7 @@ func (s *Server) readEndpoints(ctx context.Context) ([]*url.URL, error) {
 		return nil, err
 	}
 	req.Header.Set("Accept", "application/json")
-	at, err := s.attempts.Do(ctx, req, upstream.Plan{})
+	at, err := s.attempts.Do(ctx, req, upstream.Plan{Credentials: upstream.Self})
 	if err != nil {
 		return nil, err
 	}

@@ -69,10 +69,15 @@ func attempter(p *Pool, o AttempterOptions, sl *sleeps) *Attempter {
 	return a
 }
 
-// do runs one request through RoundTrip and checks the contract: a response or an error.
+// do runs one request through Transport and checks the contract: a response or an error.
 func do(t *testing.T, a *Attempter, req *http.Request) (*http.Response, error) {
 	t.Helper()
-	resp, err := a.RoundTrip(req)
+	return doPlan(t, a, req, Plan{Credentials: Decide(req.Header, nil, false, IdentityOff)})
+}
+
+func doPlan(t *testing.T, a *Attempter, req *http.Request, plan Plan) (*http.Response, error) {
+	t.Helper()
+	resp, err := a.Transport(plan).RoundTrip(req)
 	if (resp == nil) == (err == nil) {
 		t.Fatalf("RoundTrip returned response %v and error %v: want exactly one", resp, err)
 	}
@@ -276,7 +281,7 @@ func TestHealthCheckerManners(t *testing.T) {
 	end := time.Now().Add(window)
 	for time.Now().Before(end) {
 		req, _ := http.NewRequest("GET", "/x", nil)
-		_, _ = a.RoundTrip(req)
+		_, _ = a.Transport(Plan{Credentials: Decide(req.Header, nil, false, IdentityOff)}).RoundTrip(req)
 		time.Sleep(5 * time.Millisecond)
 	}
 	cancel()

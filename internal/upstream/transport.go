@@ -82,8 +82,9 @@ type transports struct {
 	// request header".
 	forwardUpgrade, lendUpgrade http.RoundTripper
 	// assert and assertUpgrade send a request that asserts its client's verified identity
-	// (Asserts), with the credentials of TransportOptions.Identity; nil when it is IdentityOff.
-	assert, assertUpgrade http.RoundTripper
+	// (Credentials.Asserted), with the credentials of TransportOptions.Identity; nil when it is
+	// IdentityOff.
+	assert, assertUpgrade asserter
 	// closeIdle drops pooled connections of all (after a GOAWAY storm or a failed health check).
 	closeIdle func()
 	// tls is forward's TLS configuration (the pinger's: a ping needs no identity).
@@ -145,7 +146,7 @@ func newTransports(o TransportOptions) (*transports, error) {
 			return nil, fmt.Errorf("identity forwarding by impersonation needs credentials to impersonate with")
 		}
 		for _, l := range []struct {
-			rt      *http.RoundTripper
+			rt      *asserter
 			upgrade bool
 		}{{&t.assert, false}, {&t.assertUpgrade, true}} {
 			b := newHTTPTransport(o, base, l.upgrade)
@@ -165,7 +166,7 @@ func newTransports(o TransportOptions) (*transports, error) {
 		fp := forwardTLS.Clone()
 		fp.Certificates = []tls.Certificate{*o.FrontProxyCert}
 		for _, l := range []struct {
-			rt      *http.RoundTripper
+			rt      *asserter
 			upgrade bool
 		}{{&t.assert, false}, {&t.assertUpgrade, true}} {
 			b := newHTTPTransport(o, fp, l.upgrade)
@@ -179,6 +180,39 @@ func newTransports(o TransportOptions) (*transports, error) {
 		}
 	}
 	return t, nil
+}
+
+// roundTrip sends req with the credentials cred says, over the transport for an upgrade when
+// upgrade: the one place a request's credentials pick its transport, from the decision alone.
+func (t *transports) roundTrip(req *http.Request, cred Credentials, upgrade bool) (*http.Response, error) {
+	pick := func(plain, up http.RoundTripper) http.RoundTripper {
+		if upgrade {
+			return up
+		}
+		return plain
+	}
+	switch cred.how {
+	case credUndecided, credOwn, credAnonymous:
+		return pick(t.forward, t.forwardUpgrade).RoundTrip(req)
+	case credSelf:
+		if t.lend != nil {
+			return pick(t.lend, t.lendUpgrade).RoundTrip(req)
+		}
+		return pick(t.forward, t.forwardUpgrade).RoundTrip(req)
+	case credLent:
+		if t.lend != nil {
+			return pick(t.lend, t.lendUpgrade).RoundTrip(req)
+		}
+	case credAsserted:
+		if t.assert != nil {
+			if upgrade {
+				return t.assertUpgrade(req, cred.identity)
+			}
+			return t.assert(req, cred.identity)
+		}
+	}
+	// Refused rather than sent with other credentials than those decided.
+	return nil, fmt.Errorf("watchsan: a request decided as %s has no transport for it (a bug)", cred)
 }
 
 // stripIdentity removes the identity headers a client must not choose from every request
