@@ -117,6 +117,8 @@ func FlagSet(c *Config) *pflag.FlagSet {
 	fs.DurationVar(&c.KeepAlive, "tcp-keepalive", c.KeepAlive, "upstream TCP keepalive period")
 	fs.DurationVar(&c.HTTP2ReadIdleTimeout, "http2-read-idle-timeout", c.HTTP2ReadIdleTimeout, "ping an upstream HTTP/2 connection after this long without a frame")
 	fs.DurationVar(&c.HTTP2PingTimeout, "http2-ping-timeout", c.HTTP2PingTimeout, "close an upstream HTTP/2 connection whose ping is not answered within this")
+	fs.IntVar(&c.HTTP2StreamWindow, "upstream-http2-stream-window", c.HTTP2StreamWindow, "bytes an upstream may send on one HTTP/2 stream ahead of watchsan reading it: what a watch whose client stopped reading holds (kube-apiserver's own window; Go's default is 4 MiB)")
+	fs.IntVar(&c.HTTP2ConnectionWindow, "upstream-http2-connection-window", c.HTTP2ConnectionWindow, "bytes an upstream may send on one HTTP/2 connection, all its streams together, ahead of watchsan reading them (at least 250 stream windows, kube-apiserver's streams per connection, or stalled streams can hold up the others)")
 	fs.DurationVar(&c.ResponseHeaderTimeout, "response-header-timeout", c.ResponseHeaderTimeout, "how long a short request may wait for the upstream's response headers")
 	fs.DurationVar(&c.HealthInterval, "health-interval", c.HealthInterval, "how often each upstream is pinged (HTTP/2 PING: does it answer at all) and its /readyz checked")
 	group("Watch sanitizing")

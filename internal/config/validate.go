@@ -93,6 +93,12 @@ func (c *Config) Validate() error {
 	if c.WatchStallTimeout > 0 && c.WatchStallTimeout < time.Second {
 		add("--watch-stall-timeout %s: use at least 1s: every quiet watch is resumed once per stall timeout", c.WatchStallTimeout)
 	}
+	if c.HTTP2StreamWindow < 16<<10 || c.HTTP2StreamWindow > 1<<30 {
+		add("--upstream-http2-stream-window %d: want 16384 to 1073741824 bytes", c.HTTP2StreamWindow)
+	}
+	if c.HTTP2ConnectionWindow < max(c.HTTP2StreamWindow, 64<<10) || c.HTTP2ConnectionWindow > 1<<30 {
+		add("--upstream-http2-connection-window %d: want at least --upstream-http2-stream-window (%d) and at most 1073741824 bytes", c.HTTP2ConnectionWindow, c.HTTP2StreamWindow)
+	}
 	if c.KeepAlive < 0 {
 		add("--tcp-keepalive %s: must not be negative", c.KeepAlive)
 	}

@@ -76,6 +76,8 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 			HTTP2ReadIdleTimeout:  cfg.HTTP2ReadIdleTimeout,
 			HTTP2PingTimeout:      cfg.HTTP2PingTimeout,
 			ResponseHeaderTimeout: cfg.ResponseHeaderTimeout,
+			HTTP2StreamWindow:     cfg.HTTP2StreamWindow,
+			HTTP2ConnectionWindow: cfg.HTTP2ConnectionWindow,
 			RootCAs:               cfg.UpstreamCA,
 			Insecure:              cfg.InsecureSkipTLSVerify,
 			Credentials:           cfg.Credentials,

@@ -25,6 +25,13 @@ type TransportOptions struct {
 	HTTP2ReadIdleTimeout  time.Duration // ping an idle HTTP/2 connection after this; default 30s (as client-go)
 	HTTP2PingTimeout      time.Duration // drop the connection when a ping is not answered; default 15s
 	ResponseHeaderTimeout time.Duration // how long to wait for response headers; default 60s
+	// HTTP2StreamWindow bounds what one upstream HTTP/2 stream may send ahead of watchsan
+	// reading it, in bytes: what a watch whose client stopped reading holds. Default
+	// DefaultHTTP2StreamWindow.
+	HTTP2StreamWindow int
+	// HTTP2ConnectionWindow bounds the same for all streams of one upstream connection;
+	// default DefaultHTTP2ConnectionWindow.
+	HTTP2ConnectionWindow int
 
 	// RootCAs verifies the upstream's certificate; nil: the credentials' CA, else system roots.
 	RootCAs *x509.CertPool
@@ -53,6 +60,19 @@ type TransportOptions struct {
 	onDial func(error)
 }
 
+// Defaults of the upstream HTTP/2 receive windows (Go's are 4 MiB per stream and 1 GiB per
+// connection: 100 watches whose clients stopped reading held 431 MiB, issue 16).
+const (
+	// DefaultHTTP2StreamWindow is kube-apiserver's own receive window per stream (256 KiB, the
+	// 99th percentile of an object's size): a watch event or a list page of usual objects
+	// comes in one window, and a stalled watch holds at most this much of its upstream.
+	DefaultHTTP2StreamWindow = 256 << 10
+	// DefaultHTTP2ConnectionWindow is 256 streams' windows: kube-apiserver allows 250 streams
+	// per connection by default, so streams whose clients stopped reading cannot use up the
+	// window the other streams of their connection need, which a smaller one would allow.
+	DefaultHTTP2ConnectionWindow = 256 * DefaultHTTP2StreamWindow
+)
+
 func (o *TransportOptions) defaults() {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
@@ -65,6 +85,12 @@ func (o *TransportOptions) defaults() {
 	def(&o.HTTP2ReadIdleTimeout, 30*time.Second)
 	def(&o.HTTP2PingTimeout, 15*time.Second)
 	def(&o.ResponseHeaderTimeout, 60*time.Second)
+	if o.HTTP2StreamWindow <= 0 {
+		o.HTTP2StreamWindow = DefaultHTTP2StreamWindow
+	}
+	if o.HTTP2ConnectionWindow <= 0 {
+		o.HTTP2ConnectionWindow = DefaultHTTP2ConnectionWindow
+	}
 }
 
 // transports are the round trippers of a backend.
@@ -293,6 +319,9 @@ func newHTTPTransport(o TransportOptions, tlsCfg *tls.Config, upgrade bool) *htt
 	// Why: a dead HTTP/2 connection otherwise stays in the pool for the 13-30 minutes Linux
 	// needs to notice (docs/design.md section 1b); client-go pings with these values since 1.20. net/http's
 	// own HTTP/2 settings replace golang.org/x/net/http2.ConfigureTransports (deprecated).
-	t.HTTP2 = &http.HTTP2Config{SendPingTimeout: o.HTTP2ReadIdleTimeout, PingTimeout: o.HTTP2PingTimeout}
+	// The receive windows bound what an upstream may send ahead of watchsan reading it: a
+	// watch whose client does not read stops being read too, and holds no more than its window.
+	t.HTTP2 = &http.HTTP2Config{SendPingTimeout: o.HTTP2ReadIdleTimeout, PingTimeout: o.HTTP2PingTimeout,
+		MaxReceiveBufferPerStream: o.HTTP2StreamWindow, MaxReceiveBufferPerConnection: o.HTTP2ConnectionWindow}
 	return t
 }
