@@ -64,10 +64,13 @@ type Config struct {
 	RequestHeaderClientCertFile string
 	RequestHeaderClientKeyFile  string
 
-	// Main listener limits.
-	IdleTimeout     time.Duration
-	MaxConnections  int
-	HTTP2MaxStreams int
+	// Main listener limits. The per-source ones: 0 is the frontend-mode default (none when
+	// Listen is on loopback), -1 none (Completed.SourceConnections resolves them).
+	IdleTimeout                   time.Duration
+	MaxConnections                int
+	MaxConnectionsPerSource       int
+	MaxHeaderConnectionsPerSource int
+	HTTP2MaxStreams               int
 
 	// Upstream transport.
 	DialTimeout           time.Duration

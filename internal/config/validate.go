@@ -202,6 +202,9 @@ type Completed struct {
 	// MaxConnections is the main listener's connection limit in effect: Config.MaxConnections,
 	// lowered to fit the open-file limit (FitConnections).
 	MaxConnections int
+	// SourceConnections and SourceHeaderConnections are the per-source limits in effect (0:
+	// none): of one source's connections, and of those still sending a request's headers.
+	SourceConnections, SourceHeaderConnections int
 	// Warnings are what is allowed but unsafe, or was adjusted; logged at start.
 	Warnings []string
 }
@@ -262,6 +265,8 @@ func (c Config) Complete() (*Completed, error) {
 		return nil, errors.Join(errs...)
 	}
 	out.Guard = c.completeGuard(out.Lend)
+	out.SourceConnections = sourceLimit(c.MaxConnectionsPerSource, DefaultMaxConnectionsPerSource, c.Listen)
+	out.SourceHeaderConnections = sourceLimit(c.MaxHeaderConnectionsPerSource, DefaultMaxHeaderConnectionsPerSource, c.Listen)
 	out.warnings(openFileLimit())
 	return out, nil
 }

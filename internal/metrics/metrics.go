@@ -39,6 +39,7 @@ type Metrics struct {
 	Refused         *prometheus.CounterVec // reason: requests watchsan refused itself (RefusalReasons)
 	Connections     *prometheus.GaugeVec   // listener: main | admin
 	ConnectionLimit *prometheus.GaugeVec   // listener
+	ConnectionsShed *prometheus.CounterVec // reason: main-listener connections closed by a per-source limit (ShedReasons)
 	TLSReloads      *prometheus.CounterVec // result: ok | error (the main listener's TLS files)
 
 	// BuildInfo is 1 for the running build's version, revision and Go version (SetVersion).
@@ -76,13 +77,17 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	m.Retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_request_retries_total", Help: "Retries of requests that failed before their response started, by outcome."}, []string{"outcome"})
 	m.Refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_requests_refused_total", Help: "Requests watchsan refused itself before anything went upstream, by reason (host, origin, cors_preflight, path, method, dot_segment, connect, absolute_target)."}, []string{"reason"})
 	m.Connections = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_connections", Help: "Client connections open now, by listener (upgraded ones included)."}, []string{"listener"})
+	m.ConnectionsShed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_connections_shed_total", Help: "Main-listener connections closed by a per-source limit: source_connections (the source had --max-connections-per-source open; the new one is closed), source_headers (the source had --max-header-connections-per-source still sending their request's headers; its oldest such one is closed)."}, []string{"reason"})
+	for _, r := range ShedReasons {
+		m.ConnectionsShed.WithLabelValues(r)
+	}
 	m.ConnectionLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_connection_limit", Help: "Most client connections a listener serves at once; more wait in the kernel's backlog."}, []string{"listener"})
 	m.TLSReloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_tls_reloads_total", Help: "Changes of the main listener's TLS files (serving certificate, key, client CA) seen, by result: ok (in use from the next handshake) or error (they do not load; the previous ones stay)."}, []string{"result"})
 	for _, result := range []string{"ok", "error"} { // at 0 from the start: alerts see 0, not no data
 		m.TLSReloads.WithLabelValues(result)
 	}
 	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_build_info", Help: "Always 1; its labels say which build runs: version, VCS revision and Go version."}, []string{"version", "revision", "goversion"})
-	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.StallsHung, m.ResumeSeconds, m.RelistsForced, m.Retries, m.Refused, m.Connections, m.ConnectionLimit} {
+	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.StallsHung, m.ResumeSeconds, m.RelistsForced, m.Retries, m.Refused, m.Connections, m.ConnectionLimit, m.ConnectionsShed} {
 		f(c)
 	}
 	m.Upstream.register(reg)
@@ -130,6 +135,9 @@ func (m *Metrics) SetVersion(version string) {
 
 // Directions are every value of Bytes's direction label.
 var Directions = []string{"upstream_to_client", "client_to_upstream"}
+
+// ShedReasons are every value of ConnectionsShed's reason label.
+var ShedReasons = []string{"source_connections", "source_headers"}
 
 // RefusalReasons are every value of Refused's reason label.
 var RefusalReasons = []string{"host", "origin", "cors_preflight", "path", "method", "dot_segment", "connect", "absolute_target", "connection_header", "impersonation"}

@@ -23,6 +23,7 @@ import (
 func (s *Server) Handler() http.Handler {
 	table := s.routes()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		headersDone(r) // the per-source limit of connections sending headers (sources.go)
 		c := &classified{info: reqinfo.Parse(r), cred: upstream.Decide(r.Header, r.TLS, s.cfg.Lend, s.cfg.Identity), id: requestID(r)}
 		c.ref = s.guard.refuse(r, c.cred)
 		if c.ref != nil {

@@ -38,6 +38,8 @@ type Server struct {
 	guard     *guard
 	// tls is the main listener's TLS material, reloaded when its files change; nil: plain HTTP.
 	tls *tlsFiles
+	// sources bounds what one source holds of the main listener; nil: no per-source limits.
+	sources *sourceLimiter
 
 	stopping atomic.Bool
 	haState  // the HA frontend: reloads, discovery (ha.go)

@@ -5,6 +5,7 @@ package e2e
 
 import (
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -12,7 +13,9 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -115,16 +118,6 @@ func newStreamingUpstream(t *testing.T) *streamingUpstream {
 	return u
 }
 
-// caFile writes the upstream's certificate as a CA file.
-func (u *streamingUpstream) caFile(t *testing.T) string {
-	t.Helper()
-	f := filepath.Join(t.TempDir(), "ca.crt")
-	if err := os.WriteFile(f, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: u.Certificate().Raw}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return f
-}
-
 // TestAttackNonReadingWatches: 100 watches whose clients never read, against an upstream
 // streaming as fast as it can, grew watchsan by 431 MiB in 25 s (300: 1.33 GB): the upstream
 // transport kept Go's default HTTP/2 receive windows, 4 MiB per stream and 1 GiB per
@@ -137,7 +130,7 @@ func TestAttackNonReadingWatches(t *testing.T) {
 		t.Skip("25 s of streaming")
 	}
 	up := newStreamingUpstream(t)
-	p := startProxy(t, "--upstream="+up.URL, "--upstream-ca-file="+up.caFile(t), "--no-credentials", "--log-level=info")
+	p := startProxy(t, "--upstream="+up.URL, "--upstream-ca-file="+writeCA(t, up.Certificate().Raw), "--no-credentials", "--log-level=info")
 	addr := strings.TrimPrefix(p.URL, "http://")
 	pid := p.cmd.Process.Pid
 	rss0, err := procRSSMB(pid)
@@ -175,4 +168,105 @@ func TestAttackNonReadingWatches(t *testing.T) {
 	if held > 60 {
 		t.Fatalf("watchsan holds %.0f MiB of upstream data for %d watches that do not read: it is buffered without bound", held, watches)
 	}
+}
+
+// slowloris holds n connections from source (a loopback address of its own) that send a
+// request's headers one line a second and never finish them; a connection that is closed is
+// opened again at once, as an attacker would. It stops when stop is closed.
+func slowloris(t *testing.T, addr, source string, n int, stop <-chan struct{}) *atomic.Int64 {
+	t.Helper()
+	open := &atomic.Int64{}
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(source)}, Timeout: 5 * time.Second}
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c, err := d.Dial("tcp", addr)
+				if err != nil {
+					select {
+					case <-stop:
+						return
+					case <-time.After(100 * time.Millisecond):
+					}
+					continue
+				}
+				open.Add(1)
+				_, err = io.WriteString(c, "GET /version HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+				for err == nil {
+					select {
+					case <-stop:
+						err = errors.New("stopped")
+					case <-time.After(time.Second):
+						_, err = io.WriteString(c, "X-Slow: 1\r\n")
+					}
+				}
+				open.Add(-1)
+				c.Close()
+			}
+		}()
+	}
+	t.Cleanup(wg.Wait)
+	return open
+}
+
+// TestAttackSlowloris: 1,000 connections sending their headers slowly filled
+// --max-connections for the 30 s header timeout, and legitimate clients waited in the
+// backlog behind them (frontend mode). Per-source limits on connections and on connections
+// still sending headers now keep one source from holding them all: a request from another
+// source is answered at once while the slow connections keep coming.
+func TestAttackSlowloris(t *testing.T) {
+	if testing.Short() {
+		t.Skip("holds 1,000 connections for half a minute")
+	}
+	up := newTLSUpstream(t, nil)
+	// The frontend-mode defaults (this listener is on loopback, where they are off: there every
+	// client is this machine), given explicitly.
+	p := startProxy(t, "--upstream="+up.URL, "--upstream-ca-file="+writeCA(t, up.Certificate().Raw), "--no-credentials",
+		"--log-level=info", "--max-connections-per-source=100", "--max-header-connections-per-source=32")
+	addr := strings.TrimPrefix(p.URL, "http://")
+	stop := make(chan struct{})
+	defer close(stop)
+	held := slowloris(t, addr, "127.0.0.2", 1000, stop)
+	eventually(t, 30*time.Second, "the slow connections to be dialled", func() bool {
+		return p.Metric("watchsan_connections", map[string]string{"listener": "main"}) >= 32
+	})
+	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	var worst time.Duration
+	var lat []time.Duration
+	for i := 0; i < 20; i++ {
+		start := time.Now()
+		resp, err := client.Get(p.URL + "/version")
+		d := time.Since(start)
+		if err != nil {
+			t.Fatalf("a legitimate request during the slowloris: %v after %v", err, d)
+		}
+		resp.Body.Close()
+		lat = append(lat, d)
+		worst = max(worst, d)
+		time.Sleep(time.Second)
+	}
+	slices.Sort(lat)
+	t.Logf("harden: legitimate request latency during %d slow-header connections (the attacker's view: %d open; watchsan's: %v open, %v shed): median %v, worst %v",
+		1000, held.Load(), p.Metric("watchsan_connections", map[string]string{"listener": "main"}), p.Metric("watchsan_connections_shed_total", nil),
+		lat[len(lat)/2].Round(time.Millisecond), worst.Round(time.Millisecond))
+	if worst > 5*time.Second {
+		t.Fatalf("a legitimate request waited %v behind the slow connections", worst)
+	}
+}
+
+// writeCA writes a DER certificate as a PEM CA file.
+func writeCA(t *testing.T, der []byte) string {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "ca.crt")
+	if err := os.WriteFile(f, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }
