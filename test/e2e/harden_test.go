@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -269,4 +270,45 @@ func writeCA(t *testing.T, der []byte) string {
 		t.Fatal(err)
 	}
 	return f
+}
+
+// TestAttackConfigList: reject-paths given as a two-item YAML list in --config (exec, attach)
+// kept only its last item: exec answered 200 with the lent identity, attach 403. Both are now
+// refused; a list for a flag that takes one value, a file that is not YAML and a key given
+// twice are configuration problems: exit 2, naming the key.
+func TestAttackConfigList(t *testing.T) {
+	up := newTLSUpstream(t, nil)
+	kc := up.kubeconfig(t, "", "lent-token", "", "")
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "watchsan.yaml")
+	if err := os.WriteFile(conf, []byte("reject-paths:\n  - ^/api/.*/pods/.*/exec\n  - ^/api/.*/pods/.*/attach\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, "--kubeconfig="+kc, "--config="+conf)
+	addr := strings.TrimPrefix(p.URL, "http://")
+	for _, sub := range []string{"exec", "attach"} {
+		code, body := rawHTTP(t, addr, "POST /api/v1/namespaces/default/pods/p/"+sub+"?command=sh HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n")
+		if seen := up.take(); code != 403 || len(seen) != 0 {
+			t.Errorf("%s with the file's reject-paths list: %d %s, %d requests upstream (%+v); want 403 and none", sub, code, body, len(seen), seen)
+		}
+	}
+	t.Logf("harden: reject-paths as a YAML list [exec, attach]: both refused")
+	for name, tc := range map[string]struct{ file, want string }{
+		"list for a single value": {"listen: [127.0.0.1:0, 127.0.0.1:1]\n", `key "listen"`},
+		"binary":                  {"\x7fELF\x02\x01\x01\x00\x00\x00", "not YAML"},
+		"comment only but binary": {"#\xff\xfe", "not YAML"},
+		"duplicate key":           {"reject-paths: \"\"\nreject-paths: ^/api/.*/pods/.*/exec\n", `key "reject-paths" given twice`},
+	} {
+		if err := os.WriteFile(conf, []byte(tc.file), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.CommandContext(ctxT(t, 20*time.Second), watchsanBin, "--kubeconfig="+kc, "--config="+conf, "--listen=127.0.0.1:0", "--admin-listen=127.0.0.1:0")
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), tc.want) {
+			t.Errorf("%s: exit %v, want 2 with %q:\n%s", name, err, tc.want, stderr.String())
+		}
+	}
 }
