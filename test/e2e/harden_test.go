@@ -4,6 +4,8 @@ package e2e
 // before the fix, and fails when the fix that stops it is removed.
 
 import (
+	"bufio"
+	"crypto/tls"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -312,3 +314,147 @@ func TestAttackConfigList(t *testing.T) {
 		}
 	}
 }
+
+// TestAttackPassThroughBodyTruncated: 2,000 keep-alive POSTs with a small body, answered by
+// the upstream without reading the body (as an apiserver answers 401, 403 or 429; this one
+// over HTTP/1.1 and at once, as an nginx in front may): about a third
+// came back with their headers and Content-Length and no body, the connection closed. The
+// HTTP/1 server reads the rest of a request's body and closes it as the response starts
+// (golang/go#40747), while the upstream transport is still reading it: the transport's next
+// read fails ("invalid Read on closed Body"), which closes the upstream connection and cuts
+// the response. Pass-through requests with a body are now served full duplex.
+func TestAttackPassThroughBodyTruncated(t *testing.T) {
+	const requests = 2000
+	status := []byte(`{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"` + strings.Repeat("forbidden ", 40) + `","reason":"Forbidden","code":403}`)
+	up := newEarlyUpstream(t, status)
+	p := startProxy(t, "--upstream="+up.url, "--upstream-ca-file="+writeCA(t, up.cert), "--no-credentials", "--log-level=info")
+	eventually(t, 20*time.Second, "watchsan ready", func() bool {
+		resp, err := http.Get(p.AdminURL + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	})
+	// Keep-alive clients that send a request's headers, then its small body a moment later,
+	// in two parts, as a client streaming a body over a real network does.
+	body := strings.Repeat("x", 512)
+	head := fmt.Sprintf("POST /api/v1/namespaces/d/configmaps HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))
+	addr := strings.TrimPrefix(p.URL, "http://")
+	var truncated, failed atomic.Int64
+	var wg sync.WaitGroup
+	next := atomic.Int64{}
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var c net.Conn
+			var br *bufio.Reader
+			defer func() {
+				if c != nil {
+					c.Close()
+				}
+			}()
+			for next.Add(1) <= requests {
+				if c == nil {
+					var err error
+					if c, err = net.Dial("tcp", addr); err != nil {
+						failed.Add(1)
+						continue
+					}
+					br = bufio.NewReader(c)
+				}
+				_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+				_, err := io.WriteString(c, head)
+				for part := 0; part < 2 && err == nil; part++ { // in two parts, as over a real network
+					time.Sleep(time.Millisecond)
+					_, err = io.WriteString(c, body[part*len(body)/2:(part+1)*len(body)/2])
+				}
+				var resp *http.Response
+				if err == nil {
+					resp, err = http.ReadResponse(br, nil)
+				}
+				if err != nil {
+					failed.Add(1)
+					c.Close()
+					c = nil
+					continue
+				}
+				got, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil || len(got) != len(status) || resp.StatusCode != http.StatusForbidden {
+					truncated.Add(1)
+				}
+				if err != nil || resp.Close {
+					c.Close()
+					c = nil
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("harden: %d keep-alive POSTs answered without their body read: %d truncated, %d failed", requests, truncated.Load(), failed.Load())
+	if truncated.Load()+failed.Load() != 0 {
+		t.Fatalf("%d of %d responses truncated and %d failed", truncated.Load(), requests, failed.Load())
+	}
+	if strings.Contains(p.Log(), "panic") {
+		t.Fatalf("watchsan panicked:\n%s", p.Log())
+	}
+}
+
+// earlyUpstream speaks HTTP/1.1 over TLS and answers every request as soon as its headers are
+// in, before reading its body (then reads and drops the body, keeping the connection), as a
+// server answering 401, 403 or 429 may: /readyz with 200, anything else with 403 and status,
+// its headers sent 5 ms before its body.
+type earlyUpstream struct {
+	url  string
+	cert []byte
+}
+
+func newEarlyUpstream(t *testing.T, status []byte) *earlyUpstream {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(nil) // for its certificate
+	srv.StartTLS()
+	cert := srv.TLS.Certificates[0]
+	der := srv.Certificate().Raw
+	srv.Close()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br, bw := bufio.NewReader(c), bufio.NewWriter(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					if strings.HasSuffix(req.URL.Path, "/readyz") {
+						_, _ = io.WriteString(bw, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+					} else {
+						fmt.Fprintf(bw, "HTTP/1.1 403 Forbidden\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(status))
+						_ = bw.Flush()
+						time.Sleep(5 * time.Millisecond)
+						_, _ = bw.Write(status)
+					}
+					if bw.Flush() != nil {
+						return
+					}
+					if _, err := io.Copy(io.Discard, req.Body); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return &earlyUpstream{url: "https://" + ln.Addr().String(), cert: der}
+}
+
