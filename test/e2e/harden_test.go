@@ -457,4 +457,3 @@ func newEarlyUpstream(t *testing.T, status []byte) *earlyUpstream {
 	}()
 	return &earlyUpstream{url: "https://" + ln.Addr().String(), cert: der}
 }
-
