@@ -218,7 +218,9 @@ func runProxy(cmd *cobra.Command, args []string, stdout, stderr io.Writer) int {
 	srv.Metrics().SetVersion(Version) // watchsan_build_info
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	go newReloader(args, completed, srv.Reload, log).run(ctx) // SIGHUP, --config changes
+	stopped := make(chan struct{})
+	defer close(stopped)
+	go newReloader(args, completed, srv.Reload, log).run(ctx, stopped) // SIGHUP, --config changes
 	if err := srv.Run(ctx); err != nil {
 		var le *server.ListenError
 		if errors.As(err, &le) {

@@ -6,6 +6,7 @@ package e2e
 import (
 	"bufio"
 	"crypto/tls"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -456,4 +458,76 @@ func newEarlyUpstream(t *testing.T, status []byte) *earlyUpstream {
 		}
 	}()
 	return &earlyUpstream{url: "https://" + ln.Addr().String(), cert: der}
+}
+
+// TestAttackSIGHUPDuringShutdown: SIGHUP after SIGTERM killed watchsan at once (exit 129, the
+// open watch cut mid-stream): the reloader stopped catching SIGHUP when shutdown began. It is
+// now logged and ignored; shutdown finishes as it would: exit 0, the watch ended cleanly.
+func TestAttackSIGHUPDuringShutdown(t *testing.T) {
+	up := newTLSUpstreamWatch(t)
+	p := startProxy(t, "--upstream="+up.URL, "--upstream-ca-file="+writeCA(t, up.Certificate().Raw), "--no-credentials",
+		"--shutdown-delay=2s", "--log-level=info")
+	resp, err := http.Get(p.URL + "/api/v1/namespaces/d/configmaps?watch=true&resourceVersion=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	var ev struct{ Type string }
+	if err := dec.Decode(&ev); err != nil || ev.Type != "ADDED" {
+		t.Fatalf("the watch's first event: %+v %v", ev, err)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "shutdown to begin", func() bool { return strings.Contains(p.Log(), "shutting down") })
+	time.Sleep(500 * time.Millisecond) // well into the 2 s shutdown delay: when the SIGHUP comes is the test
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	var end error
+	for end == nil {
+		var e map[string]any
+		end = dec.Decode(&e)
+	}
+	select {
+	case <-p.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("watchsan did not exit")
+	}
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(p.exitErr, &ee) {
+		code = ee.ExitCode()
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			code = 128 + int(ws.Signal())
+		}
+	}
+	t.Logf("harden: SIGHUP during shutdown: exit %d, the watch ended with %v", code, end)
+	if code != 0 || end != io.EOF {
+		t.Fatalf("SIGHUP during shutdown: exit %d (%v), watch ended with %v; want 0 and a clean end of stream", code, p.exitErr, end)
+	}
+	if !strings.Contains(p.Log(), "SIGHUP during shutdown: ignored") {
+		t.Fatal("the ignored SIGHUP was not logged")
+	}
+}
+
+// newTLSUpstreamWatch answers a watch with one ADDED event and holds it open until the watch
+// ends (over TLS with HTTP/2, as an apiserver); anything else with {}.
+func newTLSUpstreamWatch(t *testing.T) *httptest.Server {
+	t.Helper()
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Query().Get("watch") == "" {
+			_, _ = io.WriteString(w, "{}")
+			return
+		}
+		_, _ = io.WriteString(w, `{"type":"ADDED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"a","namespace":"d","resourceVersion":"2"}}}`+"\n")
+		_ = http.NewResponseController(w).Flush()
+		<-r.Context().Done()
+	}))
+	up.EnableHTTP2 = true
+	up.StartTLS()
+	t.Cleanup(up.Close)
+	return up
 }
