@@ -57,7 +57,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	f := func(c prometheus.Collector) { reg.MustRegister(c) }
-	m := &Metrics{Registry: reg, labels: &boundedLabels{seen: map[string]struct{}{}, max: 500}}
+	m := &Metrics{Registry: reg, labels: newBoundedLabels()}
 	m.Requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_requests_total", Help: "Requests proxied, by verb, resource and HTTP status code."}, []string{"verb", "resource", "code"})
 	m.RequestSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "watchsan_request_duration_seconds", Help: "Duration of proxied requests other than watches and upgrades.", Buckets: RequestBuckets}, []string{"verb", "resource"})
 	m.InFlight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "watchsan_requests_in_flight", Help: "Requests being served now, watches included."})
@@ -160,31 +160,73 @@ func Verb(v string) string {
 	return "other"
 }
 
-// Resource bounds the cardinality of resource labels: the first few hundred distinct values are
-// kept, later ones are reported as "other" (request paths come from clients).
+// Resource is r as a resource label, bounded (request paths come from clients): r if the
+// upstream has served it (Seen), or if it is one of the first MaxUnservedResources others
+// asked for; else "other". Junk, however much of it and however early (after a restart), can
+// only take the unserved places, never a served resource's (issue 16: with one first-come set,
+// junk pushed real resources into "other").
 func (m *Metrics) Resource(r string) string { return m.labels.get(r) }
 
+// Seen records that a request for resource r was answered by the upstream with a 2xx (or
+// 101): r is a real resource and gets a label of its own, one of MaxResources.
+func (m *Metrics) Seen(r string) { m.labels.add(r) }
+
+// The resource label's bounds: served resources, and others (junk, or a real resource nobody
+// was allowed to use yet: a 403 does not tell them apart).
+const (
+	MaxResources         = 500
+	MaxUnservedResources = 100
+)
+
 type boundedLabels struct {
-	mu   sync.RWMutex
-	seen map[string]struct{}
-	max  int
+	mu       sync.RWMutex
+	served   map[string]struct{}
+	unserved map[string]struct{}
+}
+
+func newBoundedLabels() *boundedLabels {
+	return &boundedLabels{served: map[string]struct{}{}, unserved: map[string]struct{}{}}
+}
+
+func (b *boundedLabels) known(v string) bool {
+	_, s := b.served[v]
+	_, u := b.unserved[v]
+	return s || u
 }
 
 func (b *boundedLabels) get(v string) string {
+	if v == "" {
+		return v // not a resource request
+	}
 	b.mu.RLock()
-	_, ok := b.seen[v]
+	ok := b.known(v)
 	b.mu.RUnlock()
 	if ok {
 		return v
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if _, ok := b.seen[v]; ok {
+	if b.known(v) {
 		return v
 	}
-	if len(b.seen) >= b.max {
-		return "other"
+	if len(b.unserved) < MaxUnservedResources {
+		b.unserved[v] = struct{}{}
+		return v
 	}
-	b.seen[v] = struct{}{}
-	return v
+	return "other"
+}
+
+func (b *boundedLabels) add(v string) {
+	b.mu.RLock()
+	_, ok := b.served[v]
+	b.mu.RUnlock()
+	if ok || v == "" {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.served) < MaxResources {
+		b.served[v] = struct{}{}
+		delete(b.unserved, v)
+	}
 }

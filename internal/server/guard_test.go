@@ -156,6 +156,7 @@ func TestAttackLendingGuard(t *testing.T) {
 		{"attach", "GET /api/v1/namespaces/default/pods/p/attach HTTP/1.1\r\n" + ok + "\r\n", 403, "path", "--reject-paths"},
 		{"exec via a double slash", "GET /api/v1/namespaces/default/pods/p//exec HTTP/1.1\r\n" + ok + "\r\n", 403, "path", "--reject-paths"},
 		{"exec via a leading double slash", "GET //api/v1/namespaces/default/pods/p/exec HTTP/1.1\r\n" + ok + "\r\n", 403, "path", "--reject-paths"},
+		{"exec via an encoded newline", "GET /api/v1/namespaces/de%0Afault/pods/p/exec HTTP/1.1\r\n" + ok + "\r\n", 403, "path", "--reject-paths"},
 		{"exec via an escaped slash", "GET /api/v1/namespaces/default/pods/p%2Fexec HTTP/1.1\r\n" + ok + "\r\n", 403, "path", "--reject-paths"},
 		{"kubelet exec via nodes/proxy", "GET /api/v1/nodes/n1/proxy/exec/default/p/c?command=sh HTTP/1.1\r\n" + ok + "\r\n", 403, "path", "--reject-paths"},
 		{"dot segments", "GET /../../../v3/tokens HTTP/1.1\r\n" + ok + "\r\n", 400, "dot_segment", ""},

@@ -189,10 +189,10 @@ func (s *Server) setUpstreams(urls []*url.URL, why string) error {
 	return nil
 }
 
-// discover follows the EndpointSlices of the default/kubernetes Service (the apiservers'
-// own registrations, kept by their endpoint reconciler) until ctx ends, reading them every
-// discovery interval through the pool, with backoff after a failure. An empty or unreadable
-// answer changes nothing.
+// discover follows the apiservers' own EndpointSlice, default/kubernetes (kept by their
+// endpoint reconciler: readEndpoints), until ctx ends, reading it every discovery interval
+// through the pool, with backoff after a failure. An unreadable or empty answer, or one that
+// is not the apiservers' slice, changes nothing.
 func (s *Server) discover(ctx context.Context) {
 	if s.cfg.UpstreamDiscovery != config.DiscoveryEndpoints {
 		return
@@ -250,30 +250,47 @@ func sameURLs(a, b []*url.URL) bool {
 	return slices.Equal(as, bs)
 }
 
-// endpointSlices is the part of a discovery.k8s.io/v1 EndpointSliceList discovery reads.
-type endpointSlices struct {
-	Items []struct {
-		AddressType string `json:"addressType"`
-		Endpoints   []struct {
-			Addresses  []string `json:"addresses"`
-			Conditions struct {
-				Ready *bool `json:"ready"`
-			} `json:"conditions"`
-		} `json:"endpoints"`
-		Ports []struct {
-			Name *string `json:"name"`
-			Port *int32  `json:"port"`
-		} `json:"ports"`
-	} `json:"items"`
+// endpointSlice is the part of a discovery.k8s.io/v1 EndpointSlice discovery reads.
+type endpointSlice struct {
+	Metadata struct {
+		Name   string            `json:"name"`
+		Labels map[string]string `json:"labels"`
+	} `json:"metadata"`
+	AddressType string `json:"addressType"`
+	Endpoints   []struct {
+		Addresses  []string `json:"addresses"`
+		Conditions struct {
+			Ready *bool `json:"ready"`
+		} `json:"conditions"`
+	} `json:"endpoints"`
+	Ports []struct {
+		Name *string `json:"name"`
+		Port *int32  `json:"port"`
+	} `json:"ports"`
 }
 
-// readEndpoints reads the apiservers' addresses: every ready endpoint of the kubernetes
-// Service's slices, at its https port.
+// The apiservers' own EndpointSlice: kube-apiserver's endpoint reconciler
+// (pkg/controlplane/reconcilers/endpointsadapter.go, k8s.io/kubernetes v1.37.2) writes one
+// slice named after the Service, "kubernetes", labelled kubernetes.io/service-name=kubernetes
+// and nothing else: no endpointslice.kubernetes.io/managed-by, which every EndpointSlice
+// controller sets on the slices it manages (and the mirroring controller skips the
+// apiservers' Endpoints, which the reconciler marks skip-mirror).
+const (
+	apiserverSlice      = "kubernetes"
+	labelServiceName    = "kubernetes.io/service-name"
+	labelSliceManagedBy = "endpointslice.kubernetes.io/managed-by"
+)
+
+// readEndpoints reads the apiservers' addresses from their own EndpointSlice: every ready
+// endpoint, at its https port. Only that slice counts: any other slice labelled for the
+// kubernetes Service (anyone who may create EndpointSlices in default can write one, naming
+// an address of their choice) is never read, and the slice itself is refused when it says
+// another manager wrote it.
 func (s *Server) readEndpoints(ctx context.Context) ([]*url.URL, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet,
-		"/apis/discovery.k8s.io/v1/namespaces/default/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dkubernetes", nil)
+		"/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/"+apiserverSlice, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -288,40 +305,44 @@ func (s *Server) readEndpoints(ctx context.Context) ([]*url.URL, error) {
 		body, _ := io.ReadAll(io.LimitReader(at.Resp.Body, 512))
 		return nil, fmt.Errorf("%s answered %d: %s", at.Backend, at.Resp.StatusCode, body)
 	}
-	var list endpointSlices
-	if err := json.NewDecoder(io.LimitReader(at.Resp.Body, 8<<20)).Decode(&list); err != nil {
-		return nil, fmt.Errorf("%s: endpointslices: %w", at.Backend, err)
+	var sl endpointSlice
+	if err := json.NewDecoder(io.LimitReader(at.Resp.Body, 8<<20)).Decode(&sl); err != nil {
+		return nil, fmt.Errorf("%s: endpointslice: %w", at.Backend, err)
+	}
+	switch by, managed := sl.Metadata.Labels[labelSliceManagedBy]; {
+	case sl.Metadata.Name != apiserverSlice || sl.Metadata.Labels[labelServiceName] != "kubernetes":
+		return nil, fmt.Errorf("%s: the EndpointSlice default/%s is not the kubernetes Service's", at.Backend, apiserverSlice)
+	case managed:
+		return nil, fmt.Errorf("%s: the EndpointSlice default/%s is managed by %q, not by the apiservers' endpoint reconciler (which sets no %s); it is not followed", at.Backend, apiserverSlice, by, labelSliceManagedBy)
+	}
+	port := int32(0)
+	for _, p := range sl.Ports {
+		if p.Port != nil && (port == 0 || (p.Name != nil && *p.Name == "https")) {
+			port = *p.Port
+		}
+	}
+	if port == 0 || (sl.AddressType != "IPv4" && sl.AddressType != "IPv6") {
+		return nil, fmt.Errorf("%s: the apiservers' EndpointSlice has no port or an address type %q", at.Backend, sl.AddressType)
 	}
 	seen := map[string]bool{}
 	var urls []*url.URL
-	for _, sl := range list.Items {
-		port := int32(0)
-		for _, p := range sl.Ports {
-			if p.Port != nil && (port == 0 || (p.Name != nil && *p.Name == "https")) {
-				port = *p.Port
-			}
-		}
-		if port == 0 || (sl.AddressType != "IPv4" && sl.AddressType != "IPv6") {
+	for _, ep := range sl.Endpoints {
+		if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
 			continue
 		}
-		for _, ep := range sl.Endpoints {
-			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+		for _, a := range ep.Addresses {
+			if net.ParseIP(a) == nil {
 				continue
 			}
-			for _, a := range ep.Addresses {
-				if net.ParseIP(a) == nil {
-					continue
-				}
-				u := &url.URL{Scheme: "https", Host: net.JoinHostPort(a, strconv.Itoa(int(port)))}
-				if !seen[u.String()] {
-					seen[u.String()] = true
-					urls = append(urls, u)
-				}
+			u := &url.URL{Scheme: "https", Host: net.JoinHostPort(a, strconv.Itoa(int(port)))}
+			if !seen[u.String()] {
+				seen[u.String()] = true
+				urls = append(urls, u)
 			}
 		}
 	}
 	if len(urls) == 0 {
-		return nil, fmt.Errorf("%s: the kubernetes Service's EndpointSlices name no ready apiserver", at.Backend)
+		return nil, fmt.Errorf("%s: the apiservers' EndpointSlice names no ready apiserver", at.Backend)
 	}
 	return urls, nil
 }

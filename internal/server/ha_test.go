@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -184,5 +185,49 @@ func TestReloadChangesUpstreamsOnly(t *testing.T) {
 	}
 	if s.cfg.Fix.String() != "repair" {
 		t.Fatal("a restart-only setting changed live")
+	}
+}
+
+// TestAttackDiscoveryForgedSlice (issue 16 item 9): discovery accepted any EndpointSlice
+// labelled for the kubernetes Service, so whoever may create EndpointSlices in default could
+// add an upstream of their choice, which then got the requests (and the lent identity). Only
+// the apiservers' own slice counts: default/kubernetes, as their endpoint reconciler writes it
+// (no managed-by label).
+func TestAttackDiscoveryForgedSlice(t *testing.T) {
+	slice := func(name, managedBy, addr string) string {
+		labels := `"kubernetes.io/service-name":"kubernetes"`
+		if managedBy != "" {
+			labels += `,"endpointslice.kubernetes.io/managed-by":"` + managedBy + `"`
+		}
+		return `{"kind":"EndpointSlice","apiVersion":"discovery.k8s.io/v1","metadata":{"name":"` + name + `","namespace":"default","labels":{` + labels + `}},` +
+			`"addressType":"IPv4","endpoints":[{"addresses":["` + addr + `"],"conditions":{"ready":true}}],"ports":[{"name":"https","port":6443,"protocol":"TCP"}]}`
+	}
+	var mu sync.Mutex
+	own := slice("kubernetes", "", "10.0.0.1")
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		mu.Lock()
+		defer mu.Unlock()
+		switch r.URL.Path {
+		case "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes":
+			_, _ = io.WriteString(w, own)
+		case "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices":
+			// What a list by the Service's label answers: the apiservers' slice and a forged one.
+			_, _ = io.WriteString(w, `{"kind":"EndpointSliceList","items":[`+own+`,`+slice("kubernetes-extra", "", "10.6.6.6")+`]}`)
+		default:
+			_, _ = io.WriteString(w, "{}")
+		}
+	}))
+	defer up.Close()
+	s, _ := newTestServerArgs(t, "--upstream="+up.URL, "--upstream-discovery=endpoints")
+	urls, err := s.readEndpoints(t.Context())
+	if err != nil || len(urls) != 1 || urls[0].String() != "https://10.0.0.1:6443" {
+		t.Fatalf("discovered %v %v, want only the apiservers' own https://10.0.0.1:6443", urls, err)
+	}
+	mu.Lock()
+	own = slice("kubernetes", "someone-else", "10.6.6.6")
+	mu.Unlock()
+	if urls, err := s.readEndpoints(t.Context()); err == nil || !strings.Contains(err.Error(), "managed by") {
+		t.Fatalf("a default/kubernetes slice another manager wrote: %v %v, want it refused", urls, err)
 	}
 }
