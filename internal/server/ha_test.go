@@ -10,12 +10,15 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/watchsan/watchsan/internal/config"
+	wtestutil "github.com/watchsan/watchsan/internal/testutil"
+	"github.com/watchsan/watchsan/internal/upstream"
 )
 
 func newTestServerArgs(t *testing.T, args ...string) (*Server, *observer.ObservedLogs) {
@@ -154,7 +157,21 @@ func TestTimeTravelGuard(t *testing.T) {
 // Issue 9 item 4: a reload changes the upstream set live; other changes are reported as
 // needing a restart and change nothing.
 func TestReloadChangesUpstreamsOnly(t *testing.T) {
-	a, b := httptest.NewServer(http.NotFoundHandler()), httptest.NewServer(http.NotFoundHandler())
+	// b answers a watch with an event at resourceVersion 10, then one at 5: a regression, which
+	// repair (the running mode) does not deliver and observe (the reloaded one) would.
+	regressing := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("watch") == "" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		for _, rv := range []string{"10", "5"} {
+			io.WriteString(w, `{"type":"MODIFIED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"a","namespace":"d","resourceVersion":"`+rv+`"}}}`+"\n")
+		}
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	a, b := httptest.NewServer(http.NotFoundHandler()), httptest.NewServer(regressing)
 	defer a.Close()
 	defer b.Close()
 	s, logs := newTestServerArgs(t, "--upstream="+a.URL)
@@ -180,11 +197,34 @@ func TestReloadChangesUpstreamsOnly(t *testing.T) {
 		t.Fatalf("upstreams after the reload: %v", names)
 	}
 	warn := logs.FilterMessageSnippet("change only at a restart").All()
-	if len(warn) != 1 || len(warn[0].ContextMap()["flags"].([]interface{})) != 1 {
+	if len(warn) != 1 {
 		t.Fatalf("restart-only changes logged: %+v", warn)
 	}
-	if s.cfg.Fix.String() != "repair" {
-		t.Fatal("a restart-only setting changed live")
+	if flags, _ := warn[0].ContextMap()["flags"].([]interface{}); len(flags) != 1 || flags[0] != "--fix-mode" {
+		t.Fatalf("restart-only changes logged: %+v", warn)
+	}
+	// The watch pipeline still repairs: the regressed event does not reach the client.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.pool.Run(ctx)
+	wtestutil.Eventually(t, 10*time.Second, "the reloaded upstream probed", func() bool {
+		for _, x := range s.pool.Backends() {
+			if x.String() == b.URL && x.State() == upstream.Healthy {
+				return true
+			}
+		}
+		return false
+	})
+	front := httptest.NewServer(s.Handler())
+	defer front.Close()
+	resp, err := http.Get(front.URL + "/api/v1/namespaces/d/configmaps?watch=true&timeoutSeconds=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if n := strings.Count(string(body), `"type":`); resp.StatusCode != 200 || n != 1 || !strings.Contains(string(body), `"resourceVersion":"10"`) {
+		t.Fatalf("after reloading --fix-mode=observe, a regressing watch delivered %d events (%d): %s; want only resourceVersion 10 (a restart-only setting changed live)", n, resp.StatusCode, body)
 	}
 }
 
