@@ -189,6 +189,10 @@ func TestVerbosityMapsOntoLogLevel(t *testing.T) {
 		{[]string{"-v=0"}, "info"},
 		{[]string{"--log-level=warn", "-v", "1"}, "debug"},
 		{[]string{"-v", "1", "--log-level=error"}, "error"},
+		// Issue 16: -v alone said "flag --v needs a value".
+		{[]string{"-v"}, "debug"},
+		{[]string{"-v", "--listen=127.0.0.1:1"}, "debug"},
+		{[]string{"--v"}, "debug"},
 	} {
 		c, err := Load(tc.args)
 		if err != nil {
@@ -206,6 +210,17 @@ func TestVerbosityMapsOntoLogLevel(t *testing.T) {
 // With no --upstream and no kubeconfig, the error says where watchsan looked and what to pass,
 // not client-go's hint about KUBERNETES_MASTER.
 func TestMissingUpstreamSaysWhereItLooked(t *testing.T) {
+	// Issue 16: an empty --kubeconfig file got client-go's "no configuration has been provided,
+	// try setting KUBERNETES_MASTER environment variable".
+	empty := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := Default()
+	c.Kubeconfig = empty
+	if _, err := c.Complete(); err == nil || strings.Contains(err.Error(), "KUBERNETES_MASTER") || !strings.Contains(err.Error(), "--kubeconfig "+empty+": no cluster, user or context in it") {
+		t.Errorf("an empty --kubeconfig: %v", err)
+	}
 	missing := filepath.Join(t.TempDir(), "nope")
 	t.Setenv("KUBECONFIG", missing)
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")

@@ -143,7 +143,7 @@ func FlagSet(c *Config) *pflag.FlagSet {
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "json or console")
 	fs.BoolVar(&c.AccessLog, "access-log", c.AccessLog, "log one line per request on the main listener (with its request id, which watch lines carry too); false: none")
-	fs.VarP(verbosity{&c.LogLevel}, "v", "v", "log verbosity, klog's convention: 0 is --log-level=info, 1 or more is --log-level=debug (the later of -v and --log-level wins)")
+	fs.VarP(verbosity{&c.LogLevel}, "v", "v", "log verbosity, klog's convention: 0 is --log-level=info, 1 or more is --log-level=debug; -v alone is 1 (the later of -v and --log-level wins)")
 	c.HA.flags(fs, group)
 	group("")
 	return fs
@@ -465,6 +465,16 @@ func parseAll(fs *pflag.FlagSet, args []string) []error {
 		}
 		if !hasVal && f.NoOptDefVal != "" {
 			val, hasVal = f.NoOptDefVal, true
+		}
+		if _, ok := f.Value.(verbosity); ok && !hasVal {
+			// -v alone is -v 1, as in most tools; "-v 2" keeps klog's form.
+			val, hasVal = "1", true
+			if i+1 < len(args) {
+				if _, err := strconv.Atoi(args[i+1]); err == nil {
+					i++
+					val = args[i]
+				}
+			}
 		}
 		if !hasVal {
 			if i+1 >= len(args) {

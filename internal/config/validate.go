@@ -277,20 +277,47 @@ func hasIdentity(rc *rest.Config) bool {
 }
 
 func loadKubeconfig(path, context string) (*rest.Config, error) {
+	rc, err := LoadKubeconfig(path, context, "")
+	var none *NoKubeconfigError
+	switch {
+	case errors.As(err, &none):
+		return nil, fmt.Errorf("no upstream: pass --upstream https://HOST:6443 or --kubeconfig FILE; %w", err)
+	case err != nil && path == "":
+		return nil, fmt.Errorf("no upstream: no --upstream given and %w", err)
+	}
+	return rc, err
+}
+
+// NoKubeconfigError is LoadKubeconfig's failure when no path was given and client-go's default
+// loading rules found nothing; it says where they looked.
+type NoKubeconfigError struct{ Searched string }
+
+func (e *NoKubeconfigError) Error() string {
+	return "watchsan looked for a kubeconfig in " + e.Searched
+}
+
+// LoadKubeconfig loads a kubeconfig as kubectl does (path, else $KUBECONFIG or
+// ~/.kube/config, else the pod's service account), with context and server (each "": the
+// kubeconfig's) in place of its own, for watchsan and `watchsan check` alike. Its failures say
+// what to do in watchsan's words: client-go's own for "nothing found" is about
+// KUBERNETES_MASTER, long obsolete (issue 16).
+func LoadKubeconfig(path, context, server string) (*rest.Config, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	if path != "" {
 		rules.ExplicitPath = path
 	}
 	overrides := &clientcmd.ConfigOverrides{CurrentContext: context}
+	overrides.ClusterInfo.Server = server
 	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides).ClientConfig()
 	switch {
 	case err == nil:
 		return rc, nil
 	case path == "" && clientcmd.IsEmptyConfig(err):
-		// client-go's own message here is about KUBERNETES_MASTER, long obsolete.
-		return nil, fmt.Errorf("no upstream: pass --upstream https://HOST:6443 or --kubeconfig FILE; watchsan looked for a kubeconfig in %s", kubeconfigSearch(rules.Precedence, os.Getenv))
+		return nil, &NoKubeconfigError{Searched: kubeconfigSearch(rules.Precedence, os.Getenv)}
 	case path == "":
-		return nil, fmt.Errorf("no upstream: no --upstream given and the kubeconfig (%s) could not be loaded: %w", strings.Join(rules.Precedence, ", "), err)
+		return nil, fmt.Errorf("the kubeconfig (%s) could not be loaded: %w", strings.Join(rules.Precedence, ", "), err)
+	case clientcmd.IsEmptyConfig(err):
+		return nil, fmt.Errorf("--kubeconfig %s: no cluster, user or context in it (an empty file, or not a kubeconfig)", path)
 	}
 	return nil, fmt.Errorf("--kubeconfig %s: %w", path, err)
 }
