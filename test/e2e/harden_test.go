@@ -531,3 +531,32 @@ func newTLSUpstreamWatch(t *testing.T) *httptest.Server {
 	t.Cleanup(up.Close)
 	return up
 }
+
+// TestAttackOtherOriginOnLoopback: `Origin: http://localhost:3000` (a dev server, a local web
+// UI with an XSS hole) counted as this machine's, so such a page got 200 with the lent
+// identity, over WebSocket too; the admin listener on loopback answered any Host, so a
+// DNS-rebinding page read /metrics. Same origin now means this listener's scheme and port, and
+// the admin listener on loopback applies --accept-hosts.
+func TestAttackOtherOriginOnLoopback(t *testing.T) {
+	up := newTLSUpstream(t, nil)
+	kc := up.kubeconfig(t, "", "lent-token", "", "")
+	p := startProxy(t, "--kubeconfig="+kc)
+	addr := strings.TrimPrefix(p.URL, "http://")
+	secrets := "GET /api/v1/namespaces/default/secrets?watch=true HTTP/1.1\r\nHost: localhost\r\n"
+	for _, origin := range []string{"http://localhost:3000", "http://127.0.0.1", "https://" + addr} {
+		code, body := rawHTTP(t, addr, secrets+"Origin: "+origin+"\r\n\r\n")
+		if seen := up.take(); code != 403 || len(seen) != 0 {
+			t.Errorf("Origin %s: %d %s, %d requests upstream; want 403 and none", origin, code, body, len(seen))
+		}
+	}
+	if code, body := rawHTTP(t, addr, "GET /version HTTP/1.1\r\nHost: localhost\r\nOrigin: http://"+addr+"\r\n\r\n"); code != 200 {
+		t.Errorf("the listener's own origin: %d %s", code, body)
+	}
+	adminAddr := strings.TrimPrefix(p.AdminURL, "http://")
+	if code, body := rawHTTP(t, adminAddr, "GET /metrics HTTP/1.1\r\nHost: rebound.example:9091\r\n\r\n"); code != 403 || strings.Contains(string(body), "watchsan_") {
+		t.Errorf("admin /metrics for a rebound Host: %d, %d bytes", code, len(body))
+	}
+	if code, _ := rawHTTP(t, adminAddr, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); code != 200 {
+		t.Errorf("admin /metrics for 127.0.0.1: %d", code)
+	}
+}
