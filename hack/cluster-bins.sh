@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Builds the real control plane the tests run against: etcd, kube-apiserver and kubectl, from the
-# pinned modules in tools/etcd and tools/kube, into a git-ignored cache keyed by version.
+# Builds the real cluster the tests run against, from the pinned modules in tools/etcd, tools/kube
+# and tools/containerd, into a git-ignored cache keyed by version: etcd, kube-apiserver, kubectl,
+# kube-controller-manager, kube-scheduler, a node's kubelet, kubemark (and hollow-node, its hollow
+# kubelet bound to loopback), and containerd v2 with its runc shim and ctr (runc itself is
+# Debian's, installed by .ci/run). Builds run under `nice -n 10`: the machine's cores are shared.
 # Prints the cache directory on its last line. A second run with the cache present does nothing.
 #
 #   hack/cluster-bins.sh            build what is missing
@@ -15,11 +18,14 @@ modver() { # module version pinned in a go.mod
 }
 kube_ver=$(modver "$root/tools/kube/go.mod" k8s.io/kubernetes)
 etcd_ver=$(modver "$root/tools/etcd/go.mod" go.etcd.io/etcd/server/v3)
-[ -n "$kube_ver" ] && [ -n "$etcd_ver" ] || { echo "cluster-bins: cannot read pinned versions" >&2; exit 1; }
+containerd_ver=$(modver "$root/tools/containerd/go.mod" github.com/containerd/containerd/v2)
+[ -n "$kube_ver" ] && [ -n "$etcd_ver" ] && [ -n "$containerd_ver" ] ||
+  { echo "cluster-bins: cannot read pinned versions" >&2; exit 1; }
 
 kube_dir=$cache/kubernetes-$kube_ver-stamped
 etcd_dir=$cache/etcd-$etcd_ver
-mkdir -p "$kube_dir" "$etcd_dir"
+containerd_dir=$cache/containerd-$containerd_ver
+mkdir -p "$kube_dir" "$etcd_dir" "$containerd_dir"
 
 # Stamp the version the way Kubernetes' own build does: unstamped binaries report
 # v0.0.0-master+$Format:%H$, and kubectl version then fails to parse it.
@@ -34,18 +40,26 @@ build() { # dir pkg out [ldflags]
   if [ -x "$out" ]; then return 0; fi
   echo "cluster-bins: building $(basename "$out") ($pkg) ..." >&2
   local start=$SECONDS
-  (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags="$ldflags" -o "$out.tmp" "$pkg")
+  (cd "$dir" && CGO_ENABLED=0 nice -n 10 go build -trimpath -ldflags="$ldflags" -o "$out.tmp" "$pkg")
   mv "$out.tmp" "$out"
   echo "cluster-bins: built $(basename "$out") in $((SECONDS - start))s" >&2
 }
 
-build "$root/tools/etcd" . "$etcd_dir/etcd"
-build "$root/tools/kube" k8s.io/kubernetes/cmd/kube-apiserver "$kube_dir/kube-apiserver" "$kube_ldflags"
-build "$root/tools/kube" k8s.io/kubernetes/cmd/kubectl "$kube_dir/kubectl" "$kube_ldflags"
+containerd_ldflags="-s -X github.com/containerd/containerd/v2/version.Version=$containerd_ver"
 
 # One stable place for the harness to look: .cache/bin/current -> the pinned versions.
 mkdir -p "$cache/current"
+build "$root/tools/etcd" . "$etcd_dir/etcd"
 ln -sf "$etcd_dir/etcd" "$cache/current/etcd"
-ln -sf "$kube_dir/kube-apiserver" "$cache/current/kube-apiserver"
-ln -sf "$kube_dir/kubectl" "$cache/current/kubectl"
+for cmd in kube-apiserver kubectl kube-controller-manager kube-scheduler kubelet kubemark; do
+  build "$root/tools/kube" "k8s.io/kubernetes/cmd/$cmd" "$kube_dir/$cmd" "$kube_ldflags"
+  ln -sf "$kube_dir/$cmd" "$cache/current/$cmd"
+done
+# kubemark's hollow kubelet on loopback, for the scenario's nodes (tools/kube/hollownode).
+build "$root/tools/kube" ./hollownode "$kube_dir/hollow-node" "$kube_ldflags"
+ln -sf "$kube_dir/hollow-node" "$cache/current/hollow-node"
+for cmd in containerd containerd-shim-runc-v2 ctr; do
+  build "$root/tools/containerd" "github.com/containerd/containerd/v2/cmd/$cmd" "$containerd_dir/$cmd" "$containerd_ldflags"
+  ln -sf "$containerd_dir/$cmd" "$cache/current/$cmd"
+done
 echo "$cache/current"

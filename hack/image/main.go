@@ -10,6 +10,10 @@
 // user 65532, a world-writable /tmp and the user's home. A second layer holds /watchsan, owned by
 // 65532 and mode 0755. The config runs /watchsan as 65532:65532 in /.
 //
+// The same way it packs any other static program (--path, --title): the tests' real node runs
+// images of its own made so (kube-controller-manager, kubectl, a pause program), since no
+// registry is reachable there.
+//
 // It lives under hack/ so that go-containerregistry never links into the watchsan binary.
 package main
 
@@ -78,6 +82,10 @@ type Options struct {
 	Version, Revision string
 	// Source is the source label; "" means DefaultSource.
 	Source string
+	// Path is where the program goes in the image, its entrypoint; "" means BinaryPath.
+	Path string
+	// Title is the title label; "" means "watchsan".
+	Title string
 	// Created stamps the config, the history and every file, so that the same inputs give the
 	// same digests.
 	Created time.Time
@@ -100,6 +108,8 @@ func main() {
 	flag.StringVar(&o.Version, "version", "dev", "org.opencontainers.image.version label")
 	flag.StringVar(&o.Revision, "revision", "", "org.opencontainers.image.revision label (a commit)")
 	flag.StringVar(&o.Source, "source", DefaultSource, "org.opencontainers.image.source label")
+	flag.StringVar(&o.Path, "path", BinaryPath, "where the program goes in the image (its entrypoint)")
+	flag.StringVar(&o.Title, "title", "watchsan", "org.opencontainers.image.title label")
 	flag.StringVar(&o.CACerts, "ca-certs", CACertsPath, "CA bundle to include at "+CACertsPath+" (\"\": none)")
 	flag.Int64Var(&created, "created", sourceDateEpoch(), "creation time, Unix seconds (default $SOURCE_DATE_EPOCH or 0)")
 	flag.Var(&binaries, "binary", "OS/ARCH[/VARIANT]=PATH of a static watchsan binary (repeatable)")
@@ -227,7 +237,14 @@ func Build(b Binary, o Options) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	app, err := layer([]file{{name: strings.TrimPrefix(BinaryPath, "/"), mode: 0o755, uid: UID, gid: GID, data: bin}}, o.Created)
+	entry := o.Path
+	if entry == "" {
+		entry = BinaryPath
+	}
+	if !path.IsAbs(entry) || path.Clean(entry) != entry || entry == "/" {
+		return nil, fmt.Errorf("path %q: want an absolute, clean file path", entry)
+	}
+	app, err := layer([]file{{name: strings.TrimPrefix(entry, "/"), mode: 0o755, uid: UID, gid: GID, data: bin}}, o.Created)
 	if err != nil {
 		return nil, err
 	}
@@ -237,7 +254,7 @@ func Build(b Binary, o Options) (v1.Image, error) {
 		mutate.Addendum{Layer: base, MediaType: types.OCILayer, History: v1.History{
 			Created: created, CreatedBy: "watchsan hack/image: passwd, group, CA bundle, /tmp (as distroless static nonroot)"}},
 		mutate.Addendum{Layer: app, MediaType: types.OCILayer, History: v1.History{
-			Created: created, CreatedBy: "watchsan hack/image: COPY watchsan " + BinaryPath}},
+			Created: created, CreatedBy: "watchsan hack/image: COPY " + path.Base(b.Path) + " " + entry}},
 	)
 	if err != nil {
 		return nil, err
@@ -250,7 +267,7 @@ func Build(b Binary, o Options) (v1.Image, error) {
 	cf.Created = created
 	cf.OS, cf.Architecture, cf.Variant = b.Platform.OS, b.Platform.Architecture, b.Platform.Variant
 	cf.Config = v1.Config{
-		Entrypoint: []string{BinaryPath},
+		Entrypoint: []string{entry},
 		User:       User,
 		WorkingDir: WorkingDir,
 		Env: []string{
@@ -271,8 +288,12 @@ func labels(o Options) map[string]string {
 	if src == "" {
 		src = DefaultSource
 	}
+	title := o.Title
+	if title == "" {
+		title = "watchsan"
+	}
 	l := map[string]string{
-		"org.opencontainers.image.title":    "watchsan",
+		"org.opencontainers.image.title":    title,
 		"org.opencontainers.image.source":   src,
 		"org.opencontainers.image.version":  o.Version,
 		"org.opencontainers.image.licenses": License,

@@ -421,3 +421,42 @@ func TestRefusesWrongArchitecture(t *testing.T) {
 		t.Errorf("Build(%s binary as %s) = %v, want an architecture mismatch", runtime.GOARCH, other, err)
 	}
 }
+
+// TestOtherProgram: the same image around another static program (the tests' node runs
+// kube-controller-manager, kubectl and a pause program so): it is the entrypoint at Path, owned
+// by 65532, with the title given; a path that is not absolute and clean is refused.
+func TestOtherProgram(t *testing.T) {
+	o := Options{
+		Binaries: []Binary{{Platform: v1.Platform{OS: "linux", Architecture: runtime.GOARCH}, Path: tinyBinary(t)}},
+		Ref:      "example.test/pause:1", Version: "1", Path: "/usr/local/bin/pause", Title: "pause",
+	}
+	img, err := Build(o.Binaries[0], o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cf.Config.Entrypoint; len(got) != 1 || got[0] != o.Path {
+		t.Errorf("entrypoint %q, want [%s]", got, o.Path)
+	}
+	if got := cf.Config.Labels["org.opencontainers.image.title"]; got != "pause" {
+		t.Errorf("title label %q, want pause", got)
+	}
+	files := imageFiles(t, img)
+	if f, ok := files[o.Path]; !ok {
+		t.Errorf("no %s in the image", o.Path)
+	} else if f.hdr.Mode != 0o755 || f.hdr.Uid != UID {
+		t.Errorf("%s in the image: mode %o, uid %d; want 0755, owned by %d", o.Path, f.hdr.Mode, f.hdr.Uid, UID)
+	}
+	if _, ok := files[BinaryPath]; ok {
+		t.Errorf("%s is in an image of another program", BinaryPath)
+	}
+	for _, bad := range []string{"pause", "/usr/../pause", "/"} {
+		o.Path = bad
+		if _, err := Build(o.Binaries[0], o); err == nil {
+			t.Errorf("Path %q was accepted", bad)
+		}
+	}
+}

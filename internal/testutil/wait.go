@@ -21,12 +21,18 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 // Until waits until cond holds or timeout passes, and reports whether cond held; for
 // goroutines that may not fail the test themselves.
 func Until(timeout time.Duration, cond func() bool) bool {
+	return UntilEvery(timeout, Poll, cond)
+}
+
+// UntilEvery is Until looking every interval: for a condition that costs a request to a real
+// server each time.
+func UntilEvery(timeout, interval time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
 			return false
 		}
-		time.Sleep(Poll)
+		time.Sleep(interval)
 	}
 	return true
 }

@@ -25,6 +25,9 @@ type APIServer struct {
 	LogFile string
 	// Address is the loopback address it binds to and advertises (Options.BindAddresses).
 	Address string
+	// AuditLog is its audit log with Options.Audit (ReadAuditLog), appended to across
+	// restarts; "" without.
+	AuditLog string
 
 	c    *Cluster
 	proc *proc       // guarded by c.mu
@@ -92,6 +95,7 @@ func (a *APIServer) args() []string {
 	}
 	args = append(args, c.kubeletClientFlags()...) // for the stand-in kubelet (package kubelet)
 	args = append(args, c.requestHeaderArgs()...)
+	args = append(args, a.auditArgs()...)
 	if c.opts.FeatureGates != "" {
 		args = append(args, "--feature-gates="+c.opts.FeatureGates)
 	}

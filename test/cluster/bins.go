@@ -13,7 +13,8 @@ import (
 const ModulePath = "github.com/watchsan/watchsan"
 
 // BinDirEnv names the environment variable that, when set, points at a directory holding the
-// etcd, kube-apiserver and kubectl binaries, instead of the repository's build cache.
+// etcd, kube-apiserver and kubectl binaries (and the others Binary finds), instead of the
+// repository's build cache.
 const BinDirEnv = "WATCHSAN_BIN_DIR"
 
 // Bins are the paths of the control-plane binaries.
@@ -29,13 +30,9 @@ type Bins struct {
 // The repository root is the nearest directory at or above the working directory whose go.mod
 // declares module github.com/watchsan/watchsan. The error says how to build what is missing.
 func Binaries() (Bins, error) {
-	dir := os.Getenv(BinDirEnv)
-	if dir == "" {
-		root, err := RepoRoot()
-		if err != nil {
-			return Bins{}, fmt.Errorf("locating cluster binaries (set %s or run from the repository): %w", BinDirEnv, err)
-		}
-		dir = filepath.Join(root, ".cache", "bin", "current")
+	dir, err := binDir()
+	if err != nil {
+		return Bins{}, err
 	}
 	b := Bins{
 		Dir:       dir,
@@ -43,19 +40,51 @@ func Binaries() (Bins, error) {
 		APIServer: filepath.Join(dir, "kube-apiserver"),
 		Kubectl:   filepath.Join(dir, "kubectl"),
 	}
+	if err := checkBinaries(dir, b.Etcd, b.APIServer, b.Kubectl); err != nil {
+		return b, err
+	}
+	return b, nil
+}
+
+// Binary returns the path of another program hack/cluster-bins.sh builds into the same place
+// as the control plane (kube-controller-manager, kube-scheduler, kubelet, kubemark, containerd,
+// containerd-shim-runc-v2, ctr), or an error saying how to build it.
+func Binary(name string) (string, error) {
+	dir, err := binDir()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(dir, name)
+	return p, checkBinaries(dir, p)
+}
+
+// binDir is $WATCHSAN_BIN_DIR, or the repository's .cache/bin/current.
+func binDir() (string, error) {
+	if dir := os.Getenv(BinDirEnv); dir != "" {
+		return dir, nil
+	}
+	root, err := RepoRoot()
+	if err != nil {
+		return "", fmt.Errorf("locating cluster binaries (set %s or run from the repository): %w", BinDirEnv, err)
+	}
+	return filepath.Join(root, ".cache", "bin", "current"), nil
+}
+
+// checkBinaries fails, naming the build, unless every path is an executable file.
+func checkBinaries(dir string, paths ...string) error {
 	var missing []string
-	for _, p := range []string{b.Etcd, b.APIServer, b.Kubectl} {
+	for _, p := range paths {
 		fi, err := os.Stat(p) // follows the cache's symlinks
 		if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
 			missing = append(missing, filepath.Base(p))
 		}
 	}
 	if len(missing) > 0 {
-		return b, fmt.Errorf("cluster binaries missing in %s: %s; build them with `make cluster-bins` "+
-			"(hack/cluster-bins.sh, ~5-8 min cold) or point %s at a directory that has them",
+		return fmt.Errorf("cluster binaries missing in %s: %s; build them with `make cluster-bins` "+
+			"(hack/cluster-bins.sh, minutes cold, cached after) or point %s at a directory that has them",
 			dir, strings.Join(missing, ", "), BinDirEnv)
 	}
-	return b, nil
+	return nil
 }
 
 // RepoRoot walks up from the working directory to the go.mod of module github.com/watchsan/watchsan

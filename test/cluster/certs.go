@@ -23,9 +23,18 @@ type pki struct {
 	servingCert, servingKey string // one serving certificate for every apiserver
 	saKey                   string // service-account signing key (its public half verifies)
 	adminCert, adminKey     string // client certificate in system:masters
+	ca                      *CA    // the CA itself, to issue more certificates
 }
 
-// writePKI generates a CA, a serving certificate for 127.0.0.1, ::1, localhost and extra, a client
+// KubernetesServiceIP is the ClusterIP of the default/kubernetes Service (the first address of the
+// apiservers' --service-cluster-ip-range), which pods' in-cluster configuration names.
+const KubernetesServiceIP = "10.0.0.1"
+
+// kubernetesServiceNames are the kubernetes Service's DNS names.
+var kubernetesServiceNames = []string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
+
+// writePKI generates a CA, a serving certificate for 127.0.0.1, ::1, localhost, the kubernetes
+// Service and extra, a client
 // certificate for an admin in system:masters, and a service-account key, all ECDSA P-256, and
 // writes them as PEM files into dir.
 func writePKI(dir string, extra []string) (*pki, error) {
@@ -53,6 +62,7 @@ func writePKI(dir string, extra []string) (*pki, error) {
 	}
 
 	p := &pki{
+		ca:          &CA{File: filepath.Join(dir, "ca.crt"), dir: dir, cert: ca, key: caKey},
 		caPath:      filepath.Join(dir, "ca.crt"),
 		servingCert: filepath.Join(dir, "serving.crt"),
 		servingKey:  filepath.Join(dir, "serving.key"),
@@ -61,6 +71,7 @@ func writePKI(dir string, extra []string) (*pki, error) {
 		adminKey:    filepath.Join(dir, "admin.key"),
 	}
 	p.caData = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+	p.ca.PEM = p.caData
 	if err := os.WriteFile(p.caPath, p.caData, 0o600); err != nil {
 		return nil, err
 	}
@@ -83,7 +94,10 @@ func writePKI(dir string, extra []string) (*pki, error) {
 		}
 		return writeECKey(keyPath, key)
 	}
-	ips := []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
+	// The kubernetes Service's address and names too, as kubeadm's certificate has them, so
+	// that a pod's in-cluster configuration verifies an apiserver it reaches through the
+	// Service (a node of package node forwards it).
+	ips := []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback, net.ParseIP(KubernetesServiceIP)}
 	for _, a := range extra {
 		if ip := net.ParseIP(a); ip != nil && !ip.Equal(ips[0]) {
 			ips = append(ips, ip)
@@ -93,7 +107,7 @@ func writePKI(dir string, extra []string) (*pki, error) {
 		Subject:     pkix.Name{CommonName: "watchsan-test-apiserver"},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		IPAddresses: ips,
-		DNSNames:    []string{"localhost"},
+		DNSNames:    append([]string{"localhost"}, kubernetesServiceNames...),
 	}, p.servingCert, p.servingKey); err != nil {
 		return nil, fmt.Errorf("serving certificate: %w", err)
 	}

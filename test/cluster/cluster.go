@@ -73,10 +73,23 @@ type Options struct {
 	// 127.0.0.2), advertised as its address, all on one port; the serving certificate covers
 	// them. Empty: every apiserver on 127.0.0.1, each on a port of its own.
 	BindAddresses []string
+	// Audit gives every apiserver an audit log of its own (APIServer.AuditLog, read with
+	// ReadAuditLog): every resource request it receives, at Metadata level (audit.go).
+	Audit bool
+	// Users are more static-token users, each with its token in Cluster.Tokens, for clients
+	// that must be told apart (in an audit log, by RBAC): a controller manager, a scheduler,
+	// nodes.
+	Users []User
 	// Log, if set, also receives every process's output, each line prefixed with the process
 	// name. Output always goes to log files in Dir too (their tails are in start errors and in
 	// LogTails); nil means only there. Errors from Log are ignored.
 	Log io.Writer
+}
+
+// User is a static-token user of Options.Users.
+type User struct {
+	Name   string
+	Groups []string
 }
 
 // Cluster is a running control plane. Its exported fields are set by Start and not changed
@@ -90,13 +103,19 @@ type Cluster struct {
 	// APIServers are the apiservers, all on one etcd with the same prefix.
 	APIServers []*APIServer
 	// CAFile and CAData are the one CA that signed the serving certificate every apiserver
-	// shares (valid for 127.0.0.1, ::1 and localhost) and the admin client certificate.
+	// shares (valid for 127.0.0.1, ::1, localhost and the kubernetes Service) and the admin
+	// client certificate.
 	CAFile string
 	CAData []byte
+	// CA is that CA, to issue more certificates the apiservers trust (the apiservers verify
+	// kubelets' serving certificates with it too).
+	CA *CA
 	// AdminToken is a static token of AdminUser, in group system:masters.
 	AdminToken string
 	// UserToken is a static token of LimitedUser (see LimitedNamespace).
 	UserToken string
+	// Tokens are the static tokens of Options.Users, by user name.
+	Tokens map[string]string
 	// AdminCertFile and AdminKeyFile are a client certificate and key for a user in
 	// system:masters, for clients that authenticate with certificates.
 	AdminCertFile, AdminKeyFile string
@@ -110,20 +129,23 @@ type Cluster struct {
 	// KubectlPath is the kubectl built with the apiserver.
 	KubectlPath string
 
-	bins     Bins
-	pki      *pki
-	opts     Options
-	logMu    sync.Mutex // serializes writes to opts.Log
-	client   *http.Client
-	stopOnce sync.Once
+	bins Bins
+	pki  *pki
+	// auditPolicy is the policy file with Options.Audit, "" without.
+	auditPolicy string
+	opts        Options
+	logMu       sync.Mutex // serializes writes to opts.Log
+	client      *http.Client
+	stopOnce    sync.Once
 	// pickPorts returns n free loopback ports; nil means freePorts. A hook for tests.
 	pickPorts func(n int) ([]int, error)
 	// phases records how long each part of Start took, for reports.
 	phases []phase
 
-	mu      sync.Mutex // guards the fields below, and every APIServer's proc
-	stopped bool
-	etcd    *proc
+	mu         sync.Mutex // guards the fields below, and every APIServer's and Component's proc
+	stopped    bool
+	etcd       *proc
+	components []*Component // StartComponent
 }
 
 // Start starts etcd and the apiservers, waits until every apiserver is ready, and sets up the
@@ -166,7 +188,7 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	if c.pki, err = writePKI(dir, o.BindAddresses); err != nil {
 		return nil, err
 	}
-	c.CAFile, c.CAData = c.pki.caPath, c.pki.caData
+	c.CAFile, c.CAData, c.CA = c.pki.caPath, c.pki.caData, c.pki.ca
 	c.AdminCertFile, c.AdminKeyFile = c.pki.adminCert, c.pki.adminKey
 	c.ServingCertFile, c.ServingKeyFile = c.pki.servingCert, c.pki.servingKey
 	if err := c.writeFrontProxy(dir); err != nil {
@@ -176,6 +198,14 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	// --token-auth-file: token,user,uid,"group1,group2"
 	tokens := fmt.Sprintf("%s,%s,%s-uid,\"system:masters\"\n%s,%s,%s-uid\n",
 		c.AdminToken, AdminUser, AdminUser, c.UserToken, LimitedUser, LimitedUser)
+	c.Tokens = map[string]string{}
+	for _, u := range o.Users {
+		if _, dup := c.Tokens[u.Name]; dup || u.Name == AdminUser || u.Name == LimitedUser || strings.ContainsAny(u.Name, ",\"\n") {
+			return nil, fmt.Errorf("cluster: user %q given twice, reserved or not a plain name", u.Name)
+		}
+		c.Tokens[u.Name] = randomToken()
+		tokens += fmt.Sprintf("%s,%s,%s-uid,\"%s\"\n", c.Tokens[u.Name], u.Name, u.Name, strings.Join(u.Groups, ","))
+	}
 	if err := os.WriteFile(c.tokenFile(), []byte(tokens), 0o600); err != nil {
 		return nil, fmt.Errorf("token file: %w", err)
 	}
@@ -190,8 +220,16 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.Audit {
+		if c.auditPolicy, err = writeAuditPolicy(dir); err != nil {
+			return nil, err
+		}
+	}
 	for i := range n {
 		a := &APIServer{Index: i, c: c, LogFile: filepath.Join(dir, fmt.Sprintf("apiserver-%d.log", i)), Address: "127.0.0.1"}
+		if o.Audit {
+			a.AuditLog = filepath.Join(dir, fmt.Sprintf("audit-%d.log", i))
+		}
 		if len(o.BindAddresses) > 0 {
 			a.Address = o.BindAddresses[i]
 		}
@@ -220,13 +258,19 @@ func Start(ctx context.Context, o Options) (_ *Cluster, err error) {
 	return c, nil
 }
 
-// Stop kills the apiservers, then etcd, waits for them to exit and removes Dir. It is
+// Stop kills the components (StartComponent), the apiservers, then etcd, waits for them to exit
+// and removes Dir. It is
 // idempotent and safe to call from any goroutine; later Restarts fail.
 func (c *Cluster) Stop() {
 	c.stopOnce.Do(func() {
 		c.mu.Lock()
 		c.stopped = true
-		var procs []*proc
+		var procs, components []*proc
+		for _, m := range c.components {
+			if m.proc != nil {
+				components = append(components, m.proc)
+			}
+		}
 		for _, a := range c.APIServers {
 			if a.proc != nil {
 				procs = append(procs, a.proc)
@@ -236,6 +280,10 @@ func (c *Cluster) Stop() {
 		c.mu.Unlock()
 
 		var wg sync.WaitGroup
+		for _, p := range components { // first: they would log every apiserver's end
+			wg.Go(p.kill)
+		}
+		wg.Wait()
 		for _, p := range procs {
 			wg.Go(p.kill)
 		}
@@ -324,6 +372,11 @@ func (c *Cluster) LogTails(lines int) string {
 	for _, a := range c.APIServers {
 		logs = append(logs, a.LogFile)
 	}
+	c.mu.Lock()
+	for _, m := range c.components {
+		logs = append(logs, m.LogFile)
+	}
+	c.mu.Unlock()
 	for _, l := range logs {
 		if t := fileTail(l, lines); t != "" {
 			fmt.Fprintf(&b, "--- %s\n%s\n", filepath.Base(l), t)
@@ -372,7 +425,7 @@ func (c *Cluster) startProc(name, bin string, args []string, logPath string, set
 	if c.stopped {
 		return nil, errors.New("cluster stopped")
 	}
-	p, err := startProc(name, bin, args, logPath, c.logSink(name))
+	p, err := startProc(name, bin, args, nil, logPath, c.logSink(name))
 	if err != nil {
 		return nil, err
 	}

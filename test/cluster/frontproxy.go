@@ -79,12 +79,24 @@ func (ca *CA) IssueClient(name, user string, groups ...string) (certFile, keyFil
 
 // IssueServing writes a serving certificate for 127.0.0.1, ::1 and localhost, and its key.
 func (ca *CA) IssueServing(name string) (certFile, keyFile string, err error) {
-	return ca.issue(name, &x509.Certificate{
+	return ca.IssueServingFor(name, "127.0.0.1", "::1", "localhost")
+}
+
+// IssueServingFor writes a serving certificate for hosts (IP addresses or DNS names), and its
+// key.
+func (ca *CA) IssueServingFor(name string, hosts ...string) (certFile, keyFile string, err error) {
+	tmpl := &x509.Certificate{
 		Subject:     pkix.Name{CommonName: name},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
-		DNSNames:    []string{"localhost"},
-	})
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		} else {
+			tmpl.DNSNames = append(tmpl.DNSNames, h)
+		}
+	}
+	return ca.issue(name, tmpl)
 }
 
 func (ca *CA) issue(name string, tmpl *x509.Certificate) (certFile, keyFile string, err error) {

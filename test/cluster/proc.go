@@ -25,8 +25,9 @@ type proc struct {
 }
 
 // startProc starts bin in a process group of its own that the kernel kills if this process dies
-// (on Linux). It never ties the process to a context: processes live until killed.
-func startProc(name, bin string, args []string, logPath string, extra io.Writer) (*proc, error) {
+// (on Linux). It never ties the process to a context: processes live until killed. env is its
+// environment; nil means processEnv().
+func startProc(name, bin string, args, env []string, logPath string, extra io.Writer) (*proc, error) {
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("%s log: %w", name, err)
@@ -40,7 +41,10 @@ func startProc(name, bin string, args []string, logPath string, extra io.Writer)
 	fmt.Fprintf(f, "==== %s %s: %s %s\n", time.Now().Format(time.RFC3339Nano), name, bin, strings.Join(args, " "))
 
 	cmd := exec.Command(bin, args...)
-	cmd.Env = processEnv()
+	cmd.Env = env
+	if env == nil {
+		cmd.Env = processEnv()
+	}
 	cmd.SysProcAttr = sysProcAttr()
 	cmd.WaitDelay = 5 * time.Second
 	if extra == nil {
@@ -104,11 +108,20 @@ func (p *proc) signal(sig os.Signal) error {
 // kill SIGKILLs the process group (a stopped process dies too) and waits for the exit.
 func (p *proc) kill() {
 	if !p.exited() {
-		if err := syscall.Kill(-p.pid(), syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		if err := p.signalGroup(syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 			_ = p.cmd.Process.Kill()
 		}
 	}
 	<-p.done
+}
+
+// signalGroup sends sig to the process's group: the process and what it started that stayed in
+// its group (a program run through nsenter, for instance).
+func (p *proc) signalGroup(sig syscall.Signal) error {
+	if p.exited() {
+		return os.ErrProcessDone
+	}
+	return syscall.Kill(-p.pid(), sig)
 }
 
 // output returns what this run of the process has logged, at most the last 256 KiB.

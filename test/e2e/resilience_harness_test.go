@@ -821,10 +821,16 @@ type rawWatch struct {
 // startRawWatch watches the configmaps of ns through url from resourceVersion rv with token.
 func startRawWatch(t *testing.T, url, token, ns, rv string) *rawWatch {
 	t.Helper()
+	return startRawWatchURL(t, url+"/api/v1/namespaces/"+ns+"/configmaps?watch=true&resourceVersion="+rv, token)
+}
+
+// startRawWatchURL is startRawWatch for a watch URL of the caller's (its query: bookmarks, a
+// selector).
+func startRawWatchURL(t *testing.T, watchURL, token string) *rawWatch {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet,
-		url+"/api/v1/namespaces/"+ns+"/configmaps?watch=true&resourceVersion="+rv, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, watchURL, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
