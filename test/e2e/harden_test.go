@@ -290,13 +290,16 @@ func TestAttackConfigList(t *testing.T) {
 	}
 	p := startProxy(t, "--kubeconfig="+kc, "--config="+conf)
 	addr := strings.TrimPrefix(p.URL, "http://")
+	var outcome []string
 	for _, sub := range []string{"exec", "attach"} {
 		code, body := rawHTTP(t, addr, "POST /api/v1/namespaces/default/pods/p/"+sub+"?command=sh HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n")
-		if seen := up.take(); code != 403 || len(seen) != 0 {
+		seen := up.take()
+		outcome = append(outcome, fmt.Sprintf("%s %d (%d upstream)", sub, code, len(seen)))
+		if code != 403 || len(seen) != 0 {
 			t.Errorf("%s with the file's reject-paths list: %d %s, %d requests upstream (%+v); want 403 and none", sub, code, body, len(seen), seen)
 		}
 	}
-	t.Logf("harden: reject-paths as a YAML list [exec, attach]: both refused")
+	t.Logf("harden: reject-paths as a YAML list [exec, attach]: %s", strings.Join(outcome, ", "))
 	for name, tc := range map[string]struct{ file, want string }{
 		"list for a single value": {"listen: [127.0.0.1:0, 127.0.0.1:1]\n", `key "listen"`},
 		"binary":                  {"\x7fELF\x02\x01\x01\x00\x00\x00", "not YAML"},
