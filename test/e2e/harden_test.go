@@ -333,14 +333,7 @@ func TestAttackPassThroughBodyTruncated(t *testing.T) {
 	status := []byte(`{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"` + strings.Repeat("forbidden ", 40) + `","reason":"Forbidden","code":403}`)
 	up := newEarlyUpstream(t, status)
 	p := startProxy(t, "--upstream="+up.url, "--upstream-ca-file="+writeCA(t, up.cert), "--no-credentials", "--log-level=info")
-	eventually(t, 20*time.Second, "watchsan ready", func() bool {
-		resp, err := http.Get(p.AdminURL + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == 200
-	})
+	eventually(t, 20*time.Second, "watchsan ready", func() bool { return readyz(p) == 200 })
 	// Keep-alive clients that send a request's headers, then its small body a moment later,
 	// in two parts, as a client streaming a body over a real network does.
 	body := strings.Repeat("x", 512)
