@@ -26,15 +26,20 @@ docs:
 cluster-bins:
 	hack/cluster-bins.sh
 
-# Every test, the real-apiserver ones included (they need the binaries from cluster-bins).
-# The short soak inside it runs a fixed schedule (TEST_SOAK_SEED; the one that found the 502
-# bug of issue 7's last commit), so CI is repeatable; `make soak` explores random schedules.
+# Every test, the real-apiserver ones included (they need the binaries from cluster-bins; how
+# long it all takes is in the README, "Try it"). Progress as it goes (gotestsum, pinned): each
+# package's time as it finishes, then each end-to-end test's, and every failure's output at
+# the end. The short soak in the end-to-end tests runs a fixed schedule (TEST_SOAK_SEED; the
+# one that found the 502 bug of issue 7's last commit), so CI is repeatable; `make soak`
+# explores random schedules.
 TEST_SOAK_SEED ?= 1796067027503847260
+GOTESTSUM      ?= $(GO) run gotest.tools/gotestsum@v1.13.0
 # ISSUE20_ASSERT=1 turns on issue 20's "Done when" assertions in TestHAQuietWatchesMove and
 # the scenario; until its fixes land they only log what would fail (issue20Check).
 ISSUE20_ASSERT ?= 0
 test: cluster-bins
-	WATCHSAN_SOAK_SEED=$(TEST_SOAK_SEED) WATCHSAN_ISSUE20_ASSERT=$(ISSUE20_ASSERT) $(GO) test -race -count=1 -timeout 40m ./...
+	$(GOTESTSUM) --format pkgname -- -race -count=1 -timeout 40m $$($(GO) list ./... | grep -v '/test/e2e$$')
+	WATCHSAN_SOAK_SEED=$(TEST_SOAK_SEED) WATCHSAN_ISSUE20_ASSERT=$(ISSUE20_ASSERT) $(GOTESTSUM) --format testname -- -race -count=1 -timeout 40m ./test/e2e
 
 # The soak (test/e2e/soak_test.go): three real apiservers, continuous writes, informers in
 # JSON, protobuf and CBOR through watchsan, a random schedule of faults for SOAK_DURATION; it

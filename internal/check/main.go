@@ -16,9 +16,10 @@ import (
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/term"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
+
+	"github.com/watchsan/watchsan/internal/config"
 )
 
 // Exit codes of `watchsan check`.
@@ -28,36 +29,81 @@ const (
 	ExitError    = 2 // bad flags or kubeconfig, or the check could not run to its end
 )
 
+// checkFlags are `watchsan check`'s flags' values.
+type checkFlags struct {
+	kubeconfig, context, server, output, prefix *string
+	bookmarkWait, idleWait, timeout             *time.Duration
+	objects                                     *int
+	verbose                                     *bool
+}
+
+func newFlags() (*pflag.FlagSet, checkFlags) {
+	fs := pflag.NewFlagSet("watchsan check", pflag.ContinueOnError)
+	fs.SortFlags = false
+	var f checkFlags
+	f.kubeconfig = fs.String("kubeconfig", "", "kubeconfig file (default $KUBECONFIG, ~/.kube/config, in-cluster)")
+	f.context = fs.String("context", "", "kubeconfig context (default: its current one)")
+	f.server = fs.String("server", "", "talk to this URL instead of the kubeconfig's server, with the kubeconfig's credentials (a gateway or proxy in front of the apiserver)")
+	f.output = fs.StringP("output", "o", "text", "report format: text or json")
+	f.bookmarkWait = fs.Duration("bookmark-wait", 70*time.Second, fmt.Sprintf("how long a quiet watch waits for bookmarks (apiservers send one about every 60s, and one 2s before the watch's deadline); 0 skips, else at least %v", MinBookmarkWait))
+	f.idleWait = fs.Duration("idle-wait", 70*time.Second, "how long an idle watch is kept open to see whether the path cuts it (runs alongside the bookmark wait); 0 skips")
+	f.timeout = fs.Duration("timeout", 0, "bound the whole check (default: the longer wait plus 2m)")
+	f.prefix = fs.String("namespace-prefix", defaultPrefix, "the temporary namespace's name prefix (5 random characters follow)")
+	f.objects = fs.Int("objects", defaultObjects, "how many objects to create between a and its delete (1-100)")
+	f.verbose = fs.Bool("verbose", false, "log what the check does to stderr")
+	return fs, f
+}
+
+// WriteHelp writes `watchsan check`'s help to w, as --help does (`watchsan help check`).
+func WriteHelp(w io.Writer) {
+	fs, _ := newFlags()
+	writeHelp(w, fs)
+}
+
+// helpWidth is the column the help is wrapped at (as the main command's flags are).
+const helpWidth = 100
+
+func writeHelp(w io.Writer, fs *pflag.FlagSet) {
+	about := fmt.Sprintf("Checks whether a cluster, or the path to it (a gateway, a proxy), needs watchsan: in a "+
+		"temporary namespace it reproduces kubernetes#58545 (create a, create others, delete a, "+
+		"while watching) and reports whether the DELETED event's resourceVersion goes backwards "+
+		"and a re-watch replays events, whether bookmarks arrive, whether an idle watch is cut, "+
+		"and whether the apiserver's version is in the affected ranges (%s).", AffectedRangesText)
+	exits := fmt.Sprintf("Exit codes: 0 no problem found, 1 a problem found, 2 bad flags or kubeconfig, or the "+
+		"check could not run to its end. The namespace (label %s=%s) is deleted in every case.", ManagedByLabel, ManagedByValue)
+	fmt.Fprintf(w, "Usage:\n  watchsan check [flags]\n\n%s\n\n%s\n\nFlags:\n%s", wrap(about, helpWidth), wrap(exits, helpWidth), fs.FlagUsagesWrapped(helpWidth))
+}
+
+// wrap breaks s into lines of at most width columns, between words.
+func wrap(s string, width int) string {
+	var b strings.Builder
+	col := 0
+	for _, word := range strings.Fields(s) {
+		switch {
+		case col == 0:
+		case col+1+len(word) > width:
+			b.WriteByte('\n')
+			col = 0
+		default:
+			b.WriteByte(' ')
+			col++
+		}
+		b.WriteString(word)
+		col += len(word)
+	}
+	return b.String()
+}
+
 // Main runs `watchsan check` with args (after "check") and returns its exit code. The report
 // goes to stdout, progress and errors to stderr. SIGINT and SIGTERM end the check; the
 // namespace it created is deleted first.
 func Main(args []string, stdout, stderr io.Writer) int {
-	fs := pflag.NewFlagSet("watchsan check", pflag.ContinueOnError)
+	fs, f := newFlags()
 	fs.SetOutput(stderr)
-	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default $KUBECONFIG, ~/.kube/config, in-cluster)")
-	kubeContext := fs.String("context", "", "kubeconfig context (default: its current one)")
-	server := fs.String("server", "", "talk to this URL instead of the kubeconfig's server, with the kubeconfig's credentials (a gateway or proxy in front of the apiserver)")
-	output := fs.StringP("output", "o", "text", "report format: text or json")
-	bookmarkWait := fs.Duration("bookmark-wait", 70*time.Second, fmt.Sprintf("how long a quiet watch waits for bookmarks (apiservers send one about every 60s, and one 2s before the watch's deadline); 0 skips, else at least %v", MinBookmarkWait))
-	idleWait := fs.Duration("idle-wait", 70*time.Second, "how long an idle watch is kept open to see whether the path cuts it (runs alongside the bookmark wait); 0 skips")
-	timeout := fs.Duration("timeout", 0, "bound the whole check (default: the longer wait plus 2m)")
-	prefix := fs.String("namespace-prefix", defaultPrefix, "the temporary namespace's name prefix (5 random characters follow)")
-	objects := fs.Int("objects", defaultObjects, "how many objects to create between a and its delete (1-100)")
-	verbose := fs.Bool("verbose", false, "log what the check does to stderr")
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: watchsan check [flags]\n\n"+
-			"Checks whether a cluster, or the path to it (a gateway, a proxy), needs watchsan: in a\n"+
-			"temporary namespace it reproduces kubernetes#58545 (create a, create others, delete a,\n"+
-			"while watching) and reports whether the DELETED event's resourceVersion goes backwards\n"+
-			"and a re-watch replays events, whether bookmarks arrive, whether an idle watch is cut,\n"+
-			"and whether the apiserver's version is in the affected ranges (%s).\n\n"+
-			"Exit codes: 0 no problem found, 1 a problem found, 2 bad flags or kubeconfig, or the\n"+
-			"check could not run to its end. The namespace (label %s=%s) is deleted in every case.\n\nFlags:\n",
-			AffectedRangesText, ManagedByLabel, ManagedByValue)
-		fs.PrintDefaults()
-	}
+	fs.Usage = func() {} // --help is written to stdout below; a bad flag gets one line
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
+			writeHelp(stdout, fs)
 			return ExitClean
 		}
 		fmt.Fprintf(stderr, "watchsan check: %v\nRun 'watchsan check --help' for the flags.\n", err)
@@ -70,24 +116,24 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		return usage("unexpected arguments: %v", fs.Args())
 	}
-	if *output != "text" && *output != "json" {
-		return usage("--output %q: want text or json", *output)
+	if *f.output != "text" && *f.output != "json" {
+		return usage("--output %q: want text or json", *f.output)
 	}
-	o := Options{NamespacePrefix: *prefix, Objects: *objects, BookmarkWait: *bookmarkWait, IdleWait: *idleWait}
-	if *objects == 0 {
+	o := Options{NamespacePrefix: *f.prefix, Objects: *f.objects, BookmarkWait: *f.bookmarkWait, IdleWait: *f.idleWait}
+	if *f.objects == 0 {
 		return usage("--objects 0: want 1 to 100")
 	}
 	if err := o.Validate(); err != nil {
 		return usage("%v", err)
 	}
-	if *timeout < 0 {
-		return usage("--timeout %v: want 0 (default) or positive", *timeout)
+	if *f.timeout < 0 {
+		return usage("--timeout %v: want 0 (default) or positive", *f.timeout)
 	}
-	if *timeout == 0 {
-		*timeout = max(*bookmarkWait, *idleWait) + 2*time.Minute
+	if *f.timeout == 0 {
+		*f.timeout = max(*f.bookmarkWait, *f.idleWait) + 2*time.Minute
 	}
 
-	rc, err := restConfig(*kubeconfig, *kubeContext, *server)
+	rc, err := restConfig(*f.kubeconfig, *f.context, *f.server)
 	if err != nil {
 		return usage("%v", err)
 	}
@@ -97,7 +143,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 
 	log := zap.NewNop()
-	if *verbose {
+	if *f.verbose {
 		enc := zap.NewDevelopmentEncoderConfig()
 		log = zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.Lock(zapcore.AddSync(stderr)), zap.DebugLevel)).Named("watchsan")
 		defer func() { _ = log.Sync() }()
@@ -109,7 +155,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	ctx, cancel := context.WithTimeout(ctx, *f.timeout)
 	defer cancel()
 
 	chk := New(client, rc.Host, clock.RealClock{}, NewProgress(stderr, isTerminal(stderr)), log)
@@ -123,7 +169,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		case errors.Is(err, context.Canceled):
 			fmt.Fprintln(stderr, "watchsan check: interrupted")
 		case errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil:
-			fmt.Fprintf(stderr, "watchsan check: timed out after %v (--timeout)\n", *timeout)
+			fmt.Fprintf(stderr, "watchsan check: timed out after %v (--timeout)\n", *f.timeout)
 		default:
 			fmt.Fprintf(stderr, "watchsan check: could not run: %s\n", strings.ReplaceAll(err.Error(), "\n", "; "))
 		}
@@ -132,7 +178,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 		return ExitError
 	}
-	if *output == "json" {
+	if *f.output == "json" {
 		if err := rep.WriteJSON(stdout); err != nil {
 			fmt.Fprintf(stderr, "watchsan check: writing the report: %v\n", err)
 			return ExitError
@@ -149,17 +195,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 // restConfig loads the kubeconfig as kubectl does (explicit path, else $KUBECONFIG, else
 // ~/.kube/config, else in-cluster), with server replacing its server when not empty.
 func restConfig(path, kubeContext, server string) (*rest.Config, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	if path != "" {
-		rules.ExplicitPath = path
+	rc, err := config.LoadKubeconfig(path, kubeContext, server)
+	var none *config.NoKubeconfigError
+	if errors.As(err, &none) {
+		return nil, fmt.Errorf("no kubeconfig: pass --kubeconfig FILE (and --server URL to check a path other than its server); %w", err)
 	}
-	overrides := &clientcmd.ConfigOverrides{CurrentContext: kubeContext}
-	overrides.ClusterInfo.Server = server
-	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides).ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("loading the kubeconfig: %w", err)
-	}
-	return rc, nil
+	return rc, err
 }
 
 func isTerminal(w io.Writer) bool {

@@ -3,6 +3,8 @@ package check
 import (
 	"bytes"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -135,6 +137,45 @@ func TestProgress(t *testing.T) {
 	nilP.Done()
 }
 
+// Issue 16 item 11: `watchsan check` with no kubeconfig, or an empty one, printed client-go's
+// "no configuration has been provided, try setting KUBERNETES_MASTER"; --help went to stderr
+// (`| less` showed nothing), unwrapped.
+func TestCheckHelpAndKubeconfigMessages(t *testing.T) {
+	empty := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("KUBECONFIG", filepath.Join(t.TempDir(), "none"))
+	t.Setenv("HOME", t.TempDir())
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "no kubeconfig: pass --kubeconfig FILE"},
+		{[]string{"--kubeconfig=" + empty}, "no cluster, user or context in it"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if code := Main(tc.args, &stdout, &stderr); code != ExitError || !strings.Contains(stderr.String(), tc.want) || strings.Contains(stderr.String(), "KUBERNETES_MASTER") {
+			t.Errorf("%v: exit %d, stderr %q; want %d and %q", tc.args, code, stderr.String(), ExitError, tc.want)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	if code := Main([]string{"--help"}, &stdout, &stderr); code != ExitClean || stderr.Len() != 0 || !strings.Contains(stdout.String(), "--bookmark-wait") {
+		t.Fatalf("--help: exit %d, stdout %q, stderr %q; want the help on stdout", code, stdout.String(), stderr.String())
+	}
+	for _, line := range strings.Split(stdout.String(), "\n") {
+		if len(line) > helpWidth {
+			t.Errorf("help line of %d columns, over %d: %q", len(line), helpWidth, line)
+		}
+	}
+	var again bytes.Buffer
+	WriteHelp(&again)
+	if again.String() != stdout.String() {
+		t.Error("WriteHelp (watchsan help check) writes other help than --help")
+	}
+}
+
 func TestMainUsageErrors(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
@@ -145,7 +186,7 @@ func TestMainUsageErrors(t *testing.T) {
 		{[]string{"--objects=0"}, "--objects 0"},
 		{[]string{"extra"}, "unexpected arguments"},
 		{[]string{"--no-such-flag"}, "unknown flag"},
-		{[]string{"--kubeconfig=/nonexistent/kubeconfig"}, "loading the kubeconfig"},
+		{[]string{"--kubeconfig=/nonexistent/kubeconfig"}, "--kubeconfig /nonexistent/kubeconfig: stat"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if code := Main(tc.args, &stdout, &stderr); code != ExitError {

@@ -25,6 +25,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/watchsan/watchsan/internal/check"
 	"github.com/watchsan/watchsan/internal/config"
 	"github.com/watchsan/watchsan/internal/logging"
 	"github.com/watchsan/watchsan/internal/server"
@@ -104,6 +105,16 @@ func NewCommand(stdout, stderr io.Writer, code *int) *cobra.Command {
 
 // commands are watchsan's subcommands besides help and completion (cobra's own).
 func commands(stdout, stderr io.Writer, code *int) []*cobra.Command {
+	checkCmd := &cobra.Command{
+		Use:   "check [flags]",
+		Short: "Check whether a cluster, or the path to it, needs watchsan (exit 1 when it does)",
+		// package check parses its own flags, reporting every problem at once.
+		DisableFlagParsing: true,
+		Run:                func(_ *cobra.Command, args []string) { *code = runCheck(args, stdout, stderr) },
+	}
+	// `watchsan help check` shows what `watchsan check --help` does, not cobra's stub of a
+	// command whose flags it never sees.
+	checkCmd.SetHelpFunc(func(*cobra.Command, []string) { check.WriteHelp(stdout) })
 	return []*cobra.Command{
 		{
 			Use:   "version",
@@ -111,13 +122,7 @@ func commands(stdout, stderr io.Writer, code *int) []*cobra.Command {
 			Args:  cobra.NoArgs,
 			Run:   func(*cobra.Command, []string) { fmt.Fprintln(stdout, "watchsan", version()) },
 		},
-		{
-			Use:   "check [flags]",
-			Short: "Check whether a cluster, or the path to it, needs watchsan (exit 1 when it does)",
-			// package check parses its own flags, reporting every problem at once.
-			DisableFlagParsing: true,
-			Run:                func(_ *cobra.Command, args []string) { *code = runCheck(args, stdout, stderr) },
-		},
+		checkCmd,
 		{
 			Use:                "demo",
 			Short:              "The demo is the command watchsan-demo (make demo)",
@@ -218,7 +223,9 @@ func runProxy(cmd *cobra.Command, args []string, stdout, stderr io.Writer) int {
 	srv.Metrics().SetVersion(Version) // watchsan_build_info
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	go newReloader(args, completed, srv.Reload, log).run(ctx) // SIGHUP, --config changes
+	stopped := make(chan struct{})
+	defer close(stopped)
+	go newReloader(args, completed, srv.Reload, log).run(ctx, stopped) // SIGHUP, --config changes
 	if err := srv.Run(ctx); err != nil {
 		var le *server.ListenError
 		if errors.As(err, &le) {

@@ -72,3 +72,16 @@ func TestUsageErrors(t *testing.T) {
 		t.Errorf("demo: exit %d, stderr %q", code, errOut)
 	}
 }
+
+// Issue 16 item 11: `watchsan help check` printed cobra's stub (only -h) while `watchsan check
+// --help` printed the real help, on stderr. Both print the real help, on stdout.
+func TestHelpCheck(t *testing.T) {
+	code, help, errOut := run("help", "check")
+	if code != exitOK || errOut != "" || !strings.Contains(help, "--bookmark-wait") || !strings.Contains(help, "Exit codes:") {
+		t.Fatalf("help check: exit %d, stdout %q, stderr %q", code, help, errOut)
+	}
+	code, flagHelp, errOut := run("check", "--help")
+	if code != exitOK || errOut != "" || flagHelp != help {
+		t.Fatalf("check --help: exit %d, stderr %q, stdout differs from help check:\n%s", code, errOut, flagHelp)
+	}
+}

@@ -37,9 +37,11 @@ func newReloader(args []string, c *config.Completed, apply func(*config.Complete
 	return r
 }
 
-// run reloads until ctx ends.
-func (r *reloader) run(ctx context.Context) {
-	defer signal.Stop(r.hup)
+// run reloads until ctx ends, then ignores SIGHUP, saying so, until stopped is closed (the
+// server has shut down): its default action would end the process at once, cutting the open
+// watches that shutdown is ending cleanly (issue 16: exit 129 mid-stream).
+func (r *reloader) run(ctx context.Context, stopped <-chan struct{}) {
+	defer r.ignoreUntil(stopped)
 	var tick <-chan time.Time
 	if r.file != "" && r.every > 0 {
 		t := time.NewTicker(r.every)
@@ -51,6 +53,10 @@ func (r *reloader) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-r.hup:
+			if ctx.Err() != nil { // both ready: shutdown has begun
+				r.log.Info("SIGHUP during shutdown: ignored; shutdown goes on")
+				return
+			}
 			r.digest, _ = fileDigest(r.file)
 			r.reload("SIGHUP")
 		case <-tick:
@@ -60,6 +66,21 @@ func (r *reloader) run(ctx context.Context) {
 			}
 			r.digest = d
 			r.reload("the --config file changed")
+		}
+	}
+}
+
+// ignoreUntil logs and ignores every SIGHUP until stopped is closed, and every one after
+// (the process is about to exit).
+func (r *reloader) ignoreUntil(stopped <-chan struct{}) {
+	for {
+		select {
+		case <-r.hup:
+			r.log.Info("SIGHUP during shutdown: ignored; shutdown goes on")
+		case <-stopped:
+			signal.Ignore(syscall.SIGHUP)
+			signal.Stop(r.hup)
+			return
 		}
 	}
 }

@@ -56,8 +56,9 @@ func TestReloadOnFileChangeAndSIGHUP(t *testing.T) {
 	r := newReloader(args, c, apply, zap.New(core))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { r.run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	stopped := make(chan struct{})
+	go func() { r.run(ctx, stopped); close(done) }()
+	defer func() { cancel(); close(stopped); <-done }()
 
 	write("upstream: [\"https://a:6443\", \"https://b:6443\"]\n")
 	testutil.Eventually(t, 5*time.Second, "the file change applied", func() bool { return count() == 1 })
@@ -75,5 +76,42 @@ func TestReloadOnFileChangeAndSIGHUP(t *testing.T) {
 	defer mu.Unlock()
 	if len(applied[0]) != 2 || applied[1][0] != "https://c:6443" || applied[2][0] != "https://c:6443" {
 		t.Fatalf("applied %v", applied)
+	}
+}
+
+// Issue 16 item 6: SIGHUP after shutdown began killed watchsan at once (exit 129, its watches
+// cut mid-stream), the reloader having stopped catching it. It is now logged and ignored
+// until the server has stopped; nothing is reloaded.
+func TestSIGHUPDuringShutdownIgnored(t *testing.T) {
+	cfg, err := config.Load([]string{"--upstream=https://127.0.0.1:1", "--no-credentials"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cfg.Complete()
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	applied := 0
+	r := newReloader(nil, c, func(*config.Completed) error { applied++; return nil }, zap.New(core))
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped, done := make(chan struct{}), make(chan struct{})
+	go func() { r.run(ctx, stopped); close(done) }()
+	cancel() // shutdown begins
+	for i := 0; i < 2; i++ {
+		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		testutil.Eventually(t, 5*time.Second, "the SIGHUP during shutdown logged", func() bool {
+			return logs.FilterMessageSnippet("SIGHUP during shutdown").Len() == i+1
+		})
+	}
+	close(stopped)
+	<-done
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil { // ignored, not fatal
+		t.Fatal(err)
+	}
+	if applied != 0 {
+		t.Fatalf("a SIGHUP during shutdown reloaded the configuration %d times", applied)
 	}
 }

@@ -64,10 +64,13 @@ type Config struct {
 	RequestHeaderClientCertFile string
 	RequestHeaderClientKeyFile  string
 
-	// Main listener limits.
-	IdleTimeout     time.Duration
-	MaxConnections  int
-	HTTP2MaxStreams int
+	// Main listener limits. The per-source ones: 0 is the frontend-mode default (none when
+	// Listen is on loopback), -1 none (Completed.SourceConnections resolves them).
+	IdleTimeout                   time.Duration
+	MaxConnections                int
+	MaxConnectionsPerSource       int
+	MaxHeaderConnectionsPerSource int
+	HTTP2MaxStreams               int
 
 	// Upstream transport.
 	DialTimeout           time.Duration
@@ -77,6 +80,10 @@ type Config struct {
 	HTTP2PingTimeout      time.Duration
 	ResponseHeaderTimeout time.Duration
 	HealthInterval        time.Duration
+	// HTTP/2 receive windows of the upstream connections, bytes: what an upstream may send
+	// ahead of watchsan reading it, per stream and per connection.
+	HTTP2StreamWindow     int
+	HTTP2ConnectionWindow int
 
 	// Watch sanitizing (issue #3).
 	FixMode             string
@@ -123,6 +130,8 @@ func Default() Config {
 		HTTP2PingTimeout:      15 * time.Second,
 		ResponseHeaderTimeout: 60 * time.Second,
 		HealthInterval:        upstream.DefaultHealthInterval,
+		HTTP2StreamWindow:     upstream.DefaultHTTP2StreamWindow,
+		HTTP2ConnectionWindow: upstream.DefaultHTTP2ConnectionWindow,
 		FixMode:               fix.Repair.String(),
 		MaxFrameSize:          stream.DefaultMaxFrameSize,
 		DeleteMemoryEntries:   fix.DefaultMemoryEntries,

@@ -189,6 +189,10 @@ func TestVerbosityMapsOntoLogLevel(t *testing.T) {
 		{[]string{"-v=0"}, "info"},
 		{[]string{"--log-level=warn", "-v", "1"}, "debug"},
 		{[]string{"-v", "1", "--log-level=error"}, "error"},
+		// Issue 16: -v alone said "flag --v needs a value".
+		{[]string{"-v"}, "debug"},
+		{[]string{"-v", "--listen=127.0.0.1:1"}, "debug"},
+		{[]string{"--v"}, "debug"},
 	} {
 		c, err := Load(tc.args)
 		if err != nil {
@@ -206,6 +210,17 @@ func TestVerbosityMapsOntoLogLevel(t *testing.T) {
 // With no --upstream and no kubeconfig, the error says where watchsan looked and what to pass,
 // not client-go's hint about KUBERNETES_MASTER.
 func TestMissingUpstreamSaysWhereItLooked(t *testing.T) {
+	// Issue 16: an empty --kubeconfig file got client-go's "no configuration has been provided,
+	// try setting KUBERNETES_MASTER environment variable".
+	empty := filepath.Join(t.TempDir(), "empty")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := Default()
+	c.Kubeconfig = empty
+	if _, err := c.Complete(); err == nil || strings.Contains(err.Error(), "KUBERNETES_MASTER") || !strings.Contains(err.Error(), "--kubeconfig "+empty+": no cluster, user or context in it") {
+		t.Errorf("an empty --kubeconfig: %v", err)
+	}
 	missing := filepath.Join(t.TempDir(), "nope")
 	t.Setenv("KUBECONFIG", missing)
 	t.Setenv("KUBERNETES_SERVICE_HOST", "")
@@ -246,5 +261,51 @@ func TestFixExemptResourceSpellings(t *testing.T) {
 	c.FixExemptResources = []string{"apps/deployments/scale"}
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--fix-exempt-resource \"apps/deployments/scale\": want a resource") {
 		t.Errorf("got %v", err)
+	}
+}
+
+// TestAttackFileMeansWhatItSays (issue 16 item 4): a two-item YAML list for reject-paths kept
+// only its last item (exec answered 200 with the lent identity); garbage and duplicate keys
+// were read without a word. A list for a comma-separated flag is now joined; any other list,
+// a mapping, duplicate keys or a file that is not a YAML mapping is a problem naming the key.
+func TestAttackFileMeansWhatItSays(t *testing.T) {
+	dir := t.TempDir()
+	write := func(body string) string {
+		f := filepath.Join(dir, "c.yaml")
+		if err := os.WriteFile(f, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	c, err := Load([]string{"--config", write("reject-paths:\n  - ^/api/.*/pods/.*/exec\n  - ^/api/.*/pods/.*/attach\naccept-hosts: [^localhost$, ^example\\.test$]\nupstream:\n  - https://a:6443\n  - https://b:6443\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RejectPaths != "^/api/.*/pods/.*/exec,^/api/.*/pods/.*/attach" || c.AcceptHosts != `^localhost$,^example\.test$` || len(c.Upstreams) != 2 {
+		t.Fatalf("lists read as reject-paths %q, accept-hosts %q, upstreams %q", c.RejectPaths, c.AcceptHosts, c.Upstreams)
+	}
+	g := c.completeGuard(true)
+	if !MatchAny(g.RejectPaths, "/api/v1/namespaces/d/pods/p/exec") || !MatchAny(g.RejectPaths, "/api/v1/namespaces/d/pods/p/attach") {
+		t.Fatal("a reject-paths list does not reject both of its paths")
+	}
+	for _, tc := range []struct{ file, want string }{
+		{"listen: [127.0.0.1:1, 127.0.0.1:2]\n", `key "listen": line 1: a list, but --listen takes one value`},
+		{"reject-paths: [a, 'b,c']\n", `list item "b,c" has a comma`},
+		{"listen: {host: x}\n", `key "listen": line 1: a mapping, but --listen takes a value`},
+		{"listen: 127.0.0.1:1\nfix-mode: observe\nlisten: 127.0.0.1:2\n", `key "listen" given twice (lines 1 and 3)`},
+		{"\x7fELF\x02\x01\x01\x00garbage", "not YAML"},
+		{"#!/bin/sh\nexec watchsan\n", "not a mapping of flag names to values"},
+		{"- listen\n- x\n", "not a mapping"},
+		{"null-but-not: [\n", "not YAML"},
+	} {
+		_, err := Load([]string{"--config", write(tc.file)})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: got %v, want an error containing %q", tc.file, err, tc.want)
+		}
+	}
+	for _, empty := range []string{"", "# nothing set yet\n", "---\n", "~\n"} {
+		if c, err := Load([]string{"--config", write(empty)}); err != nil || c.RejectPaths != DefaultRejectPaths {
+			t.Errorf("%q: %v, reject-paths %q: an empty file sets nothing", empty, err, c.RejectPaths)
+		}
 	}
 }

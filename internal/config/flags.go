@@ -5,12 +5,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/spf13/pflag"
-	"sigs.k8s.io/yaml"
+	"go.yaml.in/yaml/v3"
 )
 
 // stringList is a repeatable flag; the first use on the command line replaces what the file
@@ -102,6 +101,9 @@ func FlagSet(c *Config) *pflag.FlagSet {
 	fs.StringVar(&c.RejectPaths, "reject-paths", c.RejectPaths, "comma-separated regexps: paths refused (403) to requests that would get the lent identity; empty: none")
 	fs.StringVar(&c.RejectMethods, "reject-methods", c.RejectMethods, "comma-separated regexps: methods refused (405) to requests that would get the lent identity; empty: none")
 	fs.StringVar(&c.StripIdentityHeaders, "strip-identity-headers", c.StripIdentityHeaders, "comma-separated header names (a trailing * makes a prefix) removed from every request that gets the lent identity or asserts a client's (--identity-forwarding, which also removes Impersonate-* and X-Remote-*): the apiserver's --requestheader-* names")
+	for _, name := range []string{"accept-hosts", "reject-paths", "reject-methods", "strip-identity-headers"} {
+		_ = fs.SetAnnotation(name, CommaListAnnotation, []string{"true"})
+	}
 	group("Identity forwarding (frontend mode)")
 	fs.StringVar(&c.ClientCAFile, "client-ca-file", c.ClientCAFile, "CA bundle that verifies client certificates on the TLS listener (reloaded when the file changes); needs --identity-forwarding")
 	fs.StringVar(&c.IdentityForwarding, "identity-forwarding", c.IdentityForwarding, "how a verified client certificate's user (CN) and groups (O) go upstream: impersonate (Impersonate-User/-Group on the kubeconfig's identity, which needs the impersonate verb) or requestheader (--requestheader-client-cert-file plus X-Remote-User/-Group); empty: off")
@@ -110,6 +112,8 @@ func FlagSet(c *Config) *pflag.FlagSet {
 	group("Listeners")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", c.IdleTimeout, "close a main-listener connection idle this long between requests (an open watch is never idle); also bounds the wait for a request's headers, at most 30s")
 	fs.IntVar(&c.MaxConnections, "max-connections", c.MaxConnections, "most connections the main listener serves at once (more wait in the kernel's backlog); lowered to fit the open-file limit")
+	fs.IntVar(&c.MaxConnectionsPerSource, "max-connections-per-source", c.MaxConnectionsPerSource, "most main-listener connections one client address (an IPv6 /64) holds at once; more are closed at once. 0: 100 when --listen is not on loopback, none on loopback (every client is this machine); -1: none (behind a load balancer that hides client addresses)")
+	fs.IntVar(&c.MaxHeaderConnectionsPerSource, "max-header-connections-per-source", c.MaxHeaderConnectionsPerSource, "most of one client address's connections still sending a request's headers (slowloris); one more closes its oldest such. 0: 32 when --listen is not on loopback, none on loopback; -1: none")
 	fs.IntVar(&c.HTTP2MaxStreams, "http2-max-streams-per-connection", c.HTTP2MaxStreams, "most concurrent requests (streams) on one HTTP/2 connection to the main listener")
 	group("Upstream connections and health")
 	fs.DurationVar(&c.DialTimeout, "dial-timeout", c.DialTimeout, "upstream TCP connect timeout")
@@ -117,6 +121,8 @@ func FlagSet(c *Config) *pflag.FlagSet {
 	fs.DurationVar(&c.KeepAlive, "tcp-keepalive", c.KeepAlive, "upstream TCP keepalive period")
 	fs.DurationVar(&c.HTTP2ReadIdleTimeout, "http2-read-idle-timeout", c.HTTP2ReadIdleTimeout, "ping an upstream HTTP/2 connection after this long without a frame")
 	fs.DurationVar(&c.HTTP2PingTimeout, "http2-ping-timeout", c.HTTP2PingTimeout, "close an upstream HTTP/2 connection whose ping is not answered within this")
+	fs.IntVar(&c.HTTP2StreamWindow, "upstream-http2-stream-window", c.HTTP2StreamWindow, "bytes an upstream may send on one HTTP/2 stream ahead of watchsan reading it: what a watch whose client stopped reading holds (kube-apiserver's own window; Go's default is 4 MiB)")
+	fs.IntVar(&c.HTTP2ConnectionWindow, "upstream-http2-connection-window", c.HTTP2ConnectionWindow, "bytes an upstream may send on one HTTP/2 connection, all its streams together, ahead of watchsan reading them (at least 250 stream windows, kube-apiserver's streams per connection, or stalled streams can hold up the others)")
 	fs.DurationVar(&c.ResponseHeaderTimeout, "response-header-timeout", c.ResponseHeaderTimeout, "how long a short request may wait for the upstream's response headers")
 	fs.DurationVar(&c.HealthInterval, "health-interval", c.HealthInterval, "how often each upstream is pinged (HTTP/2 PING: does it answer at all) and its /readyz checked")
 	group("Watch sanitizing")
@@ -137,7 +143,7 @@ func FlagSet(c *Config) *pflag.FlagSet {
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "json or console")
 	fs.BoolVar(&c.AccessLog, "access-log", c.AccessLog, "log one line per request on the main listener (with its request id, which watch lines carry too); false: none")
-	fs.VarP(verbosity{&c.LogLevel}, "v", "v", "log verbosity, klog's convention: 0 is --log-level=info, 1 or more is --log-level=debug (the later of -v and --log-level wins)")
+	fs.VarP(verbosity{&c.LogLevel}, "v", "v", "log verbosity, klog's convention: 0 is --log-level=info, 1 or more is --log-level=debug; -v alone is 1 (the later of -v and --log-level wins)")
 	c.HA.flags(fs, group)
 	group("")
 	return fs
@@ -221,25 +227,46 @@ func Load(args []string) (Config, error) {
 	return c, errors.Join(errs...)
 }
 
-// loadFile applies a YAML file whose keys are flag names, through the flags themselves. A list
-// value sets a repeatable flag once per element.
+// loadFile applies a YAML file whose keys are flag names, through the flags themselves. The
+// file must be a YAML mapping (or empty: nothing set), each key once. A key's value is a
+// scalar; or a list, which sets a repeatable flag once per element, and is joined with commas
+// for a flag that takes a comma-separated list (CommaListAnnotation); any other list, or a
+// mapping, is refused, naming the key: a value the file meant can never be dropped or half
+// used (issue 16: a two-item reject-paths list kept only its last item).
 func loadFile(path string, c *Config) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("--config: %w", err)
 	}
-	var m map[string]any
-	if err := yaml.Unmarshal(data, &m); err != nil {
-		return fmt.Errorf("--config %s: %w", path, err)
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return fmt.Errorf("--config %s: not YAML: %w", path, err)
+	}
+	if len(doc.Content) == 0 {
+		return nil // empty, or comments only
+	}
+	root := doc.Content[0]
+	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
+		return nil // "~", "null", "---": nothing set
+	}
+	if root.Kind != yaml.MappingNode {
+		return fmt.Errorf("--config %s: line %d: not a mapping of flag names to values (%s)", path, root.Line, kindName(root))
 	}
 	fs := FlagSet(c)
 	var errs []error
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	seen := map[string]int{}
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		kn, vn := root.Content[i], root.Content[i+1]
+		k := kn.Value
+		if kn.Kind != yaml.ScalarNode {
+			errs = append(errs, fmt.Errorf("--config %s: line %d: a key must be a flag's name, not %s", path, kn.Line, kindName(kn)))
+			continue
+		}
+		if line, dup := seen[k]; dup {
+			errs = append(errs, fmt.Errorf("--config %s: key %q given twice (lines %d and %d): say once what you mean", path, k, line, kn.Line))
+			continue
+		}
+		seen[k] = kn.Line
 		f := fs.Lookup(k)
 		if k == "config" || f == nil {
 			msg := fmt.Sprintf("--config %s: unknown key %q", path, k)
@@ -249,12 +276,13 @@ func loadFile(path string, c *Config) error {
 			errs = append(errs, errors.New(msg))
 			continue
 		}
-		vals, isList := m[k].([]any)
-		if !isList {
-			vals = []any{m[k]}
+		vals, err := fileValues(f, vn)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--config %s: key %q: line %d: %w", path, k, vn.Line, err))
+			continue
 		}
 		for _, v := range vals {
-			if err := setFlag(f, scalar(v)); err != nil {
+			if err := setFlag(f, v); err != nil {
 				var ve *ValueError
 				if errors.As(err, &ve) {
 					ve.File = path
@@ -266,17 +294,53 @@ func loadFile(path string, c *Config) error {
 	return errors.Join(errs...)
 }
 
-func scalar(v any) string {
-	switch v := v.(type) {
-	case nil:
-		return ""
-	case float64:
-		return strconv.FormatFloat(v, 'f', -1, 64)
-	case string:
-		return v
+// fileValues is what a file's value node v sets flag f to: each value is one Set.
+func fileValues(f *pflag.Flag, v *yaml.Node) ([]string, error) {
+	switch v.Kind {
+	case yaml.ScalarNode:
+		if v.Tag == "!!null" {
+			return []string{""}, nil
+		}
+		return []string{v.Value}, nil
+	case yaml.SequenceNode:
+		items := make([]string, 0, len(v.Content))
+		for _, e := range v.Content {
+			if e.Kind != yaml.ScalarNode {
+				return nil, fmt.Errorf("a list item is %s; want a value", kindName(e))
+			}
+			items = append(items, e.Value)
+		}
+		if _, repeatable := f.Value.(*stringList); repeatable {
+			return items, nil
+		}
+		if _, ok := f.Annotations[CommaListAnnotation]; ok {
+			for _, e := range items {
+				if strings.Contains(e, ",") {
+					return nil, fmt.Errorf("list item %q has a comma, which --%s takes as a separator between items", e, f.Name)
+				}
+			}
+			return []string{strings.Join(items, ",")}, nil
+		}
+		return nil, fmt.Errorf("a list, but --%s takes one value", f.Name)
 	}
-	return fmt.Sprint(v)
+	return nil, fmt.Errorf("%s, but --%s takes a value", kindName(v), f.Name)
 }
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.AliasNode:
+		return "an alias"
+	}
+	return fmt.Sprintf("the value %q", n.Value)
+}
+
+// CommaListAnnotation marks a flag whose value is a comma-separated list: a --config file may
+// give it as a YAML list.
+const CommaListAnnotation = "watchsan.io/comma-list"
 
 func findConfigFlag(args []string) string {
 	for i := 0; i < len(args); i++ {
@@ -401,6 +465,16 @@ func parseAll(fs *pflag.FlagSet, args []string) []error {
 		}
 		if !hasVal && f.NoOptDefVal != "" {
 			val, hasVal = f.NoOptDefVal, true
+		}
+		if _, ok := f.Value.(verbosity); ok && !hasVal {
+			// -v alone is -v 1, as in most tools; "-v 2" keeps klog's form.
+			val, hasVal = "1", true
+			if i+1 < len(args) {
+				if _, err := strconv.Atoi(args[i+1]); err == nil {
+					i++
+					val = args[i]
+				}
+			}
 		}
 		if !hasVal {
 			if i+1 >= len(args) {

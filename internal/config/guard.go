@@ -34,6 +34,14 @@ const (
 	// DefaultMaxConnections bounds the main listener's connections; lowered at start when the
 	// open-file limit cannot hold them (FitConnections).
 	DefaultMaxConnections = 1000
+	// DefaultMaxConnectionsPerSource is the main listener's per-source connection limit in
+	// frontend mode (--listen not on loopback): a tenth of the default --max-connections, so that
+	// no one client holds them all.
+	DefaultMaxConnectionsPerSource = 100
+	// DefaultMaxHeaderConnectionsPerSource bounds one source's connections still sending a
+	// request's headers in frontend mode: a client sends its headers at once, whatever it does
+	// next; only a slow (slowloris) one keeps this many waiting.
+	DefaultMaxHeaderConnectionsPerSource = 32
 	// DefaultHTTP2MaxStreams is kube-apiserver's default streams per HTTP/2 connection.
 	DefaultHTTP2MaxStreams = 100
 	// AdminMaxConnections bounds the admin listener on its own, so that /healthz and /metrics
@@ -61,14 +69,21 @@ type Guard struct {
 
 // regexList compiles a comma-separated list of regular expressions, as kubectl proxy does;
 // empty entries are skipped, so "" is the empty list.
-func regexList(s string) ([]*regexp.Regexp, error) {
+func regexList(s string) ([]*regexp.Regexp, error) { return compileList(s, "") }
+
+// denyList is regexList for a list of what is refused: "." matches a newline too (flag s), so
+// that a path with an encoded newline (%0A) in it cannot slip past a ".*" (issue 16; an
+// apiserver rejects such names today, which is no reason for the guard to depend on it).
+func denyList(s string) ([]*regexp.Regexp, error) { return compileList(s, "(?s)") }
+
+func compileList(s, flags string) ([]*regexp.Regexp, error) {
 	var out []*regexp.Regexp
 	for _, e := range strings.Split(s, ",") {
 		e = strings.TrimSpace(e)
 		if e == "" {
 			continue
 		}
-		re, err := regexp.Compile(e)
+		re, err := regexp.Compile(flags + e)
 		if err != nil {
 			return nil, err
 		}
@@ -102,7 +117,7 @@ func (c *Config) validateGuard(add func(format string, a ...any)) {
 	for _, f := range []struct{ flag, v string }{
 		{"accept-hosts", c.AcceptHosts}, {"reject-paths", c.RejectPaths}, {"reject-methods", c.RejectMethods},
 	} {
-		if _, err := regexList(f.v); err != nil {
+		if _, err := denyList(f.v); err != nil {
 			add("--%s %q: %w", f.flag, f.v, err)
 		}
 	}
@@ -120,6 +135,14 @@ func (c *Config) validateGuard(add func(format string, a ...any)) {
 	if c.MaxConnections < 1 {
 		add("--max-connections %d: must be positive", c.MaxConnections)
 	}
+	for _, f := range []struct {
+		flag string
+		v    int
+	}{{"max-connections-per-source", c.MaxConnectionsPerSource}, {"max-header-connections-per-source", c.MaxHeaderConnectionsPerSource}} {
+		if f.v < -1 {
+			add("--%s %d: want a limit, 0 (the frontend-mode default) or -1 (none)", f.flag, f.v)
+		}
+	}
 	if c.HTTP2MaxStreams < 1 || c.HTTP2MaxStreams > 1<<20 {
 		add("--http2-max-streams-per-connection %d: want 1 to 1048576", c.HTTP2MaxStreams)
 	}
@@ -127,12 +150,26 @@ func (c *Config) validateGuard(add func(format string, a ...any)) {
 
 // completeGuard compiles the guard (validated before).
 func (c *Config) completeGuard(lend bool) Guard {
+	// (The per-source limits go with the listener limits: see Complete.)
 	g := Guard{On: lend}
 	g.AcceptHosts, _ = regexList(c.AcceptHosts)
-	g.RejectPaths, _ = regexList(c.RejectPaths)
-	g.RejectMethods, _ = regexList(c.RejectMethods)
+	g.RejectPaths, _ = denyList(c.RejectPaths)
+	g.RejectMethods, _ = denyList(c.RejectMethods)
 	g.StripHeaders, g.StripPrefixes, _ = headerList(c.StripIdentityHeaders)
 	return g
+}
+
+// sourceLimit resolves a per-source limit flag: 0 is def in frontend mode (listen not on
+// loopback) and none on loopback, where every client is this machine (a sidecar's or a
+// node's); -1 is none; 0 in the result is none.
+func sourceLimit(v, def int, listen string) int {
+	switch {
+	case v > 0:
+		return v
+	case v == 0 && !IsLoopback(listen):
+		return def
+	}
+	return 0
 }
 
 // HeaderTimeout is how long the main listener waits for a request's headers: the idle timeout

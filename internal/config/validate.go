@@ -93,6 +93,12 @@ func (c *Config) Validate() error {
 	if c.WatchStallTimeout > 0 && c.WatchStallTimeout < time.Second {
 		add("--watch-stall-timeout %s: use at least 1s: every quiet watch is resumed once per stall timeout", c.WatchStallTimeout)
 	}
+	if c.HTTP2StreamWindow < 16<<10 || c.HTTP2StreamWindow > 1<<30 {
+		add("--upstream-http2-stream-window %d: want 16384 to 1073741824 bytes", c.HTTP2StreamWindow)
+	}
+	if c.HTTP2ConnectionWindow < max(c.HTTP2StreamWindow, 64<<10) || c.HTTP2ConnectionWindow > 1<<30 {
+		add("--upstream-http2-connection-window %d: want at least --upstream-http2-stream-window (%d) and at most 1073741824 bytes", c.HTTP2ConnectionWindow, c.HTTP2StreamWindow)
+	}
 	if c.KeepAlive < 0 {
 		add("--tcp-keepalive %s: must not be negative", c.KeepAlive)
 	}
@@ -196,6 +202,9 @@ type Completed struct {
 	// MaxConnections is the main listener's connection limit in effect: Config.MaxConnections,
 	// lowered to fit the open-file limit (FitConnections).
 	MaxConnections int
+	// SourceConnections and SourceHeaderConnections are the per-source limits in effect (0:
+	// none): of one source's connections, and of those still sending a request's headers.
+	SourceConnections, SourceHeaderConnections int
 	// Warnings are what is allowed but unsafe, or was adjusted; logged at start.
 	Warnings []string
 }
@@ -256,6 +265,8 @@ func (c Config) Complete() (*Completed, error) {
 		return nil, errors.Join(errs...)
 	}
 	out.Guard = c.completeGuard(out.Lend)
+	out.SourceConnections = sourceLimit(c.MaxConnectionsPerSource, DefaultMaxConnectionsPerSource, c.Listen)
+	out.SourceHeaderConnections = sourceLimit(c.MaxHeaderConnectionsPerSource, DefaultMaxHeaderConnectionsPerSource, c.Listen)
 	out.warnings(openFileLimit())
 	return out, nil
 }
@@ -266,20 +277,47 @@ func hasIdentity(rc *rest.Config) bool {
 }
 
 func loadKubeconfig(path, context string) (*rest.Config, error) {
+	rc, err := LoadKubeconfig(path, context, "")
+	var none *NoKubeconfigError
+	switch {
+	case errors.As(err, &none):
+		return nil, fmt.Errorf("no upstream: pass --upstream https://HOST:6443 or --kubeconfig FILE; %w", err)
+	case err != nil && path == "":
+		return nil, fmt.Errorf("no upstream: no --upstream given and %w", err)
+	}
+	return rc, err
+}
+
+// NoKubeconfigError is LoadKubeconfig's failure when no path was given and client-go's default
+// loading rules found nothing; it says where they looked.
+type NoKubeconfigError struct{ Searched string }
+
+func (e *NoKubeconfigError) Error() string {
+	return "watchsan looked for a kubeconfig in " + e.Searched
+}
+
+// LoadKubeconfig loads a kubeconfig as kubectl does (path, else $KUBECONFIG or
+// ~/.kube/config, else the pod's service account), with context and server (each "": the
+// kubeconfig's) in place of its own, for watchsan and `watchsan check` alike. Its failures say
+// what to do in watchsan's words: client-go's own for "nothing found" is about
+// KUBERNETES_MASTER, long obsolete (issue 16).
+func LoadKubeconfig(path, context, server string) (*rest.Config, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	if path != "" {
 		rules.ExplicitPath = path
 	}
 	overrides := &clientcmd.ConfigOverrides{CurrentContext: context}
+	overrides.ClusterInfo.Server = server
 	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides).ClientConfig()
 	switch {
 	case err == nil:
 		return rc, nil
 	case path == "" && clientcmd.IsEmptyConfig(err):
-		// client-go's own message here is about KUBERNETES_MASTER, long obsolete.
-		return nil, fmt.Errorf("no upstream: pass --upstream https://HOST:6443 or --kubeconfig FILE; watchsan looked for a kubeconfig in %s", kubeconfigSearch(rules.Precedence, os.Getenv))
+		return nil, &NoKubeconfigError{Searched: kubeconfigSearch(rules.Precedence, os.Getenv)}
 	case path == "":
-		return nil, fmt.Errorf("no upstream: no --upstream given and the kubeconfig (%s) could not be loaded: %w", strings.Join(rules.Precedence, ", "), err)
+		return nil, fmt.Errorf("the kubeconfig (%s) could not be loaded: %w", strings.Join(rules.Precedence, ", "), err)
+	case clientcmd.IsEmptyConfig(err):
+		return nil, fmt.Errorf("--kubeconfig %s: no cluster, user or context in it (an empty file, or not a kubeconfig)", path)
 	}
 	return nil, fmt.Errorf("--kubeconfig %s: %w", path, err)
 }

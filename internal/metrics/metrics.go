@@ -39,6 +39,7 @@ type Metrics struct {
 	Refused         *prometheus.CounterVec // reason: requests watchsan refused itself (RefusalReasons)
 	Connections     *prometheus.GaugeVec   // listener: main | admin
 	ConnectionLimit *prometheus.GaugeVec   // listener
+	ConnectionsShed *prometheus.CounterVec // reason: main-listener connections closed by a per-source limit (ShedReasons)
 	TLSReloads      *prometheus.CounterVec // result: ok | error (the main listener's TLS files)
 
 	// BuildInfo is 1 for the running build's version, revision and Go version (SetVersion).
@@ -56,7 +57,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	f := func(c prometheus.Collector) { reg.MustRegister(c) }
-	m := &Metrics{Registry: reg, labels: &boundedLabels{seen: map[string]struct{}{}, max: 500}}
+	m := &Metrics{Registry: reg, labels: newBoundedLabels()}
 	m.Requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_requests_total", Help: "Requests proxied, by verb, resource and HTTP status code."}, []string{"verb", "resource", "code"})
 	m.RequestSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "watchsan_request_duration_seconds", Help: "Duration of proxied requests other than watches and upgrades.", Buckets: RequestBuckets}, []string{"verb", "resource"})
 	m.InFlight = prometheus.NewGauge(prometheus.GaugeOpts{Name: "watchsan_requests_in_flight", Help: "Requests being served now, watches included."})
@@ -76,13 +77,17 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	m.Retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_request_retries_total", Help: "Retries of requests that failed before their response started, by outcome."}, []string{"outcome"})
 	m.Refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_requests_refused_total", Help: "Requests watchsan refused itself before anything went upstream, by reason (host, origin, cors_preflight, path, method, dot_segment, connect, absolute_target)."}, []string{"reason"})
 	m.Connections = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_connections", Help: "Client connections open now, by listener (upgraded ones included)."}, []string{"listener"})
+	m.ConnectionsShed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_connections_shed_total", Help: "Main-listener connections closed by a per-source limit: source_connections (the source had --max-connections-per-source open; the new one is closed), source_headers (the source had --max-header-connections-per-source still sending their request's headers; its oldest such one is closed)."}, []string{"reason"})
+	for _, r := range ShedReasons {
+		m.ConnectionsShed.WithLabelValues(r)
+	}
 	m.ConnectionLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_connection_limit", Help: "Most client connections a listener serves at once; more wait in the kernel's backlog."}, []string{"listener"})
 	m.TLSReloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_tls_reloads_total", Help: "Changes of the main listener's TLS files (serving certificate, key, client CA) seen, by result: ok (in use from the next handshake) or error (they do not load; the previous ones stay)."}, []string{"result"})
 	for _, result := range []string{"ok", "error"} { // at 0 from the start: alerts see 0, not no data
 		m.TLSReloads.WithLabelValues(result)
 	}
 	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_build_info", Help: "Always 1; its labels say which build runs: version, VCS revision and Go version."}, []string{"version", "revision", "goversion"})
-	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.StallsHung, m.ResumeSeconds, m.RelistsForced, m.Retries, m.Refused, m.Connections, m.ConnectionLimit} {
+	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.StallsHung, m.ResumeSeconds, m.RelistsForced, m.Retries, m.Refused, m.Connections, m.ConnectionLimit, m.ConnectionsShed} {
 		f(c)
 	}
 	m.Upstream.register(reg)
@@ -131,8 +136,11 @@ func (m *Metrics) SetVersion(version string) {
 // Directions are every value of Bytes's direction label.
 var Directions = []string{"upstream_to_client", "client_to_upstream"}
 
+// ShedReasons are every value of ConnectionsShed's reason label.
+var ShedReasons = []string{"source_connections", "source_headers"}
+
 // RefusalReasons are every value of Refused's reason label.
-var RefusalReasons = []string{"host", "origin", "cors_preflight", "path", "method", "dot_segment", "connect", "absolute_target"}
+var RefusalReasons = []string{"host", "origin", "cors_preflight", "path", "method", "dot_segment", "connect", "absolute_target", "connection_header", "impersonation"}
 
 // verbs are the verb label's values besides "other": the apiserver's verbs for resource
 // requests (RequestInfoFactory) and the lower-case methods it serves on other paths.
@@ -152,31 +160,73 @@ func Verb(v string) string {
 	return "other"
 }
 
-// Resource bounds the cardinality of resource labels: the first few hundred distinct values are
-// kept, later ones are reported as "other" (request paths come from clients).
+// Resource is r as a resource label, bounded (request paths come from clients): r if the
+// upstream has served it (Seen), or if it is one of the first MaxUnservedResources others
+// asked for; else "other". Junk, however much of it and however early (after a restart), can
+// only take the unserved places, never a served resource's (issue 16: with one first-come set,
+// junk pushed real resources into "other").
 func (m *Metrics) Resource(r string) string { return m.labels.get(r) }
 
+// Seen records that a request for resource r was answered by the upstream with a 2xx (or
+// 101): r is a real resource and gets a label of its own, one of MaxResources.
+func (m *Metrics) Seen(r string) { m.labels.add(r) }
+
+// The resource label's bounds: served resources, and others (junk, or a real resource nobody
+// was allowed to use yet: a 403 does not tell them apart).
+const (
+	MaxResources         = 500
+	MaxUnservedResources = 100
+)
+
 type boundedLabels struct {
-	mu   sync.RWMutex
-	seen map[string]struct{}
-	max  int
+	mu       sync.RWMutex
+	served   map[string]struct{}
+	unserved map[string]struct{}
+}
+
+func newBoundedLabels() *boundedLabels {
+	return &boundedLabels{served: map[string]struct{}{}, unserved: map[string]struct{}{}}
+}
+
+func (b *boundedLabels) known(v string) bool {
+	_, s := b.served[v]
+	_, u := b.unserved[v]
+	return s || u
 }
 
 func (b *boundedLabels) get(v string) string {
+	if v == "" {
+		return v // not a resource request
+	}
 	b.mu.RLock()
-	_, ok := b.seen[v]
+	ok := b.known(v)
 	b.mu.RUnlock()
 	if ok {
 		return v
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if _, ok := b.seen[v]; ok {
+	if b.known(v) {
 		return v
 	}
-	if len(b.seen) >= b.max {
-		return "other"
+	if len(b.unserved) < MaxUnservedResources {
+		b.unserved[v] = struct{}{}
+		return v
 	}
-	b.seen[v] = struct{}{}
-	return v
+	return "other"
+}
+
+func (b *boundedLabels) add(v string) {
+	b.mu.RLock()
+	_, ok := b.served[v]
+	b.mu.RUnlock()
+	if ok || v == "" {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.served) < MaxResources {
+		b.served[v] = struct{}{}
+		delete(b.unserved, v)
+	}
 }

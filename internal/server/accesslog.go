@@ -51,9 +51,15 @@ func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
+// statusClientClosed is the code a request is counted and logged under when its client went
+// away before any answer: nginx's 499 ("client closed request"), not the 200 net/http would
+// have sent (issue 16: a rapid-reset run counted 19,456 requests as 200, 8,126 of which had
+// reached the upstream and none of which was answered).
+const statusClientClosed = 499
+
 // serveInstrumented serves r with next, then writes the access log line and the request
 // metrics. The log never carries a header value: tokens live there.
-func (s *Server) serveInstrumented(w http.ResponseWriter, r *http.Request, c *classified, next http.Handler) {
+func (s *Server) serveInstrumented(w http.ResponseWriter, r *http.Request, c *classified, next route) {
 	start := time.Now()
 	info := c.info
 	resource := info.FullResource()
@@ -62,10 +68,16 @@ func (s *Server) serveInstrumented(w http.ResponseWriter, r *http.Request, c *cl
 	defer func() {
 		s.metrics.InFlight.Dec()
 		code := rec.code
-		if code == 0 {
-			code = http.StatusOK
+		switch {
+		case code == 0 && r.Context().Err() != nil:
+			code = statusClientClosed // no answer went out, and none will: the client left
+		case code == 0:
+			code = http.StatusOK // what net/http sends for a handler that wrote nothing
 		}
 		d := time.Since(start)
+		if (code >= 200 && code < 300 || code == http.StatusSwitchingProtocols) && c.ref == nil {
+			s.metrics.Seen(resource) // the upstream served it: a real resource
+		}
 		res, verb := s.metrics.Resource(resource), metrics.Verb(info.Verb)
 		s.metrics.Requests.WithLabelValues(verb, res, strconv.Itoa(code)).Inc()
 		if info.Verb != "watch" && code != http.StatusSwitchingProtocols {
@@ -98,7 +110,7 @@ func (s *Server) serveInstrumented(w http.ResponseWriter, r *http.Request, c *cl
 		r.Body = body
 		defer func() { s.metrics.Bytes.WithLabelValues("client_to_upstream").Add(float64(body.n.Load())) }()
 	}
-	next.ServeHTTP(rec, r)
+	next(rec, r, c)
 }
 
 // countingBody counts the request body bytes read (by the proxy, towards the upstream).

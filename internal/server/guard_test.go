@@ -131,7 +131,11 @@ func TestAttackLendingGuard(t *testing.T) {
 	defer front.Close()
 	addr := strings.TrimPrefix(front.URL, "http://")
 	const ok = "Host: 127.0.0.1:8001\r\n"
+	_, port, _ := net.SplitHostPort(addr)
 	exec := "/api/v1/namespaces/default/pods/p/exec?command=sh"
+	// Issue 16: every hop removes the headers Connection names, so this request went upstream
+	// without the Authorization the guard had waved it through for, and got the lent identity.
+	junk := "Host: evil.example\r\nOrigin: http://evil.example\r\nAuthorization: Bearer junk\r\n"
 	ws := "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
 	for _, tc := range []struct {
 		name, req string
@@ -152,6 +156,7 @@ func TestAttackLendingGuard(t *testing.T) {
 		{"attach", "GET /api/v1/namespaces/default/pods/p/attach HTTP/1.1\r\n" + ok + "\r\n", 403, "path", "--reject-paths"},
 		{"exec via a double slash", "GET /api/v1/namespaces/default/pods/p//exec HTTP/1.1\r\n" + ok + "\r\n", 403, "path", "--reject-paths"},
 		{"exec via a leading double slash", "GET //api/v1/namespaces/default/pods/p/exec HTTP/1.1\r\n" + ok + "\r\n", 403, "path", "--reject-paths"},
+		{"exec via an encoded newline", "GET /api/v1/namespaces/de%0Afault/pods/p/exec HTTP/1.1\r\n" + ok + "\r\n", 403, "path", "--reject-paths"},
 		{"exec via an escaped slash", "GET /api/v1/namespaces/default/pods/p%2Fexec HTTP/1.1\r\n" + ok + "\r\n", 403, "path", "--reject-paths"},
 		{"kubelet exec via nodes/proxy", "GET /api/v1/nodes/n1/proxy/exec/default/p/c?command=sh HTTP/1.1\r\n" + ok + "\r\n", 403, "path", "--reject-paths"},
 		{"dot segments", "GET /../../../v3/tokens HTTP/1.1\r\n" + ok + "\r\n", 400, "dot_segment", ""},
@@ -163,9 +168,22 @@ func TestAttackLendingGuard(t *testing.T) {
 		{"CONNECT", "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", 405, "connect", ""},
 		{"absolute target", "GET http://example.com/api HTTP/1.1\r\nHost: example.com\r\n\r\n", 400, "absolute_target", ""},
 
+		{"another origin on loopback", "GET /api/v1/secrets HTTP/1.1\r\n" + ok + "Origin: http://localhost:3000\r\n\r\n", 403, "origin", "own origin"},
+		{"this port over another scheme", "GET /api/v1/secrets HTTP/1.1\r\n" + ok + "Origin: https://127.0.0.1:" + port + "\r\n\r\n", 403, "origin", "own origin"},
+		{"the default port", "GET /api/v1/secrets HTTP/1.1\r\n" + ok + "Origin: http://localhost\r\n\r\n", 403, "origin", "own origin"},
+		{"Connection: Authorization", "POST " + exec + " HTTP/1.1\r\n" + junk + "Connection: Authorization\r\nContent-Length: 0\r\n\r\n", 400, "connection_header", "Connection"},
+		{"Connection: Upgrade, Authorization", "POST " + exec + " HTTP/1.1\r\n" + junk + "Connection: Upgrade, authorization\r\nUpgrade: SPDY/3.1\r\nContent-Length: 0\r\n\r\n", 400, "connection_header", "Connection"},
+		{"Connection: Authorization on a watch", "GET /api/v1/secrets?watch=true HTTP/1.1\r\n" + junk + "Connection: Authorization\r\n\r\n", 400, "connection_header", "Connection"},
+		{"Connection: Authorization over HTTP/1.0", "GET /api/v1/secrets HTTP/1.0\r\nAuthorization: Bearer junk\r\nConnection: Authorization\r\n\r\n", 400, "connection_header", "Connection"},
+		{"Connection names X-Remote-User", "GET /api/v1/secrets HTTP/1.1\r\n" + ok + "Connection: X-Remote-User\r\n\r\n", 400, "connection_header", "Connection"},
+		{"Connection names Impersonate-Group", "GET /api/v1/secrets HTTP/1.1\r\n" + ok + "Authorization: Bearer own\r\nConnection: close, Impersonate-Group\r\n\r\n", 400, "connection_header", "Connection"},
+		{"Connection names Host", "GET /api/v1/secrets HTTP/1.1\r\n" + ok + "Connection: host\r\n\r\n", 400, "connection_header", "Connection"},
+
+		{"Connection: keep-alive", "GET /api/v1/secrets HTTP/1.1\r\n" + ok + "Connection: keep-alive\r\n\r\n", 200, "", ""},
 		{"localhost", "GET /api/v1/secrets HTTP/1.1\r\nHost: localhost:8001\r\n\r\n", 200, "", ""},
 		{"IPv6 loopback", "GET /api/v1/secrets HTTP/1.1\r\nHost: [::1]:8001\r\n\r\n", 200, "", ""},
-		{"same-host origin", "GET /api/v1/secrets HTTP/1.1\r\n" + ok + "Origin: http://127.0.0.1:8001\r\n\r\n", 200, "", ""},
+		{"same origin", "GET /api/v1/secrets HTTP/1.1\r\n" + ok + "Origin: http://127.0.0.1:" + port + "\r\n\r\n", 200, "", ""},
+		{"same origin by another loopback name", "GET /api/v1/secrets HTTP/1.1\r\n" + ok + "Origin: http://localhost:" + port + "\r\n\r\n", 200, "", ""},
 		{"names that merely contain a dot", "GET /api/v1/namespaces/default/configmaps/a..b HTTP/1.1\r\n" + ok + "\r\n", 200, "", ""},
 		{"rebinding with own credentials", "GET /api/v1/secrets HTTP/1.1\r\nHost: evil.example\r\nAuthorization: Bearer own\r\n\r\n", 200, "", ""},
 		{"exec with own credentials", "POST " + exec + " HTTP/1.1\r\n" + ok + "Authorization: Bearer own\r\nContent-Length: 0\r\n\r\n", 200, "", ""},

@@ -21,7 +21,6 @@ import (
 
 	"github.com/watchsan/watchsan/internal/config"
 	"github.com/watchsan/watchsan/internal/metrics"
-	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/upstream"
 	"github.com/watchsan/watchsan/internal/watch"
 )
@@ -117,44 +116,40 @@ func (s *Server) onBreak(b *upstream.Backend, r watch.ResumeReason) {
 // anything watchsan delivered, and as RV=0 allows, it may be newer; like a list at RV=0 it is
 // not paged (the client's limit is dropped). When every upstream
 // answers 504 (an etcd restored from a backup starts below the mark), the mark is dropped.
-func (s *Server) listGuard(r *http.Request, info reqinfo.Info, next http.Handler) http.Handler {
-	if !s.cfg.TimeTravelGuard || info.Verb != "list" || r.Method != http.MethodGet {
-		return next
-	}
+func (s *Server) listGuard(w http.ResponseWriter, r *http.Request, c *classified) {
+	plan := upstream.Plan{Credentials: c.cred}
+	info := c.info
 	q := r.URL.Query()
-	if q.Get("resourceVersion") != "0" {
-		return next
+	high, ok := uint64(0), false
+	if m := q.Get("resourceVersionMatch"); q.Get("resourceVersion") == "0" && (m == "" || m == "NotOlderThan") {
+		high, ok = s.pool.HighWater(info.GroupResource())
 	}
-	if m := q.Get("resourceVersionMatch"); m != "" && m != "NotOlderThan" {
-		return next
+	if !s.cfg.TimeTravelGuard || info.Verb != "list" || r.Method != http.MethodGet || !ok {
+		s.proxy.serve(w, r, c, plan)
+		return
 	}
 	resource := info.GroupResource()
-	high, ok := s.pool.HighWater(resource)
-	if !ok {
-		return next
+	q.Set("resourceVersion", strconv.FormatUint(high, 10))
+	q.Set("resourceVersionMatch", "NotOlderThan")
+	// A list at RV 0 is served whole from the watch cache, its limit ignored; at an RV
+	// above 0 the limit would page it, and a client that knows RV 0 is never paged may
+	// not follow a continue token.
+	q.Del("limit")
+	u := *r.URL
+	u.RawQuery = q.Encode()
+	r = r.WithContext(r.Context()) // a shallow copy: the client's request stays as it came
+	r.URL = &u
+	plan.RetryTooLarge = true
+	rec := &recorder{ResponseWriter: w}
+	s.proxy.serve(rec, r, c, plan)
+	outcome := "sent"
+	if rec.code == http.StatusGatewayTimeout {
+		outcome = "too-large"
+		s.pool.ForgetHighWater(resource)
+		s.log.Warn("no upstream could serve a list at watchsan's high-water resourceVersion; the mark is dropped",
+			zap.String("resource", resource), zap.Uint64("resourceVersion", high))
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		q.Set("resourceVersion", strconv.FormatUint(high, 10))
-		q.Set("resourceVersionMatch", "NotOlderThan")
-		// A list at RV 0 is served whole from the watch cache, its limit ignored; at an RV
-		// above 0 the limit would page it, and a client that knows RV 0 is never paged may
-		// not follow a continue token.
-		q.Del("limit")
-		u := *r.URL
-		u.RawQuery = q.Encode()
-		r = r.WithContext(upstream.WithPlan(r.Context(), upstream.Plan{RetryTooLarge: true}))
-		r.URL = &u
-		rec := &recorder{ResponseWriter: w}
-		next.ServeHTTP(rec, r)
-		outcome := "sent"
-		if rec.code == http.StatusGatewayTimeout {
-			outcome = "too-large"
-			s.pool.ForgetHighWater(resource)
-			s.log.Warn("no upstream could serve a list at watchsan's high-water resourceVersion; the mark is dropped",
-				zap.String("resource", resource), zap.Uint64("resourceVersion", high))
-		}
-		s.metrics.Upstream.ListsRaised.WithLabelValues(outcome).Inc()
-	})
+	s.metrics.Upstream.ListsRaised.WithLabelValues(outcome).Inc()
 }
 
 // Reload applies a new configuration: its upstream set (with discovery, the configured set is
@@ -194,10 +189,10 @@ func (s *Server) setUpstreams(urls []*url.URL, why string) error {
 	return nil
 }
 
-// discover follows the EndpointSlices of the default/kubernetes Service (the apiservers'
-// own registrations, kept by their endpoint reconciler) until ctx ends, reading them every
-// discovery interval through the pool, with backoff after a failure. An empty or unreadable
-// answer changes nothing.
+// discover follows the apiservers' own EndpointSlice, default/kubernetes (kept by their
+// endpoint reconciler: readEndpoints), until ctx ends, reading it every discovery interval
+// through the pool, with backoff after a failure. An unreadable or empty answer, or one that
+// is not the apiservers' slice, changes nothing.
 func (s *Server) discover(ctx context.Context) {
 	if s.cfg.UpstreamDiscovery != config.DiscoveryEndpoints {
 		return
@@ -255,35 +250,52 @@ func sameURLs(a, b []*url.URL) bool {
 	return slices.Equal(as, bs)
 }
 
-// endpointSlices is the part of a discovery.k8s.io/v1 EndpointSliceList discovery reads.
-type endpointSlices struct {
-	Items []struct {
-		AddressType string `json:"addressType"`
-		Endpoints   []struct {
-			Addresses  []string `json:"addresses"`
-			Conditions struct {
-				Ready *bool `json:"ready"`
-			} `json:"conditions"`
-		} `json:"endpoints"`
-		Ports []struct {
-			Name *string `json:"name"`
-			Port *int32  `json:"port"`
-		} `json:"ports"`
-	} `json:"items"`
+// endpointSlice is the part of a discovery.k8s.io/v1 EndpointSlice discovery reads.
+type endpointSlice struct {
+	Metadata struct {
+		Name   string            `json:"name"`
+		Labels map[string]string `json:"labels"`
+	} `json:"metadata"`
+	AddressType string `json:"addressType"`
+	Endpoints   []struct {
+		Addresses  []string `json:"addresses"`
+		Conditions struct {
+			Ready *bool `json:"ready"`
+		} `json:"conditions"`
+	} `json:"endpoints"`
+	Ports []struct {
+		Name *string `json:"name"`
+		Port *int32  `json:"port"`
+	} `json:"ports"`
 }
 
-// readEndpoints reads the apiservers' addresses: every ready endpoint of the kubernetes
-// Service's slices, at its https port.
+// The apiservers' own EndpointSlice: kube-apiserver's endpoint reconciler
+// (pkg/controlplane/reconcilers/endpointsadapter.go, k8s.io/kubernetes v1.37.2) writes one
+// slice named after the Service, "kubernetes", labelled kubernetes.io/service-name=kubernetes
+// and nothing else: no endpointslice.kubernetes.io/managed-by, which every EndpointSlice
+// controller sets on the slices it manages (and the mirroring controller skips the
+// apiservers' Endpoints, which the reconciler marks skip-mirror).
+const (
+	apiserverSlice      = "kubernetes"
+	labelServiceName    = "kubernetes.io/service-name"
+	labelSliceManagedBy = "endpointslice.kubernetes.io/managed-by"
+)
+
+// readEndpoints reads the apiservers' addresses from their own EndpointSlice: every ready
+// endpoint, at its https port. Only that slice counts: any other slice labelled for the
+// kubernetes Service (anyone who may create EndpointSlices in default can write one, naming
+// an address of their choice) is never read, and the slice itself is refused when it says
+// another manager wrote it.
 func (s *Server) readEndpoints(ctx context.Context) ([]*url.URL, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet,
-		"/apis/discovery.k8s.io/v1/namespaces/default/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dkubernetes", nil)
+		"/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/"+apiserverSlice, nil)
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Accept", "application/json")
-	at, err := s.attempts.Do(ctx, req, upstream.Plan{})
+	at, err := s.attempts.Do(ctx, req, upstream.Plan{Credentials: upstream.Self})
 	if err != nil {
 		return nil, err
 	}
@@ -293,40 +305,44 @@ func (s *Server) readEndpoints(ctx context.Context) ([]*url.URL, error) {
 		body, _ := io.ReadAll(io.LimitReader(at.Resp.Body, 512))
 		return nil, fmt.Errorf("%s answered %d: %s", at.Backend, at.Resp.StatusCode, body)
 	}
-	var list endpointSlices
-	if err := json.NewDecoder(io.LimitReader(at.Resp.Body, 8<<20)).Decode(&list); err != nil {
-		return nil, fmt.Errorf("%s: endpointslices: %w", at.Backend, err)
+	var sl endpointSlice
+	if err := json.NewDecoder(io.LimitReader(at.Resp.Body, 8<<20)).Decode(&sl); err != nil {
+		return nil, fmt.Errorf("%s: endpointslice: %w", at.Backend, err)
+	}
+	switch by, managed := sl.Metadata.Labels[labelSliceManagedBy]; {
+	case sl.Metadata.Name != apiserverSlice || sl.Metadata.Labels[labelServiceName] != "kubernetes":
+		return nil, fmt.Errorf("%s: the EndpointSlice default/%s is not the kubernetes Service's", at.Backend, apiserverSlice)
+	case managed:
+		return nil, fmt.Errorf("%s: the EndpointSlice default/%s is managed by %q, not by the apiservers' endpoint reconciler (which sets no %s); it is not followed", at.Backend, apiserverSlice, by, labelSliceManagedBy)
+	}
+	port := int32(0)
+	for _, p := range sl.Ports {
+		if p.Port != nil && (port == 0 || (p.Name != nil && *p.Name == "https")) {
+			port = *p.Port
+		}
+	}
+	if port == 0 || (sl.AddressType != "IPv4" && sl.AddressType != "IPv6") {
+		return nil, fmt.Errorf("%s: the apiservers' EndpointSlice has no port or an address type %q", at.Backend, sl.AddressType)
 	}
 	seen := map[string]bool{}
 	var urls []*url.URL
-	for _, sl := range list.Items {
-		port := int32(0)
-		for _, p := range sl.Ports {
-			if p.Port != nil && (port == 0 || (p.Name != nil && *p.Name == "https")) {
-				port = *p.Port
-			}
-		}
-		if port == 0 || (sl.AddressType != "IPv4" && sl.AddressType != "IPv6") {
+	for _, ep := range sl.Endpoints {
+		if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
 			continue
 		}
-		for _, ep := range sl.Endpoints {
-			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+		for _, a := range ep.Addresses {
+			if net.ParseIP(a) == nil {
 				continue
 			}
-			for _, a := range ep.Addresses {
-				if net.ParseIP(a) == nil {
-					continue
-				}
-				u := &url.URL{Scheme: "https", Host: net.JoinHostPort(a, strconv.Itoa(int(port)))}
-				if !seen[u.String()] {
-					seen[u.String()] = true
-					urls = append(urls, u)
-				}
+			u := &url.URL{Scheme: "https", Host: net.JoinHostPort(a, strconv.Itoa(int(port)))}
+			if !seen[u.String()] {
+				seen[u.String()] = true
+				urls = append(urls, u)
 			}
 		}
 	}
 	if len(urls) == 0 {
-		return nil, fmt.Errorf("%s: the kubernetes Service's EndpointSlices name no ready apiserver", at.Backend)
+		return nil, fmt.Errorf("%s: the apiservers' EndpointSlice names no ready apiserver", at.Backend)
 	}
 	return urls, nil
 }

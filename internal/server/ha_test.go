@@ -7,14 +7,18 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/watchsan/watchsan/internal/config"
+	wtestutil "github.com/watchsan/watchsan/internal/testutil"
+	"github.com/watchsan/watchsan/internal/upstream"
 )
 
 func newTestServerArgs(t *testing.T, args ...string) (*Server, *observer.ObservedLogs) {
@@ -153,7 +157,21 @@ func TestTimeTravelGuard(t *testing.T) {
 // Issue 9 item 4: a reload changes the upstream set live; other changes are reported as
 // needing a restart and change nothing.
 func TestReloadChangesUpstreamsOnly(t *testing.T) {
-	a, b := httptest.NewServer(http.NotFoundHandler()), httptest.NewServer(http.NotFoundHandler())
+	// b answers a watch with an event at resourceVersion 10, then one at 5: a regression, which
+	// repair (the running mode) does not deliver and observe (the reloaded one) would.
+	regressing := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("watch") == "" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		for _, rv := range []string{"10", "5"} {
+			io.WriteString(w, `{"type":"MODIFIED","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"a","namespace":"d","resourceVersion":"`+rv+`"}}}`+"\n")
+		}
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	a, b := httptest.NewServer(http.NotFoundHandler()), httptest.NewServer(regressing)
 	defer a.Close()
 	defer b.Close()
 	s, logs := newTestServerArgs(t, "--upstream="+a.URL)
@@ -179,10 +197,77 @@ func TestReloadChangesUpstreamsOnly(t *testing.T) {
 		t.Fatalf("upstreams after the reload: %v", names)
 	}
 	warn := logs.FilterMessageSnippet("change only at a restart").All()
-	if len(warn) != 1 || len(warn[0].ContextMap()["flags"].([]interface{})) != 1 {
+	if len(warn) != 1 {
 		t.Fatalf("restart-only changes logged: %+v", warn)
 	}
-	if s.cfg.Fix.String() != "repair" {
-		t.Fatal("a restart-only setting changed live")
+	if flags, _ := warn[0].ContextMap()["flags"].([]interface{}); len(flags) != 1 || flags[0] != "--fix-mode" {
+		t.Fatalf("restart-only changes logged: %+v", warn)
+	}
+	// The watch pipeline still repairs: the regressed event does not reach the client.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go s.pool.Run(ctx)
+	wtestutil.Eventually(t, 10*time.Second, "the reloaded upstream probed", func() bool {
+		for _, x := range s.pool.Backends() {
+			if x.String() == b.URL && x.State() == upstream.Healthy {
+				return true
+			}
+		}
+		return false
+	})
+	front := httptest.NewServer(s.Handler())
+	defer front.Close()
+	resp, err := http.Get(front.URL + "/api/v1/namespaces/d/configmaps?watch=true&timeoutSeconds=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if n := strings.Count(string(body), `"type":`); resp.StatusCode != 200 || n != 1 || !strings.Contains(string(body), `"resourceVersion":"10"`) {
+		t.Fatalf("after reloading --fix-mode=observe, a regressing watch delivered %d events (%d): %s; want only resourceVersion 10 (a restart-only setting changed live)", n, resp.StatusCode, body)
+	}
+}
+
+// TestAttackDiscoveryForgedSlice (issue 16 item 9): discovery accepted any EndpointSlice
+// labelled for the kubernetes Service, so whoever may create EndpointSlices in default could
+// add an upstream of their choice, which then got the requests (and the lent identity). Only
+// the apiservers' own slice counts: default/kubernetes, as their endpoint reconciler writes it
+// (no managed-by label).
+func TestAttackDiscoveryForgedSlice(t *testing.T) {
+	slice := func(name, managedBy, addr string) string {
+		labels := `"kubernetes.io/service-name":"kubernetes"`
+		if managedBy != "" {
+			labels += `,"endpointslice.kubernetes.io/managed-by":"` + managedBy + `"`
+		}
+		return `{"kind":"EndpointSlice","apiVersion":"discovery.k8s.io/v1","metadata":{"name":"` + name + `","namespace":"default","labels":{` + labels + `}},` +
+			`"addressType":"IPv4","endpoints":[{"addresses":["` + addr + `"],"conditions":{"ready":true}}],"ports":[{"name":"https","port":6443,"protocol":"TCP"}]}`
+	}
+	var mu sync.Mutex
+	own := slice("kubernetes", "", "10.0.0.1")
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		mu.Lock()
+		defer mu.Unlock()
+		switch r.URL.Path {
+		case "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/kubernetes":
+			_, _ = io.WriteString(w, own)
+		case "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices":
+			// What a list by the Service's label answers: the apiservers' slice and a forged one.
+			_, _ = io.WriteString(w, `{"kind":"EndpointSliceList","items":[`+own+`,`+slice("kubernetes-extra", "", "10.6.6.6")+`]}`)
+		default:
+			_, _ = io.WriteString(w, "{}")
+		}
+	}))
+	defer up.Close()
+	s, _ := newTestServerArgs(t, "--upstream="+up.URL, "--upstream-discovery=endpoints")
+	urls, err := s.readEndpoints(t.Context())
+	if err != nil || len(urls) != 1 || urls[0].String() != "https://10.0.0.1:6443" {
+		t.Fatalf("discovered %v %v, want only the apiservers' own https://10.0.0.1:6443", urls, err)
+	}
+	mu.Lock()
+	own = slice("kubernetes", "someone-else", "10.6.6.6")
+	mu.Unlock()
+	if urls, err := s.readEndpoints(t.Context()); err == nil || !strings.Contains(err.Error(), "managed by") {
+		t.Fatalf("a default/kubernetes slice another manager wrote: %v %v, want it refused", urls, err)
 	}
 }

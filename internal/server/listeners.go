@@ -42,7 +42,8 @@ const (
 )
 
 // listen opens both listeners, each bounded: the main one to --max-connections (as fitted to
-// the open-file limit), the admin one to its own small limit, so that a client holding every
+// the open-file limit) and, in frontend mode, per source (sources.go), the admin one to its
+// own small limit, so that a client holding every
 // main connection it may still leaves /healthz and /metrics answering. Connections beyond a
 // limit wait in the kernel's accept backlog, costing watchsan nothing.
 func (s *Server) listen() (mainLn, adminLn net.Listener, err error) {
@@ -55,7 +56,13 @@ func (s *Server) listen() (mainLn, adminLn net.Listener, err error) {
 		mainLn.Close()
 		return nil, nil, &ListenError{Flag: "admin-listen", Addr: s.cfg.AdminListen, Err: err}
 	}
-	return s.bound("main", mainLn, s.cfg.MaxConnections), s.bound("admin", adminLn, config.AdminMaxConnections), nil
+	mainLn = s.bound("main", mainLn, s.cfg.MaxConnections)
+	if s.cfg.SourceConnections > 0 || s.cfg.SourceHeaderConnections > 0 {
+		s.sources = newSourceLimiter(mainLn, s.cfg.SourceConnections, s.cfg.SourceHeaderConnections,
+			func(reason string) { s.metrics.ConnectionsShed.WithLabelValues(reason).Inc() })
+		mainLn = s.sources
+	}
+	return mainLn, s.bound("admin", adminLn, config.AdminMaxConnections), nil
 }
 
 // bound limits ln to n connections at once and counts them in watchsan_connections.
@@ -79,7 +86,7 @@ func (s *Server) bound(name string, ln net.Listener, n int) net.Listener {
 // HTTP/2 allows --http2-max-streams-per-connection streams per connection, with
 // kube-apiserver's frame size.
 func (s *Server) newMainServer(errLog *log.Logger) *http.Server {
-	return &http.Server{
+	srv := &http.Server{
 		Handler:           s.Handler(),
 		ErrorLog:          errLog,
 		ReadHeaderTimeout: s.cfg.HeaderTimeout(),
@@ -90,6 +97,11 @@ func (s *Server) newMainServer(errLog *log.Logger) *http.Server {
 			MaxReadFrameSize:     http2MaxReadFrameSize,
 		},
 	}
+	if s.sources != nil { // per-source limits (sources.go)
+		srv.ConnState = s.sources.connState
+		srv.ConnContext = connContext
+	}
+	return srv
 }
 
 func (s *Server) newAdminServer(errLog *log.Logger) *http.Server {

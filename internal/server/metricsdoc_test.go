@@ -26,9 +26,9 @@ const metricsDocPath = "../../docs/metrics.md"
 // labelNotes say what an open label holds; a label without a note must have its closed set of
 // values created at start (so that it appears in the reference, and alerts see 0).
 var labelNotes = map[string]string{
-	"resource":  "`group/resource` (`configmaps`, `apps/deployments`), `\"\"` for non-resource paths; the first 500 distinct values, then `other`",
+	"resource":  "`group/resource` (`configmaps`, `apps/deployments`), `\"\"` for non-resource paths; up to 500 resources the upstream has answered with 2xx (or 101) and the first 100 others; beyond those, `other`",
 	"verb":      "the apiserver's verb (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`, `deletecollection`, `proxy`) or lower-case method on other paths (`head`, `post`, `put`, `options`), else `other`",
-	"code":      "the HTTP status code answered",
+	"code":      "the HTTP status code answered; `499` when the client went away before any answer (nginx's code)",
 	"upstream":  "an upstream URL from `--upstream` or discovery; its series go when it is forgotten",
 	"type":      "`ADDED`, `MODIFIED`, `DELETED`, `BOOKMARK`, `ERROR`, `other`",
 	"action":    "`passed`, `rewritten`, `dropped` (in observe mode: what repair would have done)",

@@ -2,8 +2,12 @@ package server
 
 import (
 	"errors"
+	"io"
+	"log"
 	"net/http"
 	"net/http/httputil"
+	"sync"
+	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -12,20 +16,44 @@ import (
 	"github.com/watchsan/watchsan/internal/upstream"
 )
 
-// newProxy builds the pass-through for everything that is not a watch: all verbs and paths,
+// passThrough is the pass-through for everything that is not a watch: all verbs and paths,
 // request and response bodies streamed, each write flushed at once (logs?follow), protocol
 // upgrades (exec, attach, port-forward over SPDY or WebSocket) spliced, hop-by-hop headers
 // dropped, X-Forwarded-For appended.
-func newProxy(attempts *upstream.Attempter, log *zap.Logger) *httputil.ReverseProxy {
-	return &httputil.ReverseProxy{
+type passThrough struct {
+	attempts *upstream.Attempter
+	log      *zap.Logger
+	errLog   *log.Logger
+}
+
+func newPassThrough(attempts *upstream.Attempter, log *zap.Logger) *passThrough {
+	return &passThrough{attempts: attempts, log: log, errLog: zap.NewStdLog(log.Named("reverseproxy"))}
+}
+
+// serve passes r (classified as c) through with plan, whose Credentials are c's. Each request
+// gets a ReverseProxy of its own, whose Transport is bound to plan: a ReverseProxy's Transport
+// sees only the outgoing request, so a shared one could get the plan, and with it the
+// decision about credentials, only from the request's context (a struct of a few words per
+// request is the price of passing it as a value).
+func (p *passThrough) serve(w http.ResponseWriter, r *http.Request, c *classified, plan upstream.Plan) {
+	if r.ProtoMajor == 1 && r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0 && !upstream.IsUpgrade(r.Header) {
+		rc := http.NewResponseController(w)
+		if rc.EnableFullDuplex() == nil {
+			body := &duplexBody{ReadCloser: r.Body}
+			r = r.WithContext(r.Context()) // a shallow copy: the client's request stays as it came
+			r.Body = body
+			defer body.finish(rc)
+		}
+	}
+	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			// The Attempter targets each attempt at a backend; here only the forwarding headers.
 			pr.Out.Host = ""
 			upstream.SetForwarded(pr.Out, pr.In)
 		},
-		Transport:     attempts,
+		Transport:     p.attempts.Transport(plan),
 		FlushInterval: -1,
-		ErrorLog:      zap.NewStdLog(log.Named("reverseproxy")),
+		ErrorLog:      p.errLog,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Err() != nil {
 				return // the client went away; nobody to answer
@@ -35,11 +63,77 @@ func newProxy(attempts *upstream.Attempter, log *zap.Logger) *httputil.ReversePr
 			if errors.Is(err, upstream.ErrNoBackend) {
 				lvl = zapcore.DebugLevel // the outage is logged once, at its transition; not per request
 			}
-			if ce := log.Check(lvl, "upstream failed before the response started"); ce != nil {
+			if ce := p.log.Check(lvl, "upstream failed before the response started"); ce != nil {
 				ce.Write(zap.String("path", r.URL.Path), zap.Int32("code", st.Code), zap.Error(err),
-					zap.String("remote", r.RemoteAddr), zap.String("requestID", classifiedOf(r).id))
+					zap.String("remote", r.RemoteAddr), zap.String("requestID", c.id))
 			}
 			apistatus.Write(w, st)
 		},
+	}
+	rp.ServeHTTP(w, r)
+}
+
+// duplexBody is the body of an HTTP/1 request served full duplex. The HTTP/1 server otherwise
+// reads the rest of a request's body and closes it as soon as the response starts
+// (golang/go#40747), while the upstream transport may still be reading it to send it: its
+// next read fails, which ends the upstream request and cuts the response the client is
+// getting (issue 16: a third of 2,000 pass-through POSTs answered without their body read
+// came back with headers and no body). Full duplex leaves the body to the transport; but the
+// transport may still read it after the handler returned, when the server reads the
+// connection for the next request ("invalid concurrent Body.Read call"), so finish ends every
+// read first.
+type duplexBody struct {
+	io.ReadCloser
+	mu      sync.Mutex
+	reading int           // reads in flight
+	idle    chan struct{} // closed when reading drops to 0 after finish; nil until then
+	done    bool          // finish was called: no read starts
+}
+
+// duplexWait bounds how long a complete response waits for the client to send the rest of a
+// body the upstream transport is still reading; then the read is cut (and the connection
+// closed after the response).
+const duplexWait = 5 * time.Second
+
+var errBodyAfterResponse = errors.New("watchsan: the response is complete; the rest of the request body is not sent")
+
+func (b *duplexBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	if b.done {
+		b.mu.Unlock()
+		return 0, errBodyAfterResponse
+	}
+	b.reading++
+	b.mu.Unlock()
+	n, err := b.ReadCloser.Read(p)
+	b.mu.Lock()
+	if b.reading--; b.reading == 0 && b.idle != nil {
+		close(b.idle)
+	}
+	b.mu.Unlock()
+	return n, err
+}
+
+// finish runs as the handler returns: no read starts from now, and one in flight (waiting for
+// the client's bytes) is waited for, at most duplexWait, then cut short through the
+// connection's read deadline. The server reads what is left of the body itself, as after any
+// handler, or closes the connection after this response, which is complete, if it cannot.
+func (b *duplexBody) finish(rc *http.ResponseController) {
+	b.mu.Lock()
+	b.done = true
+	if b.reading == 0 {
+		b.mu.Unlock()
+		return
+	}
+	b.idle = make(chan struct{})
+	idle := b.idle
+	b.mu.Unlock()
+	t := time.NewTimer(duplexWait)
+	defer t.Stop()
+	select {
+	case <-idle:
+	case <-t.C:
+		_ = rc.SetReadDeadline(time.Now())
+		<-idle
 	}
 }

@@ -12,28 +12,39 @@ import (
 
 	"github.com/watchsan/watchsan/internal/apistatus"
 	"github.com/watchsan/watchsan/internal/reqinfo"
+	"github.com/watchsan/watchsan/internal/upstream"
 )
 
-// Handler is the main listener's handler. Each request is classified once (reqinfo), checked
+// Handler is the main listener's handler. Each request is classified once (reqinfo), its
+// credentials decided once (upstream.Decide, on the request as the client sent it), checked
 // once by the guard and given a request id; then the first route of the table (routes) that
-// matches serves it, logged and counted like every request (serveInstrumented).
+// matches serves it, given that decision as a value, logged and counted like every request
+// (serveInstrumented).
 func (s *Server) Handler() http.Handler {
 	table := s.routes()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c := &classified{info: reqinfo.Parse(r), ref: s.guard.refuse(r), id: requestID(r)}
+		headersDone(r) // the per-source limit of connections sending headers (sources.go)
+		c := &classified{info: reqinfo.Parse(r), cred: upstream.Decide(r.Header, r.TLS, s.cfg.Lend, s.cfg.Identity), id: requestID(r)}
+		c.ref = s.guard.refuse(r, c.cred)
 		if c.ref != nil {
 			s.metrics.Refused.WithLabelValues(c.ref.reason).Inc()
 		}
 		w.Header()["X-Request-Id"] = []string{c.id} // a client can quote it; the logs carry it
-		// mux's matchers see only the request, so the classification rides in its context:
-		// set here, once, read by the matchers and the routes through classifiedOf.
+		// mux's matchers see only the request, so the classification rides in its context for
+		// them: set here, once, read by the matchers only; the route is handed it as a value.
 		r = r.WithContext(context.WithValue(r.Context(), classifiedKey{}, c))
 		var m mux.RouteMatch
 		table.Match(r, &m) // the last route matches every request
 		c.route = m.Route.GetName()
-		s.serveInstrumented(w, r, c, m.Handler)
+		s.serveInstrumented(w, r, c, m.Handler.(route))
 	})
 }
+
+// route serves a request the main listener classified as c.
+type route func(w http.ResponseWriter, r *http.Request, c *classified)
+
+// ServeHTTP serves r as classifiedOf(r) (a test calling a route directly).
+func (rt route) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt(w, r, classifiedOf(r)) }
 
 // routes is the main listener's route table, tried in order; the first match serves. There
 // are no local endpoints: /healthz, /readyz, /livez and /metrics are the apiserver's and pass
@@ -46,34 +57,40 @@ func (s *Server) Handler() http.Handler {
 //	pass-through  everything else: verbs, discovery,      streamed as it is, upgrades (exec, attach, port-forward)
 //	              OpenAPI, upgrades                        spliced; retried before the response starts (upstream.Attempter)
 //
+// Every route that goes upstream sends with the credentials Handler decided (classified.cred).
 // The router is used only to match (the Handler calls Match): mux neither cleans the path
 // (the guard must see dot segments as sent) nor copies the request to store its variables.
 func (s *Server) routes() *mux.Router {
 	t := mux.NewRouter()
 	t.SkipClean(true)
 	t.MatcherFunc(func(r *http.Request, _ *mux.RouteMatch) bool { return classifiedOf(r).ref != nil }).
-		Name("refused").HandlerFunc(serveRefusal)
+		Name("refused").Handler(route(serveRefusal))
 	t.MatcherFunc(func(r *http.Request, _ *mux.RouteMatch) bool { return classifiedOf(r).info.IsWatch() }).
-		Name("watch").HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c := classifiedOf(r)
+		Name("watch").Handler(route(func(w http.ResponseWriter, r *http.Request, c *classified) {
+		// TRANSITIONAL (issue 16 item 1): the watch handler does not take the credentials as a
+		// value yet, so they ride in the request's context to its Plans (upstream.WithCredentials).
+		r = r.WithContext(upstream.WithCredentials(r.Context(), c.cred))
 		s.watch.Serve(w, r, c.info, c.id)
-	})
+	}))
 	t.MatcherFunc(func(r *http.Request, _ *mux.RouteMatch) bool {
 		return s.cfg.TimeTravelGuard && r.Method == http.MethodGet && classifiedOf(r).info.Verb == "list"
-	}).Name("list").HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.listGuard(r, classifiedOf(r).info, s.proxy).ServeHTTP(w, r)
-	})
-	t.MatcherFunc(func(*http.Request, *mux.RouteMatch) bool { return true }).Name("pass-through").Handler(s.proxy)
+	}).Name("list").Handler(route(s.listGuard))
+	t.MatcherFunc(func(*http.Request, *mux.RouteMatch) bool { return true }).Name("pass-through").
+		Handler(route(func(w http.ResponseWriter, r *http.Request, c *classified) {
+			s.proxy.serve(w, r, c, upstream.Plan{Credentials: c.cred})
+		}))
 	return t
 }
 
-func serveRefusal(w http.ResponseWriter, r *http.Request) {
-	apistatus.Write(w, classifiedOf(r).ref.status)
+func serveRefusal(w http.ResponseWriter, _ *http.Request, c *classified) {
+	apistatus.Write(w, c.ref.status)
 }
 
 // classified is what the main listener decided about one request before routing it.
 type classified struct {
-	info  reqinfo.Info
+	info reqinfo.Info
+	// cred is whose credentials it goes upstream with, decided on the request as it came.
+	cred  upstream.Credentials
 	ref   *refusal // nil: not refused
 	id    string   // the request id (requestID)
 	route string   // the route that served it, for the access log
@@ -85,7 +102,7 @@ type classifiedKey struct{}
 func classifiedOf(r *http.Request) *classified {
 	c, _ := r.Context().Value(classifiedKey{}).(*classified)
 	if c == nil {
-		return &classified{info: reqinfo.Parse(r)} // not through Handler (a test calling a route directly)
+		return &classified{info: reqinfo.Parse(r), cred: upstream.Decide(r.Header, r.TLS, false, upstream.IdentityOff)} // not through Handler (a test calling a route directly)
 	}
 	return c
 }

@@ -16,7 +16,9 @@ import (
 	"github.com/gorilla/mux"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/watchsan/watchsan/internal/apistatus"
 	"github.com/watchsan/watchsan/internal/config"
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/metrics"
@@ -32,10 +34,12 @@ type Server struct {
 	metrics   *metrics.Metrics
 	pool      *upstream.Pool
 	watch     *watch.Handler
-	proxy     http.Handler
+	proxy     *passThrough
 	guard     *guard
 	// tls is the main listener's TLS material, reloaded when its files change; nil: plain HTTP.
 	tls *tlsFiles
+	// sources bounds what one source holds of the main listener; nil: no per-source limits.
+	sources *sourceLimiter
 
 	stopping atomic.Bool
 	haState  // the HA frontend: reloads, discovery (ha.go)
@@ -74,6 +78,8 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 			HTTP2ReadIdleTimeout:  cfg.HTTP2ReadIdleTimeout,
 			HTTP2PingTimeout:      cfg.HTTP2PingTimeout,
 			ResponseHeaderTimeout: cfg.ResponseHeaderTimeout,
+			HTTP2StreamWindow:     cfg.HTTP2StreamWindow,
+			HTTP2ConnectionWindow: cfg.HTTP2ConnectionWindow,
 			RootCAs:               cfg.UpstreamCA,
 			Insecure:              cfg.InsecureSkipTLSVerify,
 			Credentials:           cfg.Credentials,
@@ -146,7 +152,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		s.metrics.Refused.WithLabelValues(r)
 	}
 	s.guard = &guard{cfg.Guard}
-	s.proxy = newProxy(attempts, log.Named("proxy"))
+	s.proxy = newPassThrough(attempts, log.Named("proxy"))
 	return s, nil
 }
 
@@ -177,7 +183,22 @@ func (s *Server) AdminHandler() http.Handler {
 		r.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		r.PathPrefix("/debug/pprof/").HandlerFunc(pprof.Index)
 	}
-	return r
+	if !config.IsLoopback(s.cfg.AdminListen) {
+		return r
+	}
+	// On loopback the admin listener is for this machine's programs, and a web page whose DNS
+	// name was rebound to 127.0.0.1 could read /metrics (and pprof) otherwise: the Host must
+	// name this machine as --accept-hosts says, as on the lending listener (issue 16).
+	accepted := s.cfg.Guard.AcceptHosts
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Host == "" || !config.MatchAny(accepted, config.HostForMatch(req.Host)) {
+			s.metrics.Refused.WithLabelValues("host").Inc()
+			apistatus.Write(w, apistatus.New(http.StatusForbidden, metav1.StatusReasonForbidden,
+				fmt.Sprintf("watchsan: Host %q is not accepted on the admin listener, which is on loopback (a web page whose name resolves to this machine sends its own name); use a name --accept-hosts accepts", clip(req.Host))))
+			return
+		}
+		r.ServeHTTP(w, req)
+	})
 }
 
 // Run serves until ctx ends, then shuts down: readiness fails, listeners close, open watches

@@ -105,3 +105,40 @@ func TestReadyzFollowsUpstreamsAndShutdown(t *testing.T) {
 		t.Fatal("metrics served; pprof only with --enable-pprof")
 	}
 }
+
+// TestAttackAdminRebinding: the admin listener on loopback answered any Host, so a web page
+// whose DNS name was rebound to 127.0.0.1 read /metrics (and pprof, where enabled). On
+// loopback it now applies --accept-hosts as the lending listener does; on another address
+// (a pod's, scraped by Prometheus) every Host is its own.
+func TestAttackAdminRebinding(t *testing.T) {
+	for _, tc := range []struct {
+		listen string
+		host   string
+		code   int
+	}{
+		{"127.0.0.1:0", "evil.example:9091", 403},
+		{"127.0.0.1:0", "127.0.0.1:9091", 200},
+		{"127.0.0.1:0", "localhost", 200},
+		{"0.0.0.0:0", "10.1.2.3:9091", 200},
+	} {
+		s, _ := newTestServerArgs(t, "--upstream=http://127.0.0.1:1", "--admin-listen="+tc.listen)
+		admin := httptest.NewServer(s.AdminHandler())
+		for _, path := range []string{"/metrics", "/healthz"} {
+			req, _ := http.NewRequest(http.MethodGet, admin.URL+path, nil)
+			req.Host = tc.host
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.code {
+				t.Fatalf("admin on %s, Host %q, %s: %d %s, want %d", tc.listen, tc.host, path, resp.StatusCode, body, tc.code)
+			}
+			if tc.code == 403 && !strings.Contains(string(body), "--accept-hosts") {
+				t.Fatalf("the refusal does not name --accept-hosts: %s", body)
+			}
+		}
+		admin.Close()
+	}
+}

@@ -110,14 +110,23 @@ type Plan struct {
 	// 504 answer (the backend's cache is behind it) marks the backend lagging and is tried on
 	// another backend.
 	RetryTooLarge bool
+	// Credentials are whose credentials every attempt goes with, decided on the client's
+	// request (Decide), or Self for watchsan's own; the zero value sends only what the request
+	// carries.
+	Credentials Credentials
 }
 
-type planKey struct{}
+// credentialsKey carries a watch request's Credentials in its context, for watch.Handler,
+// which does not take them as a value yet.
+//
+// TRANSITIONAL (issue 16 item 1): delete with WithCredentials once watch.Handler.Serve takes
+// the Credentials and puts them in its Plans (feed's rewrite of internal/watch).
+type credentialsKey struct{}
 
-// WithPlan returns ctx carrying plan for RoundTrip (the pass-through has no other way to
-// give one).
-func WithPlan(ctx context.Context, plan Plan) context.Context {
-	return context.WithValue(ctx, planKey{}, plan)
+// WithCredentials returns ctx carrying cred for the Plans of Do calls made under it that do
+// not carry Credentials of their own. TRANSITIONAL: see credentialsKey.
+func WithCredentials(ctx context.Context, cred Credentials) context.Context {
+	return context.WithValue(ctx, credentialsKey{}, cred)
 }
 
 // Attempt is a response obtained by Do and what it came from.
@@ -156,6 +165,9 @@ func Name(err error) string {
 // wrapped, or the context's cause): never neither, never both. The request's body, if any, is
 // read at most by the attempts that reached an upstream.
 func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attempt, error) {
+	if plan.Credentials.how == credUndecided { // TRANSITIONAL: see credentialsKey
+		plan.Credentials, _ = ctx.Value(credentialsKey{}).(Credentials)
+	}
 	now := time.Now()
 	deadline := plan.Deadline
 	if deadline.IsZero() {
@@ -312,7 +324,7 @@ func (a *Attempter) send(ctx context.Context, req *http.Request, b *Backend, bod
 		out.Body = body
 		out.GetBody = nil
 	}
-	resp, err := b.RoundTrip(out)
+	resp, err := b.Send(out, plan.Credentials)
 	if err != nil {
 		if ctx.Err() == nil && !IsDialError(err) {
 			b.ReportFailure(err) // a reset or a timeout: check it now (a refused dial is judged already)
@@ -329,10 +341,15 @@ func (a *Attempter) outcome(attempt int, what string) {
 	}
 }
 
-// RoundTrip is Do with a request's plan, as an http.RoundTripper (for httputil.ReverseProxy):
-// closing the response body ends the attempt.
-func (a *Attempter) RoundTrip(req *http.Request) (*http.Response, error) {
-	plan, _ := req.Context().Value(planKey{}).(Plan)
+// Transport returns Do with plan as an http.RoundTripper, for one request's
+// httputil.ReverseProxy (whose Transport sees only the request: the plan, with the request's
+// Credentials, is bound here rather than carried in its context). Closing the response body
+// ends the attempt.
+func (a *Attempter) Transport(plan Plan) http.RoundTripper {
+	return roundTripFunc(func(req *http.Request) (*http.Response, error) { return a.roundTrip(req, plan) })
+}
+
+func (a *Attempter) roundTrip(req *http.Request, plan Plan) (*http.Response, error) {
 	at, err := a.Do(req.Context(), req, plan)
 	if err != nil {
 		return nil, err

@@ -137,34 +137,18 @@ func (b *Backend) load(watch bool) int64 {
 	return b.inflight.Load()
 }
 
-// RoundTrip sends req (whose URL must already point at this backend) with the client's own
-// Authorization when it has one; else with the identity of the client's verified certificate
-// when identity forwarding is on (req.TLS is the client's connection: Asserts); else with
-// watchsan's lent identity (when lending is configured; else without credentials). A failed dial marks the backend unhealthy at once.
-func (b *Backend) RoundTrip(req *http.Request) (*http.Response, error) { return b.send(req, true) }
+// Send sends req (whose URL must already point at this backend) with the credentials cred,
+// decided on the client's request (Decide): its own Authorization, the identity of its
+// verified certificate, watchsan's lent identity, or none. A failed dial marks the backend
+// unhealthy at once.
+func (b *Backend) Send(req *http.Request, cred Credentials) (*http.Response, error) {
+	return b.send(req, cred, true)
+}
 
-// send is RoundTrip; passive says whether a failed dial is a health verdict (not for the
-// health checker's own probes: it judges those itself).
-func (b *Backend) send(req *http.Request, passive bool) (*http.Response, error) {
-	upgrade := IsUpgrade(req.Header)
-	rt := b.t.forward
-	if upgrade {
-		rt = b.t.forwardUpgrade
-	}
-	if _, ok := Asserts(req.Header, req.TLS); ok && b.t.assert != nil {
-		// A verified client certificate and no token: the client's identity, never the lent
-		// one (docs/design.md section 8).
-		rt = b.t.assert
-		if upgrade {
-			rt = b.t.assertUpgrade
-		}
-	} else if b.t.lend != nil && Lends(req.Header) {
-		rt = b.t.lend
-		if upgrade {
-			rt = b.t.lendUpgrade
-		}
-	}
-	resp, err := rt.RoundTrip(req)
+// send is Send; passive says whether a failed dial is a health verdict (not for the health
+// checker's own probes: it judges those itself).
+func (b *Backend) send(req *http.Request, cred Credentials, passive bool) (*http.Response, error) {
+	resp, err := b.t.roundTrip(req, cred, IsUpgrade(req.Header))
 	if err == nil {
 		b.alive()
 	} else if passive && IsDialError(err) && req.Context().Err() == nil {
@@ -172,11 +156,6 @@ func (b *Backend) send(req *http.Request, passive bool) (*http.Response, error) 
 	}
 	return resp, err
 }
-
-// Lends reports whether a request with header h gets watchsan's identity when lending is
-// configured: it carries no Authorization of its own. The lending guard and the transports
-// decide by this one rule.
-func Lends(h http.Header) bool { return h.Get("Authorization") == "" }
 
 // IsUpgrade reports whether a request asks for a protocol upgrade (Connection: Upgrade): exec,
 // attach and port-forward over SPDY or WebSocket. Such requests go over HTTP/1.1.
@@ -207,7 +186,7 @@ func (b *Backend) Probe(ctx context.Context, timeout time.Duration) (int, error)
 	if err != nil {
 		return 0, err
 	}
-	resp, err := b.send(req, false)
+	resp, err := b.send(req, Self, false)
 	if err != nil {
 		return 0, err
 	}

@@ -433,8 +433,8 @@ func TestTooLargeTriedElsewhere(t *testing.T) {
 	p := newPool(t, PoolOptions{}, behind.URL, fresh.URL)
 	a := attempter(p, AttempterOptions{Budget: 10 * time.Second}, &sleeps{})
 	for i := 0; i < 4; i++ {
-		req, _ := http.NewRequestWithContext(WithPlan(context.Background(), Plan{RetryTooLarge: true}), "GET", "/api/v1/configmaps?resourceVersion=5&resourceVersionMatch=NotOlderThan", nil)
-		resp, err := do(t, a, req)
+		req, _ := http.NewRequest("GET", "/api/v1/configmaps?resourceVersion=5&resourceVersionMatch=NotOlderThan", nil)
+		resp, err := doPlan(t, a, req, Plan{RetryTooLarge: true})
 		if err != nil || resp.StatusCode != 200 {
 			t.Fatalf("got %v %v, want the fresh backend's answer", resp, err)
 		}

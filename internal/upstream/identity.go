@@ -1,9 +1,12 @@
 package upstream
 
 import (
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"fmt"
 	"net/http"
+	"strings"
 )
 
 // IdentityMode is how watchsan asserts the identity of a client it verified by certificate
@@ -66,29 +69,100 @@ func ClientIdentity(cs *tls.ConnectionState) (Identity, bool) {
 	return Identity{User: leaf.Subject.CommonName, Groups: append([]string(nil), leaf.Subject.Organization...)}, true
 }
 
-// Asserts reports the identity watchsan asserts upstream for a request with header h and
-// client connection cs: one with a verified client certificate and no Authorization of its
-// own. A bearer token always passes unchanged with nothing asserted, certificate or not (the
-// apiserver authenticates the token). The one rule for every path: Backend.send decides by it,
-// and the server's pass-through and watch requests carry the client's connection state
-// (Request.TLS, kept by Request.Clone) to it.
-func Asserts(h http.Header, cs *tls.ConnectionState) (Identity, bool) {
-	if !Lends(h) {
-		return Identity{}, false
-	}
-	return ClientIdentity(cs)
+// Credentials is whose credentials one request goes upstream with. It is decided once per
+// request, by Decide, on the request as the client sent it, before anything removes a header,
+// and it travels to the transport as a value (Plan.Credentials, Backend.Send), which routes by
+// it alone: nothing downstream looks at the request's headers to decide again. (Issue 16: the
+// guard let a request with `Authorization: junk` and `Connection: Authorization` pass, as the
+// client's own; the hop-by-hop removal then deleted the header, and the transport, deciding
+// again on what was left, lent watchsan's identity to it.) The zero value sends a request with
+// only what it carries, never lent or asserted: a path that forgot to decide cannot hand out
+// watchsan's identity.
+type Credentials struct {
+	how credHow
+	// identity is the verified certificate's, when how is credAsserted.
+	identity Identity
+	// principal names who the upstream takes the request for (Principal).
+	principal string
 }
 
+type credHow uint8
+
+const (
+	// credUndecided: as credOwn or credAnonymous, whichever the request is.
+	credUndecided credHow = iota
+	// credOwn: the client's own Authorization, forwarded as sent, on a connection that does not
+	// present watchsan's client certificate.
+	credOwn
+	// credAnonymous: no Authorization, nothing lent or asserted.
+	credAnonymous
+	// credLent: watchsan's identity (the kubeconfig's), the identity headers stripped.
+	credLent
+	// credAsserted: the identity of the client's verified certificate (IdentityMode).
+	credAsserted
+	// credSelf: a request of watchsan's own (health probes, discovery): its identity when it
+	// lends one, else none.
+	credSelf
+)
+
+// Self is what watchsan's own requests (discovery) go with: the lent identity when there is
+// one, else none.
+var Self = Credentials{how: credSelf, principal: "self"}
+
+// Decide is the one rule for whose credentials a client's request goes with, given whether
+// watchsan lends its identity and how it asserts a verified client's (mode):
+//   - with an Authorization header of its own (any, even empty), its own: the apiserver
+//     authenticates the token, and a verified certificate besides changes nothing;
+//   - else, with a certificate the listener verified (cs; a CommonName) and mode not
+//     IdentityOff, that certificate's identity, asserted (docs/design.md section 8);
+//   - else the lent identity when lend, else none.
+//
+// h and cs are the request as the client sent it (Request.Header, Request.TLS).
+func Decide(h http.Header, cs *tls.ConnectionState, lend bool, mode IdentityMode) Credentials {
+	if own := h.Values("Authorization"); len(own) > 0 {
+		sum := sha256.Sum256([]byte(strings.Join(own, "\x00")))
+		return Credentials{how: credOwn, principal: "token:" + hex.EncodeToString(sum[:12])}
+	}
+	if mode != IdentityOff {
+		if id, ok := ClientIdentity(cs); ok {
+			sum := sha256.Sum256([]byte(id.User + "\x00" + strings.Join(id.Groups, "\x00")))
+			return Credentials{how: credAsserted, identity: id, principal: "cert:" + hex.EncodeToString(sum[:12])}
+		}
+	}
+	if lend {
+		return Credentials{how: credLent, principal: "lent"}
+	}
+	return Credentials{how: credAnonymous, principal: "anonymous"}
+}
+
+// Lent reports whether the request gets watchsan's own identity (the lending guard applies).
+func (c Credentials) Lent() bool { return c.how == credLent }
+
+// Asserted returns the client identity asserted upstream, if the request asserts one.
+func (c Credentials) Asserted() (Identity, bool) { return c.identity, c.how == credAsserted }
+
+// Principal names who the upstream takes the request for: "lent", "anonymous", "self", or a
+// digest of the client's token ("token:...") or of its certificate's identity ("cert:...");
+// never a credential itself; "" for the zero value. Two requests with the same Principal are the
+// same user to the apiserver (the delete memory's scope).
+func (c Credentials) Principal() string { return c.principal }
+
+// String names the kind of credentials for logs: own, anonymous, lent, asserted, self.
+func (c Credentials) String() string {
+	return [...]string{"as-sent", "own", "anonymous", "lent", "asserted", "self"}[c.how]
+}
+
+// asserter sends a request that asserts the client identity id.
+type asserter func(req *http.Request, id Identity) (*http.Response, error)
+
 // assertIdentity wraps rt, which sends with the credentials of mode (watchsan's own identity,
-// or its front-proxy certificate), so that every request carries exactly the identity of its
-// client's verified certificate: every client-sent identity header (assertedPrefixes and the
-// --strip-identity-headers names) is removed, then watchsan's own are set. A request without
-// such an identity is refused here, never sent with watchsan's credentials alone.
-func assertIdentity(rt http.RoundTripper, mode IdentityMode, names, prefixes []string) http.RoundTripper {
+// or its front-proxy certificate), so that every request carries exactly the identity given
+// (Credentials.Asserted): every client-sent identity header (assertedPrefixes and the
+// --strip-identity-headers names) is removed, then watchsan's own are set.
+func assertIdentity(rt http.RoundTripper, mode IdentityMode, names, prefixes []string) asserter {
 	prefixes = append(append([]string(nil), prefixes...), assertedPrefixes...)
-	return roundTripFunc(func(req *http.Request) (*http.Response, error) {
-		id, ok := Asserts(req.Header, req.TLS)
-		if !ok {
+	return func(req *http.Request, id Identity) (*http.Response, error) {
+		if id.User == "" {
 			return nil, fmt.Errorf("watchsan: no verified client identity to assert (a bug: this transport is only for requests that have one)")
 		}
 		out := *req // a shallow copy: the caller's request and headers stay as they are
@@ -107,7 +181,15 @@ func assertIdentity(rt http.RoundTripper, mode IdentityMode, names, prefixes []s
 			out.Header[group] = append([]string(nil), id.Groups...)
 		}
 		return rt.RoundTrip(&out)
-	})
+	}
+}
+
+// CarriesIdentity reports whether a header named k says who a request is for upstream:
+// Authorization, an impersonation or front-proxy header (Impersonate-*, X-Remote-*), or one of
+// the --strip-identity-headers names (canonical) and prefixes.
+func CarriesIdentity(k string, names, prefixes []string) bool {
+	k = http.CanonicalHeaderKey(k)
+	return k == "Authorization" || identityHeader(k, names, prefixes) || identityHeader(k, nil, assertedPrefixes)
 }
 
 // String names the mode as --identity-forwarding does.

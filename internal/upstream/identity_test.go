@@ -81,7 +81,7 @@ func TestAttackIdentityAsserted(t *testing.T) {
 			for _, req := range []*http.Request{get, up} {
 				forgeAll(req.Header)
 				req.TLS = verified("alice", "team-a", "team-b")
-				resp, err := b.RoundTrip(req)
+				resp, err := sendDecided(b, req)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -104,7 +104,7 @@ func TestAttackIdentityAsserted(t *testing.T) {
 			own.Header.Set("Authorization", "Bearer own")
 			own.Header.Set("Impersonate-User", "bob")
 			own.TLS = verified("alice")
-			resp, err := b.RoundTrip(own)
+			resp, err := sendDecided(b, own)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -117,7 +117,7 @@ func TestAttackIdentityAsserted(t *testing.T) {
 			for _, cs := range []*tls.ConnectionState{nil, {}, verified("")} {
 				anon, _ := http.NewRequest(http.MethodGet, b.Target(&url.URL{Path: "/api/v1/secrets"}).String(), nil)
 				anon.TLS = cs
-				resp, err := b.RoundTrip(anon)
+				resp, err := sendDecided(b, anon)
 				if err != nil {
 					t.Fatal(err)
 				}

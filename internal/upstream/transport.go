@@ -25,6 +25,13 @@ type TransportOptions struct {
 	HTTP2ReadIdleTimeout  time.Duration // ping an idle HTTP/2 connection after this; default 30s (as client-go)
 	HTTP2PingTimeout      time.Duration // drop the connection when a ping is not answered; default 15s
 	ResponseHeaderTimeout time.Duration // how long to wait for response headers; default 60s
+	// HTTP2StreamWindow bounds what one upstream HTTP/2 stream may send ahead of watchsan
+	// reading it, in bytes: what a watch whose client stopped reading holds. Default
+	// DefaultHTTP2StreamWindow.
+	HTTP2StreamWindow int
+	// HTTP2ConnectionWindow bounds the same for all streams of one upstream connection;
+	// default DefaultHTTP2ConnectionWindow.
+	HTTP2ConnectionWindow int
 
 	// RootCAs verifies the upstream's certificate; nil: the credentials' CA, else system roots.
 	RootCAs *x509.CertPool
@@ -53,6 +60,19 @@ type TransportOptions struct {
 	onDial func(error)
 }
 
+// Defaults of the upstream HTTP/2 receive windows (Go's are 4 MiB per stream and 1 GiB per
+// connection: 100 watches whose clients stopped reading held 431 MiB, issue 16).
+const (
+	// DefaultHTTP2StreamWindow is kube-apiserver's own receive window per stream (256 KiB, the
+	// 99th percentile of an object's size): a watch event or a list page of usual objects
+	// comes in one window, and a stalled watch holds at most this much of its upstream.
+	DefaultHTTP2StreamWindow = 256 << 10
+	// DefaultHTTP2ConnectionWindow is 256 streams' windows: kube-apiserver allows 250 streams
+	// per connection by default, so streams whose clients stopped reading cannot use up the
+	// window the other streams of their connection need, which a smaller one would allow.
+	DefaultHTTP2ConnectionWindow = 256 * DefaultHTTP2StreamWindow
+)
+
 func (o *TransportOptions) defaults() {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
@@ -65,6 +85,12 @@ func (o *TransportOptions) defaults() {
 	def(&o.HTTP2ReadIdleTimeout, 30*time.Second)
 	def(&o.HTTP2PingTimeout, 15*time.Second)
 	def(&o.ResponseHeaderTimeout, 60*time.Second)
+	if o.HTTP2StreamWindow <= 0 {
+		o.HTTP2StreamWindow = DefaultHTTP2StreamWindow
+	}
+	if o.HTTP2ConnectionWindow <= 0 {
+		o.HTTP2ConnectionWindow = DefaultHTTP2ConnectionWindow
+	}
 }
 
 // transports are the round trippers of a backend.
@@ -82,8 +108,9 @@ type transports struct {
 	// request header".
 	forwardUpgrade, lendUpgrade http.RoundTripper
 	// assert and assertUpgrade send a request that asserts its client's verified identity
-	// (Asserts), with the credentials of TransportOptions.Identity; nil when it is IdentityOff.
-	assert, assertUpgrade http.RoundTripper
+	// (Credentials.Asserted), with the credentials of TransportOptions.Identity; nil when it is
+	// IdentityOff.
+	assert, assertUpgrade asserter
 	// closeIdle drops pooled connections of all (after a GOAWAY storm or a failed health check).
 	closeIdle func()
 	// tls is forward's TLS configuration (the pinger's: a ping needs no identity).
@@ -145,7 +172,7 @@ func newTransports(o TransportOptions) (*transports, error) {
 			return nil, fmt.Errorf("identity forwarding by impersonation needs credentials to impersonate with")
 		}
 		for _, l := range []struct {
-			rt      *http.RoundTripper
+			rt      *asserter
 			upgrade bool
 		}{{&t.assert, false}, {&t.assertUpgrade, true}} {
 			b := newHTTPTransport(o, base, l.upgrade)
@@ -165,7 +192,7 @@ func newTransports(o TransportOptions) (*transports, error) {
 		fp := forwardTLS.Clone()
 		fp.Certificates = []tls.Certificate{*o.FrontProxyCert}
 		for _, l := range []struct {
-			rt      *http.RoundTripper
+			rt      *asserter
 			upgrade bool
 		}{{&t.assert, false}, {&t.assertUpgrade, true}} {
 			b := newHTTPTransport(o, fp, l.upgrade)
@@ -179,6 +206,39 @@ func newTransports(o TransportOptions) (*transports, error) {
 		}
 	}
 	return t, nil
+}
+
+// roundTrip sends req with the credentials cred says, over the transport for an upgrade when
+// upgrade: the one place a request's credentials pick its transport, from the decision alone.
+func (t *transports) roundTrip(req *http.Request, cred Credentials, upgrade bool) (*http.Response, error) {
+	pick := func(plain, up http.RoundTripper) http.RoundTripper {
+		if upgrade {
+			return up
+		}
+		return plain
+	}
+	switch cred.how {
+	case credUndecided, credOwn, credAnonymous:
+		return pick(t.forward, t.forwardUpgrade).RoundTrip(req)
+	case credSelf:
+		if t.lend != nil {
+			return pick(t.lend, t.lendUpgrade).RoundTrip(req)
+		}
+		return pick(t.forward, t.forwardUpgrade).RoundTrip(req)
+	case credLent:
+		if t.lend != nil {
+			return pick(t.lend, t.lendUpgrade).RoundTrip(req)
+		}
+	case credAsserted:
+		if t.assert != nil {
+			if upgrade {
+				return t.assertUpgrade(req, cred.identity)
+			}
+			return t.assert(req, cred.identity)
+		}
+	}
+	// Refused rather than sent with other credentials than those decided.
+	return nil, fmt.Errorf("watchsan: a request decided as %s has no transport for it (a bug)", cred)
 }
 
 // stripIdentity removes the identity headers a client must not choose from every request
@@ -259,6 +319,9 @@ func newHTTPTransport(o TransportOptions, tlsCfg *tls.Config, upgrade bool) *htt
 	// Why: a dead HTTP/2 connection otherwise stays in the pool for the 13-30 minutes Linux
 	// needs to notice (docs/design.md section 1b); client-go pings with these values since 1.20. net/http's
 	// own HTTP/2 settings replace golang.org/x/net/http2.ConfigureTransports (deprecated).
-	t.HTTP2 = &http.HTTP2Config{SendPingTimeout: o.HTTP2ReadIdleTimeout, PingTimeout: o.HTTP2PingTimeout}
+	// The receive windows bound what an upstream may send ahead of watchsan reading it: a
+	// watch whose client does not read stops being read too, and holds no more than its window.
+	t.HTTP2 = &http.HTTP2Config{SendPingTimeout: o.HTTP2ReadIdleTimeout, PingTimeout: o.HTTP2PingTimeout,
+		MaxReceiveBufferPerStream: o.HTTP2StreamWindow, MaxReceiveBufferPerConnection: o.HTTP2ConnectionWindow}
 	return t
 }

@@ -139,7 +139,7 @@ func TestUpgradeOverHTTP1ToHTTP2Upstream(t *testing.T) {
 	u := newUpgradeUpstream(t)
 	b := lendingBackend(t, u, TransportOptions{})
 	get, _ := http.NewRequest(http.MethodGet, b.Target(&url.URL{Path: "/version"}).String(), nil)
-	resp, err := b.RoundTrip(get)
+	resp, err := sendDecided(b, get)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestUpgradeOverHTTP1ToHTTP2Upstream(t *testing.T) {
 		{"SPDY/3.1", "Bearer own", "Bearer own"},
 		{"websocket", "", "Bearer lent-token"},
 	} {
-		resp, err := b.RoundTrip(upgradeRequest(t, b, tc.proto, tc.auth))
+		resp, err := sendDecided(b, upgradeRequest(t, b, tc.proto, tc.auth))
 		if err != nil {
 			t.Fatalf("%s upgrade (auth %q): %v", tc.proto, tc.auth, err)
 		}
@@ -197,7 +197,7 @@ func TestAttackForgedIdentityHeadersStripped(t *testing.T) {
 	up := upgradeRequest(t, b, "SPDY/3.1", "")
 	for _, req := range []*http.Request{get, up} {
 		forge(req)
-		resp, err := b.RoundTrip(req)
+		resp, err := sendDecided(b, req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -218,7 +218,7 @@ func TestAttackForgedIdentityHeadersStripped(t *testing.T) {
 	own, _ := http.NewRequest(http.MethodGet, b.Target(&url.URL{Path: "/api/v1/secrets"}).String(), nil)
 	forge(own)
 	own.Header.Set("Authorization", "Bearer own")
-	resp, err := b.RoundTrip(own)
+	resp, err := sendDecided(b, own)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,5 +238,52 @@ func TestSetForwardedDropsForwarded(t *testing.T) {
 	if out.Header.Get("Forwarded") != "" || out.Header.Get("X-Forwarded-Host") != in.Host ||
 		out.Header.Get("X-Forwarded-For") != "10.0.0.1, 192.0.2.1" {
 		t.Fatalf("forwarding headers: %v", out.Header)
+	}
+}
+
+// sendDecided sends req as the server does: with the credentials decided on req as it is
+// (Decide), lending when the backend lends and asserting as its pool's options say.
+func sendDecided(b *Backend, req *http.Request) (*http.Response, error) {
+	return b.Send(req, Decide(req.Header, req.TLS, b.t.lend != nil, b.pool.opts.Transport.Identity))
+}
+
+// TestAttackDecidedOnce: the transport sends with the credentials decided on the client's
+// request, whatever became of its headers on the way. Before issue 16 it decided again on the
+// request it was handed: one whose Authorization a hop-by-hop removal (Connection:
+// Authorization) had deleted went upstream with watchsan's lent token and certificate.
+func TestAttackDecidedOnce(t *testing.T) {
+	u := newUpgradeUpstream(t)
+	b := lendingBackend(t, u, TransportOptions{})
+	for _, req := range []*http.Request{
+		func() *http.Request {
+			r, _ := http.NewRequest(http.MethodGet, b.Target(&url.URL{Path: "/api/v1/secrets"}).String(), nil)
+			r.Header.Set("Authorization", "Bearer junk")
+			return r
+		}(),
+		upgradeRequest(t, b, "SPDY/3.1", "Bearer junk"),
+	} {
+		cred := Decide(req.Header, req.TLS, true, IdentityOff)
+		if cred.Lent() || cred.String() != "own" || !strings.HasPrefix(cred.Principal(), "token:") || strings.Contains(cred.Principal(), "junk") {
+			t.Fatalf("a request with its own Authorization decided as %s (%q)", cred, cred.Principal())
+		}
+		req.Header.Del("Authorization") // what the hop-by-hop removal did
+		resp, err := b.Send(req, cred)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if s := u.last(t); s.auth != "" || s.certs != 0 {
+			t.Fatalf("%s: decided as the client's own, sent with auth %q and %d certificates of watchsan's", req.Method, s.auth, s.certs)
+		}
+	}
+	// The zero value never lends either.
+	req, _ := http.NewRequest(http.MethodGet, b.Target(&url.URL{Path: "/api/v1/secrets"}).String(), nil)
+	resp, err := b.Send(req, Credentials{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if s := u.last(t); s.auth != "" || s.certs != 0 {
+		t.Fatalf("undecided: sent with auth %q and %d certificates of watchsan's", s.auth, s.certs)
 	}
 }

@@ -599,7 +599,7 @@ func TestUpgradeSPDYAndWebSocketToHTTP2Upstream(t *testing.T) {
 		}
 	}
 
-	ws, err := websocket.Dial("ws://"+addr+"/api/v1/namespaces/default/pods/p/exec?command=cat", "v5.channel.k8s.io", "http://127.0.0.1")
+	ws, err := websocket.Dial("ws://"+addr+"/api/v1/namespaces/default/pods/p/exec?command=cat", "v5.channel.k8s.io", "http://"+addr) // the listener's own origin: another (another port) is refused
 	if err != nil {
 		t.Fatalf("WebSocket through watchsan: %v", err)
 	}

@@ -466,7 +466,7 @@ func TestHADiscovery(t *testing.T) {
 			"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
 			"metadata": map[string]any{"name": "kubernetes", "namespace": "default", "uid": "9a5e0d2c-1111-4222-8333-444455556666",
 				"creationTimestamp": created,
-				"labels":            map[string]string{"kubernetes.io/service-name": "kubernetes", "endpointslice.kubernetes.io/managed-by": "watchsan-e2e"}},
+				"labels":            map[string]string{"kubernetes.io/service-name": "kubernetes"}}, // the reconciler sets no managed-by
 			"addressType": "IPv4",
 			"endpoints":   eps,
 			"ports":       []map[string]any{{"name": "https", "port": port, "protocol": "TCP"}},

@@ -264,19 +264,23 @@ func waitEvent(t *testing.T, w watch.Interface, name string) {
 
 // TestAttackForgedIdentityHeadersFrontend: alice, with her verified certificate, forges every
 // identity header there is, in both modes: Impersonate-User system:admin, Impersonate-Group
-// system:masters, X-Remote-User and X-Remote-Group, extras. She gains nothing: the apiserver
-// sees alice with her groups, and what she may not do stays 403. (Removing the stripping in
-// upstream.assertIdentity lets X-Remote-Group: system:masters through in requestheader mode,
-// and Impersonate-Group: system:masters in impersonate mode: this test then fails.)
+// system:masters, X-Remote-User and X-Remote-Group, extras. She gains nothing: forged
+// X-Remote-* are dropped (the apiserver sees alice with her groups, and what she may not do
+// stays 403), and a request that asks to impersonate (kubectl --as) is refused with a Status
+// that says why (issue 16: it was dropped without a word, and whoami still said alice).
+// (Removing the stripping in upstream.assertIdentity lets X-Remote-Group: system:masters
+// through in requestheader mode; removing the refusal in server.guard lets Impersonate-Group
+// through in impersonate mode: this test then fails.)
 func TestAttackForgedIdentityHeadersFrontend(t *testing.T) {
 	e := newIdentityEnv(t)
 	forged := http.Header{}
-	forged.Set("Impersonate-User", "system:admin")
-	forged.Add("Impersonate-Group", "system:masters")
-	forged.Set("Impersonate-Extra-Scopes", "all")
 	forged.Set("X-Remote-User", "system:admin")
 	forged.Add("X-Remote-Group", "system:masters")
 	forged.Set("X-Remote-Extra-Scopes", "all")
+	impersonate := http.Header{}
+	impersonate.Set("Impersonate-User", "system:admin")
+	impersonate.Add("Impersonate-Group", "system:masters")
+	impersonate.Set("Impersonate-Extra-Scopes", "all")
 	for _, mode := range []string{"impersonate", "requestheader"} {
 		t.Run(mode, func(t *testing.T) {
 			p, url := e.start(t, mode)
@@ -291,9 +295,15 @@ func TestAttackForgedIdentityHeadersFrontend(t *testing.T) {
 					t.Fatalf("with a forged %s alice is seen as %q %v", k, user, groups)
 				}
 			}
-			for _, path := range []string{"/api/v1/namespaces/" + identityNSB + "/configmaps", "/api/v1/namespaces/" + identityNSB + "/configmaps?watch=1", "/api/v1/namespaces/kube-system/secrets"} {
+			for k, v := range impersonate {
+				code, user, _, _ := cluster.WhoAmI(hc, url, http.Header{k: v})
+				if code != http.StatusForbidden || user != "" {
+					t.Fatalf("alice with %s: %d as %q, want watchsan's 403", k, code, user)
+				}
+			}
+			get := func(path string, h http.Header) (int, string) {
 				req, _ := http.NewRequest(http.MethodGet, url+path, nil)
-				for k, v := range forged {
+				for k, v := range h {
 					req.Header[k] = v
 				}
 				resp, err := hc.Do(req)
@@ -302,11 +312,20 @@ func TestAttackForgedIdentityHeadersFrontend(t *testing.T) {
 				}
 				body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 				resp.Body.Close()
-				if resp.StatusCode != http.StatusForbidden || !strings.Contains(string(body), `User \"alice\"`) {
-					t.Fatalf("alice with forged headers, GET %s: %d %s, want 403 for alice", path, resp.StatusCode, body)
+				return resp.StatusCode, string(body)
+			}
+			for _, path := range []string{"/api/v1/namespaces/" + identityNSB + "/configmaps", "/api/v1/namespaces/" + identityNSB + "/configmaps?watch=1", "/api/v1/namespaces/kube-system/secrets"} {
+				if code, body := get(path, forged); code != http.StatusForbidden || !strings.Contains(body, `User \"alice\"`) {
+					t.Fatalf("alice with forged headers, GET %s: %d %s, want 403 for alice", path, code, body)
+				}
+				if code, body := get(path, impersonate); code != http.StatusForbidden || !strings.Contains(body, "watchsan: Impersonate-") || !strings.Contains(body, "--identity-forwarding") {
+					t.Fatalf("alice asking to impersonate, GET %s: %d %s, want watchsan's 403 saying why", path, code, body)
 				}
 			}
 			p.requireProxied(2, map[string]string{"resource": "configmaps", "code": "403"})
+			if n := p.Metric("watchsan_requests_refused_total", map[string]string{"reason": "impersonation"}); n != 6 {
+				t.Fatalf("refused{reason=impersonation} = %v, want 6", n)
+			}
 		})
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watchsan/watchsan/internal/testutil"
 	"github.com/watchsan/watchsan/test/cluster"
 	"github.com/watchsan/watchsan/test/cluster/kubelet"
 )
@@ -109,8 +110,14 @@ func TestUpgradeKubectlThroughRealAPIServer(t *testing.T) {
 				u.cpToPod()
 				u.cpFromPod()
 				if r.p != nil {
-					e, f := r.p.upgrades()
-					// exec cat, exec exit, cp to the pod (test -d, tar -x), cp from it (tar c).
+					// exec cat, exec exit, cp to the pod (test -d, tar -x), cp from it (tar c). An
+					// upgrade is counted when watchsan's side of it ends, which can be after kubectl
+					// has exited: the count is waited for (up to 10s), then must be exact.
+					var e, f float64
+					testutil.Until(10*time.Second, func() bool {
+						e, f = r.p.upgrades()
+						return e-execs >= 5 && f-forwards >= 1
+					})
 					if e-execs != 5 || f-forwards != 1 {
 						t.Fatalf("watchsan relayed %v exec and %v portforward upgrades (101), want 5 and 1", e-execs, f-forwards)
 					}
