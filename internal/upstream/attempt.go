@@ -113,8 +113,9 @@ type Plan struct {
 	// and it ends the attempt with Lease.Cut once a target has accepted the watch, or calls
 	// Lease.MoveFailed. Nil: the Pool ends the attempt itself.
 	OnMove func(l *Lease, r MoveReason)
-	// Target, when set, is the one backend tried, once (a move's make-before-break attempt):
-	// no other is picked, nothing is retried.
+	// Target, when set, is the one backend tried, once (a move's make-before-break attempt, a
+	// probe of a watch's own backend): no other is picked, nothing is retried; refused only
+	// when it is unhealthy.
 	Target *Backend
 	// RetryTooLarge: the request carries a raised resourceVersion (the time-travel guard). A
 	// 504 answer (the backend's cache is behind it) marks the backend lagging and is tried on
@@ -202,7 +203,7 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 	}
 	idempotent := req.Method == http.MethodGet || req.Method == http.MethodHead || req.Method == http.MethodOptions
 	if t := plan.Target; t != nil {
-		if !t.usable() {
+		if t.State() == Unhealthy { // a removed one still serves what is asked of it by name
 			return Attempt{}, &Error{Backend: t, Err: fmt.Errorf("%w (%s is %s)", ErrNoBackend, t, t.State())}
 		}
 		return a.send(ctx, req, t, body, plan)

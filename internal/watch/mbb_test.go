@@ -140,6 +140,11 @@ func TestMoveRefusedByTargetKeepsWatch(t *testing.T) {
 	tried := make(chan struct{})
 	a := &upstreamScript{}
 	a.steps = []func(http.ResponseWriter, *http.Request){func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("watch") == "" || r.URL.Query().Get("timeoutSeconds") == freshWatchSeconds {
+			// The fresh-point probe (10.3): it finds nothing newer here.
+			send(w)
+			return
+		}
 		send(w, obj("ADDED", "a", "10"), obj("MODIFIED", "a", "11"))
 		select {
 		case <-tried:
@@ -167,8 +172,8 @@ func TestMoveRefusedByTargetKeepsWatch(t *testing.T) {
 	if q := b.query(0); q.Get("resourceVersion") != "11" {
 		t.Fatalf("the move tried b from %q, want 11", q.Get("resourceVersion"))
 	}
-	if a.attempts() != 1 {
-		t.Fatalf("a was asked %d times, want once: the watch never left it", a.attempts())
+	if n := a.watches(); n != 1 {
+		t.Fatalf("a was asked for the watch %d times, want once: the watch never left it", n)
 	}
 	if x.backendB.CanServe("configmaps", 19) || !x.backendB.CanServe("configmaps", 20) {
 		t.Fatal("b's floor is not the 410's 20")
@@ -280,4 +285,65 @@ func TestGoneOnOneBackendResumesOnAnother(t *testing.T) {
 	if pool.Backends()[1].CanServe("configmaps", 19) {
 		t.Fatal("b's floor not learnt")
 	}
+}
+
+// Issue 20 item 2: a quiet watch whose resume point the only target cannot serve (its 410
+// names a newer floor) gets a fresh one from its own backend: after a consistent list, a
+// same-scope watch from the resume point whose first frame is a bookmark at 25 proves that
+// nothing happened in (11, 25]; the move then opens the target from 25, and the client gets
+// that bookmark and goes on there.
+func TestQuietWatchMovesFromAFreshResumePoint(t *testing.T) {
+	a := &upstreamScript{}
+	a.steps = []func(http.ResponseWriter, *http.Request){
+		thenHang(a, obj("ADDED", "a", "10"), obj("MODIFIED", "a", "11")),
+		func(w http.ResponseWriter, r *http.Request) { // the consistent list
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"kind":"ConfigMapList","apiVersion":"v1","metadata":{"resourceVersion":"25"},"items":[]}`)
+		},
+		events(bookmark("25")), // the probe watch
+	}
+	b := &upstreamScript{}
+	b.steps = []func(http.ResponseWriter, *http.Request){
+		events(gone), // from 11: too old, floor 20
+		func(w http.ResponseWriter, r *http.Request) {
+			send(w, obj("MODIFIED", "a", "26"))
+			<-r.Context().Done()
+		},
+	}
+	x := newMBB(t, Config{}, a, b)
+	ch := x.stream(t, "resourceVersion=5&timeoutSeconds=4&allowWatchBookmarks=true")
+	var gs []got
+	waitGot(t, ch, &gs, "MODIFIED a 11")
+	b.frozen.Store(false)
+	x.removeA(t)
+	gs = collect(ch, gs)
+	expectStream(t, gs, nil, "ADDED a 10, MODIFIED a 11, BOOKMARK  25, MODIFIED a 26")
+	if q := a.query(1); q.Get("limit") != "1" || q.Get("watch") != "" || q.Has("resourceVersion") {
+		t.Fatalf("the probe's list was %v, want a consistent list with limit 1", q)
+	}
+	if q := a.query(2); q.Get("resourceVersion") != "11" || q.Get("timeoutSeconds") != freshWatchSeconds {
+		t.Fatalf("the probe watch was %v, want from 11 with timeoutSeconds %s", q, freshWatchSeconds)
+	}
+	if q := b.query(1); q.Get("resourceVersion") != "25" {
+		t.Fatalf("moved to b from %q, want 25", q.Get("resourceVersion"))
+	}
+	if v := promtest.ToFloat64(x.m.WatchFreshPoints); v != 1 {
+		t.Fatalf("fresh resume points = %v, want 1", v)
+	}
+	if v := promtest.ToFloat64(x.m.RelistsForced); v != 0 {
+		t.Fatalf("relists forced = %v, want 0", v)
+	}
+}
+
+// watches counts the watch requests u got, the fresh-point probe's aside.
+func (u *upstreamScript) watches() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	n := 0
+	for _, q := range u.queries {
+		if q.Get("watch") != "" && q.Get("timeoutSeconds") != freshWatchSeconds {
+			n++
+		}
+	}
+	return n
 }

@@ -290,11 +290,11 @@ func (s *session) switchTo(src *source, end attemptEnd) {
 // watch cache catch up with etcd, and a watch of the same scope from from, with a deadline
 // 3 s away, gets a bookmark 2 s before it. A bookmark at B as its first frame says that the
 // scope has no event in (from, B]: B is a resume point of the session's watch too. It returns
-// that bookmark and B, or nil when the backend offers none (an event came first: the watch
+// that bookmark and B, or nil when the backend offers none (or does not answer at all) (an event came first: the watch
 // will deliver it, and can move after).
 func (s *session) freshPoint(l *upstream.Lease, from uint64) (*stream.Event, uint64) {
 	b := l.Backend()
-	if b.State() != upstream.Healthy && b.State() != upstream.Degraded {
+	if b.State() == upstream.Unhealthy { // it does not answer
 		return nil, 0
 	}
 	ctx, cancel := context.WithCancelCause(s.ctx)
