@@ -43,8 +43,7 @@ type session struct {
 type upstreamSide struct {
 	backend *upstream.Backend
 	lease   *upstream.Lease // the current attempt's place on backend
-	slot    *moveSlot       // where a move of the current attempt leaves its target (move.go)
-	// nextSlot is the slot of the attempt resume just opened.
+	// nextSlot is where a move of the attempt resume just opened leaves its target (move.go).
 	nextSlot *moveSlot
 
 	// scope and groupResource tell the pool what the watch selects (lag detection) and of
@@ -192,7 +191,6 @@ func (s *session) pump(src *source) attemptEnd {
 	attemptCtx := resp.Request.Context()
 	defer resp.Body.Close()
 	s.lease = at.Lease
-	s.slot = src.slot
 	s.lease.SetMovable(s.movable())
 
 	activity := &src.body.activity
