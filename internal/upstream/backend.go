@@ -177,9 +177,10 @@ func (b *Backend) Target(u *url.URL) *url.URL {
 	return &out
 }
 
-// Probe asks the backend's /readyz whether it serves, within timeout, with the lent identity
-// when there is one. Any answer but a 5xx means the server is there (401/403: it answers, we
-// just may not read readyz); the status code is returned with the verdict.
+// Probe asks the backend's /readyz whether it serves, within timeout, over the health
+// checker's own connections, with the lent identity when there is one. Any answer but a 5xx
+// means the server is there (401/403: it answers, we just may not read readyz); the status
+// code is returned with the verdict.
 func (b *Backend) Probe(ctx context.Context, timeout time.Duration) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -187,10 +188,11 @@ func (b *Backend) Probe(ctx context.Context, timeout time.Duration) (int, error)
 	if err != nil {
 		return 0, err
 	}
-	resp, err := b.send(req, Self, false)
+	resp, err := b.t.probe.RoundTrip(req) // never on the client requests' connections (section 10.5)
 	if err != nil {
 		return 0, err
 	}
+	b.alive()
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	if resp.StatusCode >= 500 {

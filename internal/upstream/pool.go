@@ -79,8 +79,9 @@ type PoolOptions struct {
 	Logger *zap.Logger
 	// OnState, if set, is told every health transition (metrics).
 	OnState func(b *Backend, s State)
-	// OnDial, if set, is told the outcome of every TCP dial to a backend (metrics).
-	OnDial func(b *Backend, err error)
+	// OnDial, if set, is told the outcome of every TCP dial to a backend and what the
+	// connection is for, ConnRequests or ConnHealth (metrics).
+	OnDial func(b *Backend, conn string, err error)
 	// OnMove, if set, is told every watch the Pool moves off b (metrics).
 	OnMove func(b *Backend, r MoveReason)
 	// OnDetect, if set, is told how long it took to find b unhealthy or lagging: from the last
@@ -153,9 +154,9 @@ func NewPool(urls []*url.URL, o PoolOptions) (*Pool, error) {
 func (p *Pool) newBackend(u *url.URL, late bool) (*Backend, error) {
 	b := &Backend{URL: u, name: u.String(), pool: p, kick: make(chan struct{}, 1), late: late, loopDone: make(chan struct{})}
 	to := p.opts.Transport
-	var onDial func(error)
+	var onDial func(string, error)
 	if p.opts.OnDial != nil {
-		onDial = func(err error) { p.opts.OnDial(b, err) }
+		onDial = func(conn string, err error) { p.opts.OnDial(b, conn, err) }
 		to.onDial = onDial
 	}
 	t, err := newTransports(to)
@@ -168,7 +169,11 @@ func (p *Pool) newBackend(u *url.URL, late bool) (*Backend, error) {
 		if u.Port() == "" {
 			addr = net.JoinHostPort(u.Hostname(), "443")
 		}
-		b.ping = newPinger(addr, t.tls, 0, to.KeepAlive, onDial)
+		var pingDial func(error)
+		if onDial != nil {
+			pingDial = func(err error) { onDial(ConnHealth, err) }
+		}
+		b.ping = newPinger(addr, t.tls, 0, to.KeepAlive, pingDial)
 		b.pingable.Store(true)
 	}
 	return b, nil

@@ -56,9 +56,19 @@ type TransportOptions struct {
 	// requests that assert an identity with IdentityRequestHeader; nil: none.
 	FrontProxyCert *tls.Certificate
 
-	// onDial, if set, is told the outcome of every dial (the Pool's per-backend hook).
-	onDial func(error)
+	// onDial, if set, is told the outcome of every dial and which connections it was for
+	// (ConnRequests, ConnHealth): the Pool's per-backend hook.
+	onDial func(conn string, err error)
 }
+
+// What a connection to an upstream is for (PoolOptions.OnDial, the dials metric's label).
+const (
+	// ConnRequests: the connections client requests and watches share.
+	ConnRequests = "requests"
+	// ConnHealth: the health checker's own, for HTTP/2 PINGs and /readyz probes, never
+	// shared with client requests (docs/design.md section 10.5).
+	ConnHealth = "health"
+)
 
 // Defaults of the upstream HTTP/2 receive windows (Go's are 4 MiB per stream and 1 GiB per
 // connection: 100 watches whose clients stopped reading held 431 MiB, issue 16).
@@ -111,6 +121,11 @@ type transports struct {
 	// (Credentials.Asserted), with the credentials of TransportOptions.Identity; nil when it is
 	// IdentityOff.
 	assert, assertUpgrade asserter
+	// probe sends the health checker's /readyz probes over connections of its own, with the
+	// lent identity when there is one, else none: an anonymous request on HTTP/2 makes the
+	// apiserver close its connection (UnauthenticatedHTTP2DOSMitigation), which must not be
+	// the connection client requests share (docs/design.md section 10.5).
+	probe http.RoundTripper
 	// closeIdle drops pooled connections of all (after a GOAWAY storm or a failed health check).
 	closeIdle func()
 	// tls is forward's TLS configuration (the pinger's: a ping needs no identity).
@@ -148,8 +163,8 @@ func newTransports(o TransportOptions) (*transports, error) {
 	forwardTLS := base.Clone()
 	forwardTLS.Certificates = nil
 	forwardTLS.GetClientCertificate = nil
-	forward := newHTTPTransport(o, forwardTLS, false)
-	forwardUpgrade := newHTTPTransport(o, forwardTLS, true)
+	forward := newHTTPTransport(o, forwardTLS, false, ConnRequests)
+	forwardUpgrade := newHTTPTransport(o, forwardTLS, true, ConnRequests)
 	t := &transports{forward: forward, forwardUpgrade: forwardUpgrade, tls: forwardTLS}
 	closers := []*http.Transport{forward, forwardUpgrade}
 	if o.Lend && o.Credentials != nil {
@@ -157,7 +172,7 @@ func newTransports(o TransportOptions) (*transports, error) {
 			rt      *http.RoundTripper
 			upgrade bool
 		}{{&t.lend, false}, {&t.lendUpgrade, true}} {
-			lendBase := newHTTPTransport(o, base, l.upgrade)
+			lendBase := newHTTPTransport(o, base, l.upgrade, ConnRequests)
 			rt, err := transport.HTTPWrappersForConfig(tc, lendBase)
 			if err != nil {
 				return nil, fmt.Errorf("kubeconfig credentials: %w", err)
@@ -175,7 +190,7 @@ func newTransports(o TransportOptions) (*transports, error) {
 			rt      *asserter
 			upgrade bool
 		}{{&t.assert, false}, {&t.assertUpgrade, true}} {
-			b := newHTTPTransport(o, base, l.upgrade)
+			b := newHTTPTransport(o, base, l.upgrade, ConnRequests)
 			rt, err := transport.HTTPWrappersForConfig(tc, b)
 			if err != nil {
 				return nil, fmt.Errorf("kubeconfig credentials: %w", err)
@@ -195,17 +210,38 @@ func newTransports(o TransportOptions) (*transports, error) {
 			rt      *asserter
 			upgrade bool
 		}{{&t.assert, false}, {&t.assertUpgrade, true}} {
-			b := newHTTPTransport(o, fp, l.upgrade)
+			b := newHTTPTransport(o, fp, l.upgrade, ConnRequests)
 			*l.rt = assertIdentity(b, o.Identity, o.StripHeaders, o.StripPrefixes)
 			closers = append(closers, b)
 		}
 	}
+	probe, probeBase, err := newProbeTransport(o, tc, base, forwardTLS)
+	if err != nil {
+		return nil, err
+	}
+	t.probe = probe
+	closers = append(closers, probeBase)
 	t.closeIdle = func() {
 		for _, c := range closers {
 			c.CloseIdleConnections()
 		}
 	}
 	return t, nil
+}
+
+// newProbeTransport builds the /readyz probes' transport, on connections of its own (ConnHealth):
+// with the lent identity (tc, over base) when lending, else with none (over forwardTLS).
+func newProbeTransport(o TransportOptions, tc *transport.Config, base, forwardTLS *tls.Config) (http.RoundTripper, *http.Transport, error) {
+	if o.Lend && o.Credentials != nil {
+		b := newHTTPTransport(o, base, false, ConnHealth)
+		rt, err := transport.HTTPWrappersForConfig(tc, b)
+		if err != nil {
+			return nil, nil, fmt.Errorf("kubeconfig credentials: %w", err)
+		}
+		return rt, b, nil
+	}
+	b := newHTTPTransport(o, forwardTLS, false, ConnHealth)
+	return b, b, nil
 }
 
 // roundTrip sends req with the credentials cred says, over the transport for an upgrade when
@@ -285,14 +321,15 @@ type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
-// newHTTPTransport builds one upstream transport; upgrade: HTTP/1.1 only (see transports).
-func newHTTPTransport(o TransportOptions, tlsCfg *tls.Config, upgrade bool) *http.Transport {
+// newHTTPTransport builds one upstream transport; upgrade: HTTP/1.1 only (see transports); conn
+// says what its connections are for (ConnRequests, ConnHealth), for the dial hook.
+func newHTTPTransport(o TransportOptions, tlsCfg *tls.Config, upgrade bool, conn string) *http.Transport {
 	d := &net.Dialer{Timeout: o.DialTimeout, KeepAlive: o.KeepAlive}
 	dial := d.DialContext
 	if o.onDial != nil {
 		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
 			c, err := d.DialContext(ctx, network, addr)
-			o.onDial(err)
+			o.onDial(conn, err)
 			return c, err
 		}
 	}
