@@ -76,7 +76,8 @@ func (s *Server) haMetrics() {
 		out := make([]metrics.UpstreamSample, len(bs))
 		for i, b := range bs {
 			out[i] = metrics.UpstreamSample{Name: b.String(), State: b.State().String(), States: states,
-				InFlight: b.InFlight(), OpenWatches: b.OpenWatches(), Lagging: b.Lagging()}
+				InFlight: b.InFlight(), OpenWatches: b.OpenWatches(), Lagging: b.Lagging(),
+				Unverified: b.ReadinessUnverified()}
 		}
 		return out
 	})

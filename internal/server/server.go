@@ -83,6 +83,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 			RootCAs:               cfg.UpstreamCA,
 			Insecure:              cfg.InsecureSkipTLSVerify,
 			Credentials:           cfg.Credentials,
+			ProbeCredentials:      cfg.ProbeCredentials,
 			Lend:                  cfg.Lend,
 			StripHeaders:          cfg.Guard.StripHeaders,
 			StripPrefixes:         cfg.Guard.StripPrefixes,

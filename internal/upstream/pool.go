@@ -105,6 +105,9 @@ type Pool struct {
 	list     atomic.Pointer[[]*Backend] // replaced under mu, never modified
 	progress progress
 	wake     chan struct{} // the mover looks now
+	// anonPassed: an anonymous /readyz probe of a backend passed, so the cluster lets
+	// anonymous probes read /readyz and a 401 or 403 to one means not ready (section 10.6).
+	anonPassed atomic.Bool
 
 	mu      sync.Mutex
 	changed chan struct{}   // closed and replaced at every health transition

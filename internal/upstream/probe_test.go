@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.uber.org/zap/zaptest"
+	"k8s.io/client-go/rest"
 
 	"github.com/watchsan/watchsan/internal/testutil"
 )
@@ -99,6 +100,55 @@ func TestProbesDoNotCloseTheClientsConnection(t *testing.T) {
 	defer s.mu.Unlock()
 	if len(s.clients) != 1 {
 		t.Fatalf("client requests came over %d connections while 10 anonymous probes were answered with Connection: close; want 1", len(s.clients))
+	}
+}
+
+// Issue 20 item 5 / cause 4: a /readyz answered 403 to a probe with an identity is no
+// readiness: the backend is degraded, never healthy, until /readyz passes.
+func TestReadyz403WithAnIdentityIsNotReady(t *testing.T) {
+	s := newReadyzServer(t, 403)
+	to := s.roots()
+	to.ProbeCredentials = &rest.Config{BearerToken: "probe-token"}
+	var states []State
+	var mu sync.Mutex
+	p := runPool(t, s, to, &states, &mu)
+	b := p.Backends()[0]
+	testutil.Eventually(t, 5*time.Second, "degraded by 403s", func() bool { return b.State() == Degraded && s.probes.Load() >= 5 })
+	mu.Lock()
+	for _, st := range states {
+		if st == Healthy {
+			t.Fatalf("a backend whose /readyz answered 403 to the probe identity was healthy (transitions %v)", states)
+		}
+	}
+	mu.Unlock()
+	s.mu.Lock()
+	if s.probeAuth[0] != "Bearer probe-token" {
+		t.Fatalf("the probe went with Authorization %q, want the probe identity's", s.probeAuth[0])
+	}
+	s.mu.Unlock()
+	if b.ReadinessUnverified() {
+		t.Fatal("readiness unverified with a probe identity")
+	}
+	s.code.Store(200)
+	testutil.Eventually(t, 5*time.Second, "healthy once /readyz passes", func() bool { return b.State() == Healthy })
+}
+
+// Without an identity, a 403 proves only that the backend is alive: taken as ready without
+// proof, and said so, while no anonymous probe has passed; once one has (the cluster lets
+// anonymous probes read /readyz), a 403 is a restarting apiserver's and means not ready.
+func TestReadyz403Anonymous(t *testing.T) {
+	s := newReadyzServer(t, 403)
+	var states []State
+	var mu sync.Mutex
+	p := runPool(t, s, s.roots(), &states, &mu)
+	b := p.Backends()[0]
+	testutil.Eventually(t, 5*time.Second, "healthy without proof", func() bool { return b.State() == Healthy && b.ReadinessUnverified() })
+	s.code.Store(200)
+	testutil.Eventually(t, 5*time.Second, "verified", func() bool { return !b.ReadinessUnverified() && p.anonPassed.Load() })
+	s.code.Store(403)
+	testutil.Eventually(t, 5*time.Second, "degraded by a 403 after an anonymous probe passed", func() bool { return b.State() == Degraded })
+	if b.ReadinessUnverified() {
+		t.Fatal("readiness unverified after an anonymous probe passed")
 	}
 }
 

@@ -40,6 +40,10 @@ type TransportOptions struct {
 	// Credentials, if not nil, supplies TLS settings (CA, server name, client certificate) and the
 	// identity lent to requests that carry no Authorization header.
 	Credentials *rest.Config
+	// ProbeCredentials, if not nil, is the identity /readyz probes go with (its token, exec
+	// plugin or client certificate; the upstream is verified as for every other connection);
+	// nil: the lent identity when lending, else none.
+	ProbeCredentials *rest.Config
 	// Lend enables lending Credentials' identity. Without it requests are forwarded with only
 	// the Authorization header they carry.
 	Lend bool
@@ -126,6 +130,10 @@ type transports struct {
 	// apiserver close its connection (UnauthenticatedHTTP2DOSMitigation), which must not be
 	// the connection client requests share (docs/design.md section 10.5).
 	probe http.RoundTripper
+	// probeIdentity: probes carry an identity (the probe identity or the lent one), which the
+	// apiserver can authorize; probeWho names it for logs.
+	probeIdentity bool
+	probeWho      string
 	// closeIdle drops pooled connections of all (after a GOAWAY storm or a failed health check).
 	closeIdle func()
 	// tls is forward's TLS configuration (the pinger's: a ping needs no identity).
@@ -220,6 +228,12 @@ func newTransports(o TransportOptions) (*transports, error) {
 		return nil, err
 	}
 	t.probe = probe
+	switch {
+	case o.ProbeCredentials != nil:
+		t.probeIdentity, t.probeWho = true, "the probe identity (--probe-kubeconfig)"
+	case o.Lend && o.Credentials != nil:
+		t.probeIdentity, t.probeWho = true, "the lent identity"
+	}
 	closers = append(closers, probeBase)
 	t.closeIdle = func() {
 		for _, c := range closers {
@@ -230,8 +244,32 @@ func newTransports(o TransportOptions) (*transports, error) {
 }
 
 // newProbeTransport builds the /readyz probes' transport, on connections of its own (ConnHealth):
-// with the lent identity (tc, over base) when lending, else with none (over forwardTLS).
+// with ProbeCredentials' identity when set, else the lent identity (tc, over base) when lending,
+// else with none (over forwardTLS).
 func newProbeTransport(o TransportOptions, tc *transport.Config, base, forwardTLS *tls.Config) (http.RoundTripper, *http.Transport, error) {
+	if o.ProbeCredentials != nil {
+		ptc, err := o.ProbeCredentials.TransportConfig()
+		if err != nil {
+			return nil, nil, fmt.Errorf("probe credentials: %w", err)
+		}
+		// Only its client certificate matters here: the upstream is verified as every
+		// connection to it is.
+		ptc.TLS.CAFile, ptc.TLS.CAData, ptc.TLS.Insecure, ptc.TLS.ServerName = "", nil, false, ""
+		pcfg, err := transport.TLSConfigFor(ptc)
+		if err != nil {
+			return nil, nil, fmt.Errorf("probe credentials' TLS settings: %w", err)
+		}
+		cfg := forwardTLS.Clone()
+		if pcfg != nil {
+			cfg.Certificates, cfg.GetClientCertificate = pcfg.Certificates, pcfg.GetClientCertificate
+		}
+		b := newHTTPTransport(o, cfg, false, ConnHealth)
+		rt, err := transport.HTTPWrappersForConfig(ptc, b)
+		if err != nil {
+			return nil, nil, fmt.Errorf("probe credentials: %w", err)
+		}
+		return rt, b, nil
+	}
 	if o.Lend && o.Credentials != nil {
 		b := newHTTPTransport(o, base, false, ConnHealth)
 		rt, err := transport.HTTPWrappersForConfig(tc, b)
@@ -242,6 +280,14 @@ func newProbeTransport(o TransportOptions, tc *transport.Config, base, forwardTL
 	}
 	b := newHTTPTransport(o, forwardTLS, false, ConnHealth)
 	return b, b, nil
+}
+
+// probeAs names whom the probes go as, for logs and errors.
+func (t *transports) probeAs() string {
+	if t.probeWho == "" {
+		return "watchsan's anonymous probe"
+	}
+	return t.probeWho
 }
 
 // roundTrip sends req with the credentials cred says, over the transport for an upgrade when

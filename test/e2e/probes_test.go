@@ -8,7 +8,12 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
 	"net/http"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -73,4 +78,112 @@ func TestProbesOnAConnectionOfTheirOwn(t *testing.T) {
 		t.Errorf("%d requests failed", failed)
 	}
 	requireNoPanic(t, p)
+}
+
+// TestRestartedAPIServerNotReadyWhileUnauthorized: a restarted apiserver answers /readyz 403
+// until its RBAC authorizer has synced (docs/design.md section 10.6). watchsan must not count
+// it healthy before a /readyz it can be authorized for passes: with a probe identity (the
+// limited user: /readyz needs nothing but being authenticated; the admin's system:masters
+// would pass before RBAC), and anonymous once an anonymous probe has passed before.
+func TestRestartedAPIServerNotReadyWhileUnauthorized(t *testing.T) {
+	c := newCluster(t, cluster.Options{APIServers: 1})
+	a := c.APIServers[0]
+	kc := filepath.Join(t.TempDir(), "probe.kubeconfig")
+	if err := c.WriteKubeconfig(kc, a.URL, c.UserToken, c.CAFile); err != nil {
+		t.Fatal(err)
+	}
+	common := []string{"--upstream=" + a.URL, "--upstream-ca-file=" + c.CAFile, "--no-credentials", "--log-level=info"}
+	withID := startProxy(t, append(common, "--probe-kubeconfig="+kc)...)
+	anon := startProxy(t, common...)
+	waitUpstreamUp(t, withID, a.URL)
+	waitUpstreamUp(t, anon, a.URL)
+
+	// Poll /readyz directly, as the limited user and anonymous, from the kill on.
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(c.CAData)
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	type firstPass struct {
+		at     time.Time
+		denied int // 401/403 answers before it
+	}
+	poll := func(ctx context.Context, token string, out chan<- firstPass) {
+		var fp firstPass
+		for ctx.Err() == nil {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, a.URL+"/readyz", nil)
+			if token != "" {
+				req.Header.Set("Authorization", "Bearer "+token)
+			}
+			resp, err := client.Do(req)
+			if err == nil {
+				resp.Body.Close()
+				switch resp.StatusCode {
+				case 200:
+					fp.at = time.Now()
+					out <- fp
+					return
+				case 401, 403:
+					fp.denied++
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		out <- fp
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := a.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	eventually(t, 30*time.Second, "watchsan to see the apiserver go", func() bool {
+		return withID.Metric("watchsan_upstream_up", map[string]string{"upstream": a.URL}) == 0 &&
+			anon.Metric("watchsan_upstream_up", map[string]string{"upstream": a.URL}) == 0
+	})
+	userPass, anonPass := make(chan firstPass, 1), make(chan firstPass, 1)
+	go poll(ctx, c.UserToken, userPass)
+	go poll(ctx, "", anonPass)
+	if err := a.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	up, an := <-userPass, <-anonPass
+	if up.at.IsZero() || an.at.IsZero() {
+		t.Fatal("/readyz never passed after the restart")
+	}
+	waitUpstreamUp(t, withID, a.URL)
+	waitUpstreamUp(t, anon, a.URL)
+	healthyAt := func(p *proxy) time.Time {
+		var last time.Time
+		for _, line := range p.logLines() {
+			var m map[string]any
+			if json.Unmarshal([]byte(line), &m) != nil || m["msg"] != "upstream healthy" {
+				continue
+			}
+			ts, err := time.Parse("2006-01-02T15:04:05.000Z0700", fmt.Sprint(m["ts"]))
+			if err != nil {
+				t.Fatalf("log time %v: %v", m["ts"], err)
+			}
+			last = ts
+		}
+		if !last.After(killed) {
+			t.Fatalf("no 'upstream healthy' line after the restart")
+		}
+		return last
+	}
+	hID, hAnon := healthyAt(withID), healthyAt(anon)
+	t.Logf("probes: after the restart /readyz answered 401/403 %d times to the limited user (first pass %v after the kill) and %d times anonymous (first pass %v); watchsan healthy %v after the kill with a probe identity, %v anonymous",
+		up.denied, up.at.Sub(killed).Round(time.Millisecond), an.denied, an.at.Sub(killed).Round(time.Millisecond),
+		hID.Sub(killed).Round(time.Millisecond), hAnon.Sub(killed).Round(time.Millisecond))
+	// The log's times have millisecond precision; the direct poll finds a pass up to 20 ms late.
+	const slack = 100 * time.Millisecond
+	if hID.Before(up.at.Add(-slack)) {
+		t.Errorf("with a probe identity watchsan counted the restarted apiserver healthy %v before /readyz passed for that identity", up.at.Sub(hID))
+	}
+	if hAnon.Before(an.at.Add(-slack)) {
+		t.Errorf("anonymous, watchsan counted the restarted apiserver healthy %v before an anonymous /readyz passed", an.at.Sub(hAnon))
+	}
+	if up.denied == 0 && an.denied == 0 {
+		t.Log("probes: the restarted apiserver denied no /readyz this time (its authorizer synced before it listened): this run proves nothing about 403s")
+	}
+	requireNoPanic(t, withID)
+	requireNoPanic(t, anon)
 }
