@@ -236,6 +236,14 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 		}
 		at, err := a.send(ctx, req, b, body, plan)
 		wait, retry := retryable(ctx, idempotent, body, at.Resp, err, plan.RetryTooLarge)
+		if err != nil && errors.Is(err, ErrFrozen) {
+			// Section 10.8: at once, elsewhere, when a repeat is safe; else the client's 503.
+			if !retry && !safeToRepeat(req.Method, req.Header, body.whole()) {
+				return Attempt{}, err
+			}
+			retry, wait = true, 0
+			bo.Reset()
+		}
 		if retry && plan.RetryTooLarge && at.Resp != nil && at.Resp.StatusCode == http.StatusGatewayTimeout {
 			a.pool.markLagging(b, time.Now(), "it answered 504 to a list at watchsan's high-water resourceVersion")
 		}
@@ -360,7 +368,17 @@ func (a *Attempter) send(ctx context.Context, req *http.Request, b *Backend, bod
 	if body != nil {
 		out.Body, out.GetBody = body.open()
 	}
+	var done func()
+	if !plan.Watch {
+		done = b.waiting.wait(cancelCtx) // cut at once if b is found unhealthy meanwhile (frozen.go)
+	}
 	resp, err := b.Send(out, plan.Credentials)
+	if done != nil {
+		done()
+	}
+	if err != nil && errors.Is(context.Cause(actx), ErrFrozen) && ctx.Err() == nil {
+		err = fmt.Errorf("%w: %w", ErrFrozen, err)
+	}
 	if err != nil {
 		if ctx.Err() == nil && !IsDialError(err) {
 			b.ReportFailure(err) // a reset or a timeout: check it now (a refused dial is judged already)

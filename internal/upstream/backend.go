@@ -83,6 +83,7 @@ type Backend struct {
 	pingFailed atomic.Bool  // a ping failed since the last one that passed
 
 	inflight atomic.Int64 // short requests sent and not yet finished
+	waiting  waiters      // short requests' attempts waiting for response headers (frozen.go)
 	leases   leaseSet     // open watch attempts
 	servable servable     // from which resourceVersions it serves watches (servable.go)
 

@@ -314,8 +314,11 @@ func (p *Pool) transitionLocked(b *Backend, s State, cause error, revive bool) {
 		if at := b.aliveAt.Load(); at > 0 {
 			silent = now.Sub(time.Unix(0, at))
 		}
+		// Nothing waits on it (section 10.8): requests still waiting for its answer are cut,
+		// to be retried elsewhere or answered 503.
+		cut := b.waiting.cutAll()
 		p.log.Warn("upstream unhealthy", zap.Stringer("upstream", b), zap.Stringer("was", old),
-			zap.Duration("silentFor", silent), zap.Int64("watches", b.OpenWatches()), zap.Error(cause))
+			zap.Duration("silentFor", silent), zap.Int64("watches", b.OpenWatches()), zap.Int("requestsCut", cut), zap.Error(cause))
 		if old != Unknown && silent > 0 && p.opts.OnDetect != nil {
 			p.opts.OnDetect(b, "unhealthy", silent)
 		}

@@ -92,7 +92,8 @@ func TestRestartedAPIServerNotReadyWhileUnauthorized(t *testing.T) {
 	if err := c.WriteKubeconfig(kc, a.URL, c.UserToken, c.CAFile); err != nil {
 		t.Fatal(err)
 	}
-	common := []string{"--upstream=" + a.URL, "--upstream-ca-file=" + c.CAFile, "--no-credentials", "--log-level=info"}
+	// Probed every 50 ms while not healthy: the window of 403s may be short (seen: 60-1600 ms).
+	common := []string{"--upstream=" + a.URL, "--upstream-ca-file=" + c.CAFile, "--no-credentials", "--log-level=info", "--health-interval=50ms"}
 	withID := startProxy(t, append(common, "--probe-kubeconfig="+kc)...)
 	anon := startProxy(t, common...)
 	waitUpstreamUp(t, withID, a.URL)
