@@ -179,9 +179,10 @@ func (b *Backend) Target(u *url.URL) *url.URL {
 }
 
 // Probe asks the backend's /readyz whether it serves, within timeout, over the health
-// checker's own connections, with the probe identity, else the lent one, else none. An answer
-// below 500 passes here; the status code is returned with the verdict, and the caller weighs
-// a 401 or 403 (health.go, docs/design.md section 10.6).
+// checker's own connections, with the probe identity, else the kubeconfig's when it is lent
+// or impersonates, else none. An answer below 500 passes here; the status code is returned
+// with the verdict, and the caller weighs a 401 or 403 (health.go, docs/design.md section
+// 10.6).
 func (b *Backend) Probe(ctx context.Context, timeout time.Duration) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()

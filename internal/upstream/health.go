@@ -19,7 +19,7 @@ import (
 //     response) counts as an answer: a loaded machine does not make a live backend dead.
 //   - Is it ready? Its /readyz, bounded by ProbeTimeout, one at a time and off the ping's
 //     path, so a /readyz waiting on etcd never delays the next ping; on connections of the
-//     health checker's own, with the probe identity, else the lent one, else none. A 401 or
+//     health checker's own, with the probe identity, else the kubeconfig's, else none. A 401 or
 //     403 is no proof of readiness (docs/design.md section 10.6): with an identity, or when an
 //     anonymous probe of this pool has passed before, it means not ready (a restarting
 //     apiserver answers so until its authorizer has synced); an anonymous probe answered so

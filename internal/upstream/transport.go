@@ -233,6 +233,8 @@ func newTransports(o TransportOptions) (*transports, error) {
 		t.probeIdentity, t.probeWho = true, "the probe identity (--probe-kubeconfig)"
 	case o.Lend && o.Credentials != nil:
 		t.probeIdentity, t.probeWho = true, "the lent identity"
+	case o.Identity == IdentityImpersonate && o.Credentials != nil:
+		t.probeIdentity, t.probeWho = true, "the kubeconfig's identity (the one that impersonates)"
 	}
 	closers = append(closers, probeBase)
 	t.closeIdle = func() {
@@ -244,8 +246,8 @@ func newTransports(o TransportOptions) (*transports, error) {
 }
 
 // newProbeTransport builds the /readyz probes' transport, on connections of its own (ConnHealth):
-// with ProbeCredentials' identity when set, else the lent identity (tc, over base) when lending,
-// else with none (over forwardTLS).
+// with ProbeCredentials' identity when set, else the kubeconfig's (tc, over base) when it is
+// lent or impersonates, else with none (over forwardTLS).
 func newProbeTransport(o TransportOptions, tc *transport.Config, base, forwardTLS *tls.Config) (http.RoundTripper, *http.Transport, error) {
 	if o.ProbeCredentials != nil {
 		ptc, err := o.ProbeCredentials.TransportConfig()
@@ -270,7 +272,9 @@ func newProbeTransport(o TransportOptions, tc *transport.Config, base, forwardTL
 		}
 		return rt, b, nil
 	}
-	if o.Lend && o.Credentials != nil {
+	if (o.Lend || o.Identity == IdentityImpersonate) && o.Credentials != nil {
+		// The identity watchsan lends, or impersonates with: both checked to belong to the
+		// upstreams (config.checkLending).
 		b := newHTTPTransport(o, base, false, ConnHealth)
 		rt, err := transport.HTTPWrappersForConfig(tc, b)
 		if err != nil {
