@@ -160,3 +160,44 @@ func mustURL(t *testing.T, s string) *url.URL {
 	}
 	return u
 }
+
+// Whose identity a probe carries: the probe identity, else the kubeconfig's when it is lent or
+// impersonates, else none.
+func TestProbeIdentity(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		to   func(TransportOptions) TransportOptions
+		want string
+	}{
+		{"none", func(o TransportOptions) TransportOptions { return o }, ""},
+		{"lent", func(o TransportOptions) TransportOptions {
+			o.Credentials, o.Lend = &rest.Config{BearerToken: "lent"}, true
+			return o
+		}, "Bearer lent"},
+		{"impersonating", func(o TransportOptions) TransportOptions {
+			o.Credentials, o.Identity = &rest.Config{BearerToken: "imp"}, IdentityImpersonate
+			return o
+		}, "Bearer imp"},
+		{"not lent", func(o TransportOptions) TransportOptions {
+			o.Credentials = &rest.Config{BearerToken: "kept"}
+			return o
+		}, ""},
+		{"probe identity wins", func(o TransportOptions) TransportOptions {
+			o.Credentials, o.Lend, o.ProbeCredentials = &rest.Config{BearerToken: "lent"}, true, &rest.Config{BearerToken: "probe"}
+			return o
+		}, "Bearer probe"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newReadyzServer(t, 200)
+			p := newPool(t, PoolOptions{Transport: tc.to(s.roots())}, s.URL)
+			if _, err := p.Backends()[0].Probe(context.Background(), time.Second); err != nil {
+				t.Fatal(err)
+			}
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if s.probeAuth[0] != tc.want {
+				t.Fatalf("the probe went with Authorization %q, want %q", s.probeAuth[0], tc.want)
+			}
+		})
+	}
+}
