@@ -238,7 +238,8 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 		wait, retry := retryable(ctx, idempotent, body, at.Resp, err, plan.RetryTooLarge)
 		if err != nil && errors.Is(err, ErrFrozen) {
 			// Section 10.8: at once, elsewhere, when a repeat is safe; else the client's 503.
-			if !retry && !safeToRepeat(req.Method, req.Header, body.whole()) {
+			unread := body != nil && body.read.Load() == 0 // sent without its body: not processable
+			if !retry && !unread && !safeToRepeat(req.Method, req.Header, body.whole()) {
 				return Attempt{}, err
 			}
 			retry, wait = true, 0

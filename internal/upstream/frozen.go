@@ -100,12 +100,16 @@ func safeToRepeat(method string, h http.Header, body []byte) bool {
 	return json.Unmarshal(body, &obj) == nil && obj.Metadata.ResourceVersion != ""
 }
 
-// whole returns the body as read so far when it was read to its end and kept; nil otherwise.
+// whole returns the body as read so far when it was read to its end and kept; nil otherwise,
+// and nil at once while a read of the client's body is in flight (an aborted attempt's may
+// wait for the client indefinitely).
 func (c *countingBody) whole() []byte {
 	if c == nil {
 		return []byte{}
 	}
-	c.mu.Lock()
+	if !c.mu.TryLock() {
+		return nil
+	}
 	defer c.mu.Unlock()
 	if c.over.Load() || !errors.Is(c.err, io.EOF) {
 		return nil
