@@ -34,6 +34,8 @@ func New(code int32, reason metav1.StatusReason, msg string) *metav1.Status {
 //     at once; client-go and kubectl retry such an answer on their own;
 //   - the upstream refused or reset the connection, or is not reachable: 503 ServiceUnavailable
 //     (the client's retry logic treats it as "try again");
+//   - its upstream was declared unhealthy while it waited, and it was not safe to repeat
+//     (upstream.ErrFrozen): 503 with Retry-After 1, saying it may have been processed;
 //   - a timeout (dial, TLS handshake, response headers): 504 Timeout;
 //   - anything else (bad TLS, protocol garbage): 502 with reason InternalError.
 func ForUpstreamError(name string, err error) *metav1.Status {
@@ -42,6 +44,12 @@ func ForUpstreamError(name string, err error) *metav1.Status {
 	case errors.Is(err, upstream.ErrNoBackend):
 		st := New(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
 			"watchsan: "+err.Error())
+		st.Details = &metav1.StatusDetails{RetryAfterSeconds: 1}
+		return st
+	case errors.Is(err, upstream.ErrFrozen):
+		// docs/design.md section 10.8: it was not safe to repeat; the client decides.
+		st := New(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
+			fmt.Sprintf("watchsan: upstream %s stopped answering while this request was in flight; it may have been processed (a create may have happened): check before you retry", name))
 		st.Details = &metav1.StatusDetails{RetryAfterSeconds: 1}
 		return st
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -21,6 +22,9 @@ type HA struct {
 	HealthProbeTimeout time.Duration
 	// HealthProbeInterval is the least time between /readyz probes of a healthy upstream.
 	HealthProbeInterval time.Duration
+	// ProbeKubeconfig is a kubeconfig whose user the /readyz probes go as; empty: the lent
+	// identity, else none (docs/design.md section 10.6).
+	ProbeKubeconfig string
 	// WatchLagTimeout: a watch that has not delivered an event a watch of the same scope on
 	// another upstream delivered this long ago is moved; 0: never.
 	WatchLagTimeout time.Duration
@@ -66,6 +70,7 @@ func (h *HA) flags(fs *pflag.FlagSet, group func(title string)) {
 	fs.DurationVar(&h.HealthPingTimeout, "health-ping-timeout", h.HealthPingTimeout, "how long an upstream may take to answer the HTTP/2 PING that shows it is alive (tried twice before it counts as down)")
 	fs.DurationVar(&h.HealthProbeInterval, "health-probe-interval", h.HealthProbeInterval, "the least time between /readyz probes of a healthy upstream (one that is not healthy is probed every --health-interval); pings go every --health-interval")
 	fs.DurationVar(&h.HealthProbeTimeout, "health-probe-timeout", h.HealthProbeTimeout, "how long an upstream's /readyz may take (an upstream alive but slower than this is degraded, not down)")
+	fs.StringVar(&h.ProbeKubeconfig, "probe-kubeconfig", h.ProbeKubeconfig, "kubeconfig whose user (its current context's) the /readyz probes go as, on connections of their own; any authenticated user may read /readyz, so give one without other permissions. With an identity a 401 or 403 means not ready (a restarting apiserver answers so until its authorizer has synced). Default: the kubeconfig's identity when it is lent or impersonates (--identity-forwarding=impersonate), else none, and then a 401 or 403 proves only that the upstream is alive")
 	group("Watch resilience")
 	fs.DurationVar(&h.WatchLagTimeout, "watch-lag-timeout", h.WatchLagTimeout, "a watch that has not delivered an event another upstream delivered this long ago on a watch of the same scope is moved, and its upstream counted lagging; 0: never")
 	fs.Float64Var(&h.WatchRebalanceRate, "watch-rebalance-rate", h.WatchRebalanceRate, "watches moved per second onto healthy upstreams with fewer watches (after a recovery or an addition); 0: never")
@@ -106,6 +111,11 @@ func (h *HA) validate(add func(format string, a ...any)) {
 	}{{"watch-rebalance-rate", h.WatchRebalanceRate}, {"watch-drain-rate", h.WatchDrainRate}} {
 		if r.v < 0 || r.v > 1e6 || r.v != r.v {
 			add("--%s %v: want 0 to 1000000 per second", r.flag, r.v)
+		}
+	}
+	if h.ProbeKubeconfig != "" {
+		if _, err := os.Stat(h.ProbeKubeconfig); err != nil {
+			add("--probe-kubeconfig: %w", err)
 		}
 	}
 	switch h.UpstreamDiscovery {

@@ -184,6 +184,9 @@ type Completed struct {
 	// Credentials is the kubeconfig's (or in-cluster) config whose TLS settings and identity are
 	// used upstream; nil when none was loaded.
 	Credentials *rest.Config
+	// ProbeCredentials is --probe-kubeconfig's config, the identity /readyz probes go as; nil
+	// when not given.
+	ProbeCredentials *rest.Config
 	// Lend says whether requests without an Authorization header get Credentials' identity.
 	Lend bool
 	// UpstreamCA verifies upstream serving certificates; nil means Credentials' CA or the
@@ -261,6 +264,7 @@ func (c Config) Complete() (*Completed, error) {
 	if out.Lend {
 		errs = append(errs, checkLending(out.Upstreams, out.Credentials, c.AllowCredentialsToUpstream)...)
 	}
+	errs = append(errs, out.completeProbe()...)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -346,4 +350,35 @@ func kubeconfigSearch(files []string, getenv func(string) string) string {
 		parts = append(parts, "the in-cluster service account (no token at "+token+")")
 	}
 	return strings.Join(parts, ", ")
+}
+
+// completeProbe loads --probe-kubeconfig: it must name a user with credentials, and they may
+// not cross the network in cleartext (a plain http:// upstream needs
+// --allow-credentials-to-upstream). Only its user is used: the probes go to every upstream,
+// verified as every upstream connection is.
+func (out *Completed) completeProbe() []error {
+	if out.ProbeKubeconfig == "" {
+		return nil
+	}
+	rc, err := LoadKubeconfig(out.ProbeKubeconfig, "", "")
+	if err != nil {
+		return []error{fmt.Errorf("--probe-kubeconfig: %w", err)}
+	}
+	if !hasIdentity(rc) {
+		return []error{fmt.Errorf("--probe-kubeconfig %s: its user has no credentials (token, client certificate or exec plugin); without one the probes go anonymous anyway", out.ProbeKubeconfig)}
+	}
+	allow := map[string]bool{}
+	for _, a := range out.AllowCredentialsToUpstream {
+		if u, err := parseUpstream(a); err == nil {
+			allow[sameServerKey(u)] = true
+		}
+	}
+	var errs []error
+	for _, u := range out.Upstreams {
+		if u.Scheme == "http" && !allow[sameServerKey(u)] {
+			errs = append(errs, fmt.Errorf("--probe-kubeconfig: upstream %s is plain HTTP: the probe identity would cross the network in cleartext; use https, or accept this with --allow-credentials-to-upstream=%s", u, u))
+		}
+	}
+	out.ProbeCredentials = rc
+	return errs
 }

@@ -35,13 +35,17 @@ type UpstreamSample struct {
 	InFlight    int64
 	OpenWatches int64
 	Lagging     bool
+	// Unverified: counted as ready without proof (its /readyz answered 401 or 403 to an
+	// anonymous probe).
+	Unverified bool
 }
 
 var (
-	descState    = prometheus.NewDesc("watchsan_upstream_state", "1 for the upstream's current health state (unknown, healthy, degraded, unhealthy, removed), 0 for the others.", []string{"upstream", "state"}, nil)
-	descInFlight = prometheus.NewDesc("watchsan_upstream_in_flight_requests", "Short requests sent to the upstream and not finished (what request balancing compares).", []string{"upstream"}, nil)
-	descWatches  = prometheus.NewDesc("watchsan_upstream_open_watches", "Watch attempts open on the upstream (what watch balancing compares).", []string{"upstream"}, nil)
-	descLagging  = prometheus.NewDesc("watchsan_upstream_lagging", "1 while the upstream is held back for serving older data than the others.", []string{"upstream"}, nil)
+	descState      = prometheus.NewDesc("watchsan_upstream_state", "1 for the upstream's current health state (unknown, healthy, degraded, unhealthy, removed), 0 for the others.", []string{"upstream", "state"}, nil)
+	descInFlight   = prometheus.NewDesc("watchsan_upstream_in_flight_requests", "Short requests sent to the upstream and not finished (what request balancing compares).", []string{"upstream"}, nil)
+	descWatches    = prometheus.NewDesc("watchsan_upstream_open_watches", "Watch attempts open on the upstream (what watch balancing compares).", []string{"upstream"}, nil)
+	descLagging    = prometheus.NewDesc("watchsan_upstream_lagging", "1 while the upstream is held back for serving older data than the others.", []string{"upstream"}, nil)
+	descUnverified = prometheus.NewDesc("watchsan_upstream_readiness_unverified", "1 while the upstream counts as ready without proof: its /readyz answered 401 or 403 to watchsan's anonymous probe, so it is alive, its readiness unknown (give watchsan --probe-kubeconfig).", []string{"upstream"}, nil)
 )
 
 func (u *UpstreamMetrics) register(reg *prometheus.Registry) {
@@ -73,6 +77,7 @@ func (u *UpstreamMetrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descInFlight
 	ch <- descWatches
 	ch <- descLagging
+	ch <- descUnverified
 }
 
 // Collect implements prometheus.Collector for the gauges.
@@ -98,5 +103,10 @@ func (u *UpstreamMetrics) Collect(ch chan<- prometheus.Metric) {
 			lag = 1
 		}
 		ch <- prometheus.MustNewConstMetric(descLagging, prometheus.GaugeValue, lag, s.Name)
+		unverified := 0.0
+		if s.Unverified {
+			unverified = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descUnverified, prometheus.GaugeValue, unverified, s.Name)
 	}
 }

@@ -76,7 +76,8 @@ func (s *Server) haMetrics() {
 		out := make([]metrics.UpstreamSample, len(bs))
 		for i, b := range bs {
 			out[i] = metrics.UpstreamSample{Name: b.String(), State: b.State().String(), States: states,
-				InFlight: b.InFlight(), OpenWatches: b.OpenWatches(), Lagging: b.Lagging()}
+				InFlight: b.InFlight(), OpenWatches: b.OpenWatches(), Lagging: b.Lagging(),
+				Unverified: b.ReadinessUnverified()}
 		}
 		return out
 	})
@@ -89,8 +90,10 @@ func (s *Server) haMetrics() {
 func (s *Server) initUpstreamSeries(b *upstream.Backend) {
 	name := b.String()
 	s.metrics.UpstreamUp.WithLabelValues(name).Set(0)
-	s.metrics.UpstreamDials.WithLabelValues(name, "ok")
-	s.metrics.UpstreamDials.WithLabelValues(name, "error")
+	for _, conn := range []string{upstream.ConnRequests, upstream.ConnHealth} {
+		s.metrics.UpstreamDials.WithLabelValues(name, conn, "ok")
+		s.metrics.UpstreamDials.WithLabelValues(name, conn, "error")
+	}
 	for _, r := range upstream.MoveReasons() {
 		s.metrics.Upstream.Moves.WithLabelValues(name, r.String())
 	}

@@ -123,6 +123,7 @@ func (b *duplexBody) finish(rc *http.ResponseController) {
 	b.done = true
 	if b.reading == 0 {
 		b.mu.Unlock()
+		b.drain(rc)
 		return
 	}
 	b.idle = make(chan struct{})
@@ -132,8 +133,32 @@ func (b *duplexBody) finish(rc *http.ResponseController) {
 	defer t.Stop()
 	select {
 	case <-idle:
+		b.drain(rc)
 	case <-t.C:
 		_ = rc.SetReadDeadline(time.Now())
 		<-idle
 	}
+}
+
+// duplexDrain bounds what drain reads of a body nobody read to its end.
+const duplexDrain = 256 << 10
+
+// drain reads the rest of the body (what the client sends within duplexWait, at most
+// duplexDrain) before the handler returns. With full duplex the server does not consume an
+// unread body as the response starts; it discards it after the handler, and reaching its end
+// there starts a background read of the connection that the server's own read of the next
+// request then runs into: "invalid concurrent Body.Read call", a panic that cuts the
+// connection (net/http, Go 1.26: finishRequest aborts pending reads before it closes the
+// body). A request no upstream read (watchsan answered it: no backend, a frozen one, a
+// refusal) left its connection broken. A body that does not end in time or within
+// duplexDrain is left, with the read deadline passed: the connection ends after this response
+// (the server's discard fails before the body's end, and so does its next read).
+func (b *duplexBody) drain(rc *http.ResponseController) {
+	_ = rc.SetReadDeadline(time.Now().Add(duplexWait))
+	n, err := io.Copy(io.Discard, io.LimitReader(b.ReadCloser, duplexDrain))
+	if err != nil || n == duplexDrain {
+		_ = rc.SetReadDeadline(time.Now())
+		return
+	}
+	_ = rc.SetReadDeadline(time.Time{})
 }

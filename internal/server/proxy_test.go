@@ -55,3 +55,41 @@ func TestFullDuplexPassThrough(t *testing.T) {
 		}
 	}
 }
+
+// An HTTP/1 request whose body no upstream read (none could be reached: the answer is
+// watchsan's own 503) leaves its connection serving the next request. Full duplex lets the
+// handler return with the body unread; the server's discard of it after the handler then hit
+// the body's end, started a background read, and its read of the next request panicked
+// ("invalid concurrent Body.Read call": seen in TestFrozenAPIServerRequestsAnswered).
+func TestUnreadBodyLeavesTheConnectionUsable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "https://" + ln.Addr().String()
+	ln.Close() // refused from now on
+	s, _ := newTestServerArgs(t, "--upstream="+dead, "--insecure-skip-tls-verify", "--retry-budget=0")
+	front := httptest.NewServer(s.Handler())
+	t.Cleanup(front.Close)
+	c, err := net.Dial("tcp", strings.TrimPrefix(front.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	for i := 0; i < 3; i++ {
+		if _, err := io.WriteString(c, "POST /api/v1/namespaces/d/configmaps HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n0123456789"); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request %d on the connection: %v", i, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("request %d: %s, want 503", i, resp.Status)
+		}
+	}
+}

@@ -83,6 +83,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 			RootCAs:               cfg.UpstreamCA,
 			Insecure:              cfg.InsecureSkipTLSVerify,
 			Credentials:           cfg.Credentials,
+			ProbeCredentials:      cfg.ProbeCredentials,
 			Lend:                  cfg.Lend,
 			StripHeaders:          cfg.Guard.StripHeaders,
 			StripPrefixes:         cfg.Guard.StripPrefixes,
@@ -98,12 +99,12 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 			}
 			s.metrics.UpstreamUp.WithLabelValues(b.String()).Set(v)
 		},
-		OnDial: func(b *upstream.Backend, err error) {
+		OnDial: func(b *upstream.Backend, conn string, err error) {
 			result := "ok"
 			if err != nil {
 				result = "error"
 			}
-			s.metrics.UpstreamDials.WithLabelValues(b.String(), result).Inc()
+			s.metrics.UpstreamDials.WithLabelValues(b.String(), conn, result).Inc()
 		},
 	}
 	s.haPoolOptions(&poolOpts)
@@ -115,8 +116,6 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	s.haMetrics()
 	for _, b := range pool.Backends() { // every series from the start: alerts see 0, not "no data"
 		s.metrics.UpstreamUp.WithLabelValues(b.String()).Set(0)
-		s.metrics.UpstreamDials.WithLabelValues(b.String(), "ok")
-		s.metrics.UpstreamDials.WithLabelValues(b.String(), "error")
 	}
 	budget := cfg.RetryBudget
 	if budget == 0 {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -51,6 +52,11 @@ type AttempterOptions struct {
 //     or a 429;
 //   - any other request only when it provably never reached an upstream: the dial failed and
 //     not one byte of its body was read.
+//
+// Below that, the transport itself replays a request the upstream provably did not process (a
+// refused stream, a stream above a GOAWAY's last stream ID), whatever its method: every
+// attempt's request has GetBody while no more than MaxReplayBody of its body was read
+// (countingBody; docs/design.md section 10.7).
 type Attempter struct {
 	pool *Pool
 	opts AttempterOptions
@@ -80,6 +86,14 @@ func NewAttempter(pool *Pool, o AttempterOptions) *Attempter {
 }
 
 var errStopping = errors.New("watchsan is shutting down")
+
+// MaxReplayBody bounds what is kept of a request body so that the transport can send it again
+// where the upstream provably did not process it (a refused stream, a stream above a GOAWAY's
+// last stream ID: Go's HTTP/2 transport replays those given Request.GetBody, docs/design.md
+// section 10.7). 1 MiB holds nearly every object (the apiserver refuses requests above 3 MiB,
+// etcd values above 1.5 MiB by default); a request whose transport has read more of its body
+// than this is not replayed.
+const MaxReplayBody = 1 << 20
 
 // Plan is what one call of Do may do beyond the defaults. The zero value is a request's plan.
 type Plan struct {
@@ -197,10 +211,7 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 		b := RequestBackoff
 		bo = &b
 	}
-	var body *countingBody
-	if req.Body != nil && req.Body != http.NoBody {
-		body = &countingBody{r: req.Body}
-	}
+	body := newCountingBody(req)
 	idempotent := req.Method == http.MethodGet || req.Method == http.MethodHead || req.Method == http.MethodOptions
 	if t := plan.Target; t != nil {
 		if t.State() == Unhealthy { // a removed one still serves what is asked of it by name
@@ -225,6 +236,15 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 		}
 		at, err := a.send(ctx, req, b, body, plan)
 		wait, retry := retryable(ctx, idempotent, body, at.Resp, err, plan.RetryTooLarge)
+		if err != nil && errors.Is(err, ErrFrozen) {
+			// Section 10.8: at once, elsewhere, when a repeat is safe; else the client's 503.
+			unread := body != nil && body.read.Load() == 0 // sent without its body: not processable
+			if !retry && !unread && !safeToRepeat(req.Method, req.Header, body.whole()) {
+				return Attempt{}, err
+			}
+			retry, wait = true, 0
+			bo.Reset()
+		}
 		if retry && plan.RetryTooLarge && at.Resp != nil && at.Resp.StatusCode == http.StatusGatewayTimeout {
 			a.pool.markLagging(b, time.Now(), "it answered 504 to a list at watchsan's high-water resourceVersion")
 		}
@@ -347,10 +367,19 @@ func (a *Attempter) send(ctx context.Context, req *http.Request, b *Backend, bod
 	out.Host = ""
 	out.RequestURI = ""
 	if body != nil {
-		out.Body = body
-		out.GetBody = nil
+		out.Body, out.GetBody = body.open()
+	}
+	var done func()
+	if !plan.Watch {
+		done = b.waiting.wait(cancelCtx) // cut at once if b is found unhealthy meanwhile (frozen.go)
 	}
 	resp, err := b.Send(out, plan.Credentials)
+	if done != nil {
+		done()
+	}
+	if err != nil && errors.Is(context.Cause(actx), ErrFrozen) && ctx.Err() == nil {
+		err = fmt.Errorf("%w: %w", ErrFrozen, err)
+	}
 	if err != nil {
 		if ctx.Err() == nil && !IsDialError(err) {
 			b.ReportFailure(err) // a reset or a timeout: check it now (a refused dial is judged already)
@@ -442,19 +471,92 @@ func retryable(ctx context.Context, idempotent bool, body *countingBody, resp *h
 	return 0, false
 }
 
-// countingBody tracks whether the transport read anything of a request body, and keeps the
-// transport from closing it, so a request that never left can be sent again.
+// countingBody is a request's body as the attempts read it. It tracks whether the transport
+// read anything of it (read), and keeps the transport from closing it, so a request that never
+// left can be sent again. What the attempts have read of it, up to MaxReplayBody, is kept, so
+// that the transport can replay it through GetBody (docs/design.md section 10.7): a replay
+// reads the kept bytes, then goes on with the client's body. Nothing is read ahead of the
+// transport (full duplex: an apiserver may answer before the body is sent). Past
+// MaxReplayBody the kept bytes are dropped and the body can no longer be replayed; only the
+// reader at the head of it goes on.
 type countingBody struct {
-	r    io.ReadCloser
-	read atomic.Int64
+	read atomic.Int64 // bytes handed to the transport, over all attempts and replays
+
+	mu    sync.Mutex // held across a read of r: one reader of the client's body at a time
+	r     io.ReadCloser
+	kept  []byte
+	total int         // bytes read from r
+	over  atomic.Bool // total passed MaxReplayBody: kept is dropped (read without mu by GetBody)
+	err   error       // r's error once seen (io.EOF at its end)
 }
 
-func (c *countingBody) Read(p []byte) (int, error) {
+// errNotReplayable: a replay of a body longer than MaxReplayBody.
+var errNotReplayable = fmt.Errorf("watchsan keeps at most %d bytes of a request body to replay it", MaxReplayBody)
+
+// newCountingBody wraps req's body; nil when it has none.
+func newCountingBody(req *http.Request) *countingBody {
+	if req.Body == nil || req.Body == http.NoBody {
+		return nil
+	}
+	return &countingBody{r: req.Body}
+}
+
+// open returns a reader of the whole body for one attempt, and its GetBody.
+func (c *countingBody) open() (io.ReadCloser, func() (io.ReadCloser, error)) {
+	get := func() (io.ReadCloser, error) {
+		// Not under mu, which an aborted attempt's read of the client's body may hold.
+		if c.over.Load() {
+			return nil, errNotReplayable
+		}
+		return &bodyReader{c: c}, nil
+	}
+	r, err := get()
+	if err != nil { // a later attempt of a long body that was read: as unreplayable as before
+		return &bodyReader{c: c, off: -1}, nil
+	}
+	return r, get
+}
+
+// bodyReader is one reading of a countingBody from its start; off < 0: it fails.
+type bodyReader struct {
+	c   *countingBody
+	off int
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	c := b.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case b.off < 0 || (c.over.Load() && b.off != c.total):
+		return 0, errNotReplayable
+	case b.off < len(c.kept):
+		n := copy(p, c.kept[b.off:])
+		b.off += n
+		c.read.Add(int64(n))
+		return n, nil
+	case c.err != nil:
+		return 0, c.err
+	}
 	n, err := c.r.Read(p)
-	c.read.Add(int64(n))
+	if n > 0 {
+		c.total += n
+		b.off += n
+		c.read.Add(int64(n))
+		if !c.over.Load() && c.total > MaxReplayBody {
+			c.over.Store(true)
+			c.kept = nil
+		} else if !c.over.Load() {
+			c.kept = append(c.kept, p[:n]...)
+		}
+	}
+	if err != nil {
+		c.err = err
+	}
 	return n, err
 }
-func (c *countingBody) Close() error { return nil }
+
+func (b *bodyReader) Close() error { return nil }
 
 // retryAfter reads a Retry-After in seconds (the form the apiserver sends), capped at a minute.
 func retryAfter(resp *http.Response) time.Duration {

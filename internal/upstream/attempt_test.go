@@ -202,7 +202,7 @@ func TestCancelDuringWaitIsAnError(t *testing.T) {
 // dials nothing (only the health checker dials a down backend).
 func TestNoUsableBackendFailsFastWithoutDialling(t *testing.T) {
 	var dials atomic.Int32
-	p := newPool(t, PoolOptions{OnDial: func(*Backend, error) { dials.Add(1) }}, deadURL(t))
+	p := newPool(t, PoolOptions{OnDial: func(*Backend, string, error) { dials.Add(1) }}, deadURL(t))
 	a := NewAttempter(p, AttempterOptions{Budget: 30 * time.Second})
 	req, _ := http.NewRequest("GET", "/x", nil)
 	start := time.Now()
@@ -267,7 +267,7 @@ func TestHealthCheckerManners(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
 	var dials atomic.Int32
 	interval := 200 * time.Millisecond
-	p := newPool(t, PoolOptions{HealthInterval: interval, Logger: zap.New(core), OnDial: func(*Backend, error) { dials.Add(1) }}, deadURL(t))
+	p := newPool(t, PoolOptions{HealthInterval: interval, Logger: zap.New(core), OnDial: func(*Backend, string, error) { dials.Add(1) }}, deadURL(t))
 	b := p.Backends()[0]
 	if b.State() != Unknown || p.Ready() {
 		t.Fatalf("a new backend is %v, ready %v: want unknown, not ready", b.State(), p.Ready())

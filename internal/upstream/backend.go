@@ -83,6 +83,7 @@ type Backend struct {
 	pingFailed atomic.Bool  // a ping failed since the last one that passed
 
 	inflight atomic.Int64 // short requests sent and not yet finished
+	waiting  waiters      // short requests' attempts waiting for response headers (frozen.go)
 	leases   leaseSet     // open watch attempts
 	servable servable     // from which resourceVersions it serves watches (servable.go)
 
@@ -177,9 +178,11 @@ func (b *Backend) Target(u *url.URL) *url.URL {
 	return &out
 }
 
-// Probe asks the backend's /readyz whether it serves, within timeout, with the lent identity
-// when there is one. Any answer but a 5xx means the server is there (401/403: it answers, we
-// just may not read readyz); the status code is returned with the verdict.
+// Probe asks the backend's /readyz whether it serves, within timeout, over the health
+// checker's own connections, with the probe identity, else the kubeconfig's when it is lent
+// or impersonates, else none. An answer below 500 passes here; the status code is returned
+// with the verdict, and the caller weighs a 401 or 403 (health.go, docs/design.md section
+// 10.6).
 func (b *Backend) Probe(ctx context.Context, timeout time.Duration) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -187,10 +190,11 @@ func (b *Backend) Probe(ctx context.Context, timeout time.Duration) (int, error)
 	if err != nil {
 		return 0, err
 	}
-	resp, err := b.send(req, Self, false)
+	resp, err := b.t.probe.RoundTrip(req) // never on the client requests' connections (section 10.5)
 	if err != nil {
 		return 0, err
 	}
+	b.alive()
 	defer resp.Body.Close()
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	if resp.StatusCode >= 500 {

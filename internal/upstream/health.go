@@ -3,6 +3,7 @@ package upstream
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"go.uber.org/zap"
@@ -16,8 +17,14 @@ import (
 //     handler) still does. A ping that times out is tried once more on a fresh connection
 //     before the verdict, and anything else that came from the backend meanwhile (an event, a
 //     response) counts as an answer: a loaded machine does not make a live backend dead.
-//   - Is it ready? Its /readyz, with the lent identity, bounded by ProbeTimeout, one at a time
-//     and off the ping's path, so a /readyz waiting on etcd never delays the next ping.
+//   - Is it ready? Its /readyz, bounded by ProbeTimeout, one at a time and off the ping's
+//     path, so a /readyz waiting on etcd never delays the next ping; on connections of the
+//     health checker's own, with the probe identity, else the kubeconfig's, else none. A 401 or
+//     403 is no proof of readiness (docs/design.md section 10.6): with an identity, or when an
+//     anonymous probe of this pool has passed before, it means not ready (a restarting
+//     apiserver answers so until its authorizer has synced); an anonymous probe answered so
+//     by a cluster that never let one pass proves only that the backend is alive, and the
+//     backend counts as ready without proof (ReadinessUnverified).
 //
 // A backend that answers pings is healthy when ready, degraded when /readyz fails or is slow;
 // one that does not, or refuses connections, is unhealthy. A backend that cannot be pinged
@@ -37,6 +44,9 @@ const (
 	readyOK
 	readyNotReady
 	readyNoAnswer
+	// readyUnverified: /readyz answered 401 or 403 to an anonymous probe where no anonymous
+	// probe has passed: alive, ready unknown; taken as ready (there is nothing better to know).
+	readyUnverified
 )
 
 func (p *Pool) checkLoop(ctx context.Context, b *Backend) {
@@ -140,17 +150,27 @@ func (p *Pool) probe(ctx context.Context, b *Backend) {
 	if ctx.Err() != nil {
 		return
 	}
-	if prev := b.probeStatus.Swap(int32(code)); prev != int32(code) {
-		switch code {
-		case 401:
-			p.log.Warn("upstream answers /readyz with 401: the identity watchsan probes with (its lent credentials, or none) is not accepted; counted as reachable, but lent requests will fail too",
-				zap.Stringer("upstream", b))
-		case 403:
-			p.log.Info("upstream answers /readyz with 403: watchsan's identity may not read /readyz (system:public-info-viewer normally allows it); counted as reachable",
-				zap.Stringer("upstream", b))
+	unauthorized := err == nil && (code == 401 || code == 403)
+	if unauthorized {
+		// Section 10.6: an answer we may not read is no proof of readiness.
+		if b.t.probeIdentity || p.anonPassed.Load() {
+			err = fmt.Errorf("/readyz answered %d to %s: not ready until it is authorized (an apiserver answers so until its authorizer has synced)", code, b.t.probeAs())
+		}
+	} else if err == nil && !b.t.probeIdentity {
+		p.anonPassed.Store(true) // anonymous probes are authorized in this cluster
+	}
+	if prev := b.probeStatus.Swap(int32(code)); prev != int32(code) && unauthorized {
+		if err != nil {
+			p.log.Warn("upstream answers /readyz with 401 or 403: not ready until it lets watchsan read it",
+				zap.Stringer("upstream", b), zap.Int("code", code), zap.String("probeIdentity", b.t.probeAs()), zap.Error(err))
+		} else {
+			p.log.Warn("upstream answers watchsan's anonymous /readyz with 401 or 403: it is alive, its readiness unknown; counted as ready without proof (a restarting apiserver answers so until it is ready): give watchsan an identity to probe with, --probe-kubeconfig",
+				zap.Stringer("upstream", b), zap.Int("code", code))
 		}
 	}
 	switch {
+	case unauthorized && err == nil:
+		b.readiness.Store(readyUnverified)
 	case err == nil:
 		b.readiness.Store(readyOK)
 	case code != 0:
@@ -172,7 +192,7 @@ func (p *Pool) judge(b *Backend, cause error) {
 	live, ready := b.liveness.Load(), b.readiness.Load()
 	if !b.pingable.Load() { // /readyz alone
 		switch ready {
-		case readyOK:
+		case readyOK, readyUnverified:
 			p.setState(b, Healthy, nil)
 		case readyNotReady:
 			p.setState(b, Degraded, cause)
@@ -188,7 +208,7 @@ func (p *Pool) judge(b *Backend, cause error) {
 		}
 		p.setState(b, Unhealthy, cause)
 	case live == livenessUnknown:
-	case ready == readyOK:
+	case ready == readyOK || ready == readyUnverified:
 		p.setState(b, Healthy, nil)
 	case ready == readyNotReady || ready == readyNoAnswer:
 		if cause == nil {
@@ -199,3 +219,8 @@ func (p *Pool) judge(b *Backend, cause error) {
 		p.setState(b, Degraded, errors.New("it answers pings; /readyz not answered yet"))
 	}
 }
+
+// ReadinessUnverified reports whether b counts as ready without proof: its last /readyz
+// answered 401 or 403 to an anonymous probe, in a pool where no anonymous probe has passed
+// (docs/design.md section 10.6).
+func (b *Backend) ReadinessUnverified() bool { return b.readiness.Load() == readyUnverified }

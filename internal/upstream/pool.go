@@ -79,8 +79,9 @@ type PoolOptions struct {
 	Logger *zap.Logger
 	// OnState, if set, is told every health transition (metrics).
 	OnState func(b *Backend, s State)
-	// OnDial, if set, is told the outcome of every TCP dial to a backend (metrics).
-	OnDial func(b *Backend, err error)
+	// OnDial, if set, is told the outcome of every TCP dial to a backend and what the
+	// connection is for, ConnRequests or ConnHealth (metrics).
+	OnDial func(b *Backend, conn string, err error)
 	// OnMove, if set, is told every watch the Pool moves off b (metrics).
 	OnMove func(b *Backend, r MoveReason)
 	// OnDetect, if set, is told how long it took to find b unhealthy or lagging: from the last
@@ -104,6 +105,9 @@ type Pool struct {
 	list     atomic.Pointer[[]*Backend] // replaced under mu, never modified
 	progress progress
 	wake     chan struct{} // the mover looks now
+	// anonPassed: an anonymous /readyz probe of a backend passed, so the cluster lets
+	// anonymous probes read /readyz and a 401 or 403 to one means not ready (section 10.6).
+	anonPassed atomic.Bool
 
 	mu      sync.Mutex
 	changed chan struct{}   // closed and replaced at every health transition
@@ -153,9 +157,9 @@ func NewPool(urls []*url.URL, o PoolOptions) (*Pool, error) {
 func (p *Pool) newBackend(u *url.URL, late bool) (*Backend, error) {
 	b := &Backend{URL: u, name: u.String(), pool: p, kick: make(chan struct{}, 1), late: late, loopDone: make(chan struct{})}
 	to := p.opts.Transport
-	var onDial func(error)
+	var onDial func(string, error)
 	if p.opts.OnDial != nil {
-		onDial = func(err error) { p.opts.OnDial(b, err) }
+		onDial = func(conn string, err error) { p.opts.OnDial(b, conn, err) }
 		to.onDial = onDial
 	}
 	t, err := newTransports(to)
@@ -168,7 +172,11 @@ func (p *Pool) newBackend(u *url.URL, late bool) (*Backend, error) {
 		if u.Port() == "" {
 			addr = net.JoinHostPort(u.Hostname(), "443")
 		}
-		b.ping = newPinger(addr, t.tls, 0, to.KeepAlive, onDial)
+		var pingDial func(error)
+		if onDial != nil {
+			pingDial = func(err error) { onDial(ConnHealth, err) }
+		}
+		b.ping = newPinger(addr, t.tls, 0, to.KeepAlive, pingDial)
 		b.pingable.Store(true)
 	}
 	return b, nil
@@ -306,8 +314,11 @@ func (p *Pool) transitionLocked(b *Backend, s State, cause error, revive bool) {
 		if at := b.aliveAt.Load(); at > 0 {
 			silent = now.Sub(time.Unix(0, at))
 		}
+		// Nothing waits on it (section 10.8): requests still waiting for its answer are cut,
+		// to be retried elsewhere or answered 503.
+		cut := b.waiting.cutAll()
 		p.log.Warn("upstream unhealthy", zap.Stringer("upstream", b), zap.Stringer("was", old),
-			zap.Duration("silentFor", silent), zap.Int64("watches", b.OpenWatches()), zap.Error(cause))
+			zap.Duration("silentFor", silent), zap.Int64("watches", b.OpenWatches()), zap.Int("requestsCut", cut), zap.Error(cause))
 		if old != Unknown && silent > 0 && p.opts.OnDetect != nil {
 			p.opts.OnDetect(b, "unhealthy", silent)
 		}

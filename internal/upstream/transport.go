@@ -40,6 +40,10 @@ type TransportOptions struct {
 	// Credentials, if not nil, supplies TLS settings (CA, server name, client certificate) and the
 	// identity lent to requests that carry no Authorization header.
 	Credentials *rest.Config
+	// ProbeCredentials, if not nil, is the identity /readyz probes go with (its token, exec
+	// plugin or client certificate; the upstream is verified as for every other connection);
+	// nil: the lent identity when lending, else none.
+	ProbeCredentials *rest.Config
 	// Lend enables lending Credentials' identity. Without it requests are forwarded with only
 	// the Authorization header they carry.
 	Lend bool
@@ -56,9 +60,19 @@ type TransportOptions struct {
 	// requests that assert an identity with IdentityRequestHeader; nil: none.
 	FrontProxyCert *tls.Certificate
 
-	// onDial, if set, is told the outcome of every dial (the Pool's per-backend hook).
-	onDial func(error)
+	// onDial, if set, is told the outcome of every dial and which connections it was for
+	// (ConnRequests, ConnHealth): the Pool's per-backend hook.
+	onDial func(conn string, err error)
 }
+
+// What a connection to an upstream is for (PoolOptions.OnDial, the dials metric's label).
+const (
+	// ConnRequests: the connections client requests and watches share.
+	ConnRequests = "requests"
+	// ConnHealth: the health checker's own, for HTTP/2 PINGs and /readyz probes, never
+	// shared with client requests (docs/design.md section 10.5).
+	ConnHealth = "health"
+)
 
 // Defaults of the upstream HTTP/2 receive windows (Go's are 4 MiB per stream and 1 GiB per
 // connection: 100 watches whose clients stopped reading held 431 MiB, issue 16).
@@ -111,6 +125,15 @@ type transports struct {
 	// (Credentials.Asserted), with the credentials of TransportOptions.Identity; nil when it is
 	// IdentityOff.
 	assert, assertUpgrade asserter
+	// probe sends the health checker's /readyz probes over connections of its own, with the
+	// lent identity when there is one, else none: an anonymous request on HTTP/2 makes the
+	// apiserver close its connection (UnauthenticatedHTTP2DOSMitigation), which must not be
+	// the connection client requests share (docs/design.md section 10.5).
+	probe http.RoundTripper
+	// probeIdentity: probes carry an identity (the probe identity or the lent one), which the
+	// apiserver can authorize; probeWho names it for logs.
+	probeIdentity bool
+	probeWho      string
 	// closeIdle drops pooled connections of all (after a GOAWAY storm or a failed health check).
 	closeIdle func()
 	// tls is forward's TLS configuration (the pinger's: a ping needs no identity).
@@ -148,8 +171,8 @@ func newTransports(o TransportOptions) (*transports, error) {
 	forwardTLS := base.Clone()
 	forwardTLS.Certificates = nil
 	forwardTLS.GetClientCertificate = nil
-	forward := newHTTPTransport(o, forwardTLS, false)
-	forwardUpgrade := newHTTPTransport(o, forwardTLS, true)
+	forward := newHTTPTransport(o, forwardTLS, false, ConnRequests)
+	forwardUpgrade := newHTTPTransport(o, forwardTLS, true, ConnRequests)
 	t := &transports{forward: forward, forwardUpgrade: forwardUpgrade, tls: forwardTLS}
 	closers := []*http.Transport{forward, forwardUpgrade}
 	if o.Lend && o.Credentials != nil {
@@ -157,7 +180,7 @@ func newTransports(o TransportOptions) (*transports, error) {
 			rt      *http.RoundTripper
 			upgrade bool
 		}{{&t.lend, false}, {&t.lendUpgrade, true}} {
-			lendBase := newHTTPTransport(o, base, l.upgrade)
+			lendBase := newHTTPTransport(o, base, l.upgrade, ConnRequests)
 			rt, err := transport.HTTPWrappersForConfig(tc, lendBase)
 			if err != nil {
 				return nil, fmt.Errorf("kubeconfig credentials: %w", err)
@@ -175,7 +198,7 @@ func newTransports(o TransportOptions) (*transports, error) {
 			rt      *asserter
 			upgrade bool
 		}{{&t.assert, false}, {&t.assertUpgrade, true}} {
-			b := newHTTPTransport(o, base, l.upgrade)
+			b := newHTTPTransport(o, base, l.upgrade, ConnRequests)
 			rt, err := transport.HTTPWrappersForConfig(tc, b)
 			if err != nil {
 				return nil, fmt.Errorf("kubeconfig credentials: %w", err)
@@ -195,17 +218,80 @@ func newTransports(o TransportOptions) (*transports, error) {
 			rt      *asserter
 			upgrade bool
 		}{{&t.assert, false}, {&t.assertUpgrade, true}} {
-			b := newHTTPTransport(o, fp, l.upgrade)
+			b := newHTTPTransport(o, fp, l.upgrade, ConnRequests)
 			*l.rt = assertIdentity(b, o.Identity, o.StripHeaders, o.StripPrefixes)
 			closers = append(closers, b)
 		}
 	}
+	probe, probeBase, err := newProbeTransport(o, tc, base, forwardTLS)
+	if err != nil {
+		return nil, err
+	}
+	t.probe = probe
+	switch {
+	case o.ProbeCredentials != nil:
+		t.probeIdentity, t.probeWho = true, "the probe identity (--probe-kubeconfig)"
+	case o.Lend && o.Credentials != nil:
+		t.probeIdentity, t.probeWho = true, "the lent identity"
+	case o.Identity == IdentityImpersonate && o.Credentials != nil:
+		t.probeIdentity, t.probeWho = true, "the kubeconfig's identity (the one that impersonates)"
+	}
+	closers = append(closers, probeBase)
 	t.closeIdle = func() {
 		for _, c := range closers {
 			c.CloseIdleConnections()
 		}
 	}
 	return t, nil
+}
+
+// newProbeTransport builds the /readyz probes' transport, on connections of its own (ConnHealth):
+// with ProbeCredentials' identity when set, else the kubeconfig's (tc, over base) when it is
+// lent or impersonates, else with none (over forwardTLS).
+func newProbeTransport(o TransportOptions, tc *transport.Config, base, forwardTLS *tls.Config) (http.RoundTripper, *http.Transport, error) {
+	if o.ProbeCredentials != nil {
+		ptc, err := o.ProbeCredentials.TransportConfig()
+		if err != nil {
+			return nil, nil, fmt.Errorf("probe credentials: %w", err)
+		}
+		// Only its client certificate matters here: the upstream is verified as every
+		// connection to it is.
+		ptc.TLS.CAFile, ptc.TLS.CAData, ptc.TLS.Insecure, ptc.TLS.ServerName = "", nil, false, ""
+		pcfg, err := transport.TLSConfigFor(ptc)
+		if err != nil {
+			return nil, nil, fmt.Errorf("probe credentials' TLS settings: %w", err)
+		}
+		cfg := forwardTLS.Clone()
+		if pcfg != nil {
+			cfg.Certificates, cfg.GetClientCertificate = pcfg.Certificates, pcfg.GetClientCertificate
+		}
+		b := newHTTPTransport(o, cfg, false, ConnHealth)
+		rt, err := transport.HTTPWrappersForConfig(ptc, b)
+		if err != nil {
+			return nil, nil, fmt.Errorf("probe credentials: %w", err)
+		}
+		return rt, b, nil
+	}
+	if (o.Lend || o.Identity == IdentityImpersonate) && o.Credentials != nil {
+		// The identity watchsan lends, or impersonates with: both checked to belong to the
+		// upstreams (config.checkLending).
+		b := newHTTPTransport(o, base, false, ConnHealth)
+		rt, err := transport.HTTPWrappersForConfig(tc, b)
+		if err != nil {
+			return nil, nil, fmt.Errorf("kubeconfig credentials: %w", err)
+		}
+		return rt, b, nil
+	}
+	b := newHTTPTransport(o, forwardTLS, false, ConnHealth)
+	return b, b, nil
+}
+
+// probeAs names whom the probes go as, for logs and errors.
+func (t *transports) probeAs() string {
+	if t.probeWho == "" {
+		return "watchsan's anonymous probe"
+	}
+	return t.probeWho
 }
 
 // roundTrip sends req with the credentials cred says, over the transport for an upgrade when
@@ -285,14 +371,15 @@ type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
-// newHTTPTransport builds one upstream transport; upgrade: HTTP/1.1 only (see transports).
-func newHTTPTransport(o TransportOptions, tlsCfg *tls.Config, upgrade bool) *http.Transport {
+// newHTTPTransport builds one upstream transport; upgrade: HTTP/1.1 only (see transports); conn
+// says what its connections are for (ConnRequests, ConnHealth), for the dial hook.
+func newHTTPTransport(o TransportOptions, tlsCfg *tls.Config, upgrade bool, conn string) *http.Transport {
 	d := &net.Dialer{Timeout: o.DialTimeout, KeepAlive: o.KeepAlive}
 	dial := d.DialContext
 	if o.onDial != nil {
 		dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
 			c, err := d.DialContext(ctx, network, addr)
-			o.onDial(err)
+			o.onDial(conn, err)
 			return c, err
 		}
 	}
