@@ -44,10 +44,12 @@ test: cluster-bins
 # The real node (issue 17, test/cluster/node and test/node): containerd, runc and the real
 # kubelet run deploy/'s sidecar and node-local watchsan from the image `make image` builds.
 # Needs root on Linux and runc (.ci/run installs it); here a machine that cannot run a node
-# fails the tests instead of skipping them (WATCHSAN_REQUIRE_NODE=1). Without -race: the
-# harness is all this runs in-process, and the timings it reports are the kubelet's.
+# fails the tests instead of skipping them (WATCHSAN_REQUIRE_NODE=1). One package at a time
+# (-p 1): two kubelets would share the device manager's fixed socket. Without -race: the
+# harness is all this runs in-process, and the timings it reports are the kubelet's. About 2
+# minutes warm.
 test-node: cluster-bins
-	WATCHSAN_REQUIRE_NODE=1 $(GOTESTSUM) --format testname -- -count=1 -timeout 20m ./test/cluster/node ./test/node
+	WATCHSAN_REQUIRE_NODE=1 $(GOTESTSUM) --format testname -- -p 1 -count=1 -timeout 20m ./test/cluster/node ./test/node
 
 # The soak (test/e2e/soak_test.go): three real apiservers, continuous writes, informers in
 # JSON, protobuf and CBOR through watchsan, a random schedule of faults for SOAK_DURATION; it
