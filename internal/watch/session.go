@@ -43,6 +43,8 @@ type session struct {
 type upstreamSide struct {
 	backend *upstream.Backend
 	lease   *upstream.Lease // the current attempt's place on backend
+	// nextSlot is where a move of the attempt resume just opened leaves its target (move.go).
+	nextSlot *moveSlot
 
 	// scope and groupResource tell the pool what the watch selects (lag detection) and of
 	// which resource it delivers resourceVersions (the high-water mark).
@@ -92,8 +94,11 @@ type attemptEnd struct {
 }
 
 // plan is the Attempter's plan for an attempt of this watch starting from resourceVersion from.
-func (s *session) plan(from uint64) upstream.Plan {
-	return upstream.Plan{Watch: true, Scope: s.scope, Resource: s.groupResource, From: from}
+// Its moves are make-before-break (tryMove, docs/design.md section 10.1): an accepted target
+// is left in slot.
+func (s *session) plan(from uint64, slot *moveSlot) upstream.Plan {
+	return upstream.Plan{Watch: true, Scope: s.scope, Resource: s.groupResource, From: from,
+		OnMove: func(l *upstream.Lease, r upstream.MoveReason) { s.tryMove(slot, l, r) }}
 }
 
 // movable says whether the watch can resume elsewhere without its client noticing.
@@ -102,9 +107,13 @@ func (s *session) movable() bool {
 }
 
 // run pumps the first attempt and every resume until the client's stream ends.
-func (s *session) run(at upstream.Attempt) EndReason {
+func (s *session) run(src *source) EndReason {
 	for {
-		end := s.pump(at)
+		at := src.at
+		end := s.pump(src)
+		// A move's target that accepted the watch meanwhile is where it goes on, whatever
+		// ended this attempt (the Cut, or a break that came first).
+		moved := src.slot.close()
 		if end.end == endNone {
 			end.end = s.resumable(end)
 			if end.end == endNone && s.h.deps.OnBreak != nil {
@@ -118,6 +127,9 @@ func (s *session) run(at upstream.Attempt) EndReason {
 		}
 		at.Cancel(nil)
 		if end.end != endNone {
+			if moved != nil {
+				moved.at.Cancel(nil)
+			}
 			return end.end
 		}
 		brokeAt := time.Now()
@@ -140,11 +152,16 @@ func (s *session) run(at upstream.Attempt) EndReason {
 		if neutral {
 			s.backoff.Reset()
 		}
-		next, final := s.resume(end)
-		if final != endNone {
-			return final
+		if moved != nil {
+			s.switchTo(moved, end)
+			src = moved
+		} else {
+			next, final := s.resume(end)
+			if final != endNone {
+				return final
+			}
+			src = s.source(next, s.nextSlot)
 		}
-		at = next
 		s.stallResumedAt = time.Time{}
 		if end.resume == ResumeStall {
 			s.stallResumedAt = time.Now()
@@ -168,16 +185,18 @@ func (s *session) resumable(end attemptEnd) EndReason {
 
 // pump reads one upstream response until it ends, writing what the policy lets through. The
 // caller ends the attempt.
-func (s *session) pump(at upstream.Attempt) attemptEnd {
+func (s *session) pump(src *source) attemptEnd {
+	at := src.at
 	resp := at.Resp
 	attemptCtx := resp.Request.Context()
 	defer resp.Body.Close()
 	s.lease = at.Lease
 	s.lease.SetMovable(s.movable())
 
-	var activity atomic.Int64
+	activity := &src.body.activity
 	activity.Store(time.Now().UnixNano())
-	stopWatchdog := s.watchdog(attemptCtx, &activity, at)
+	src.body.out.Store(&s.out)
+	stopWatchdog := s.watchdog(attemptCtx, activity, at)
 	defer stopWatchdog()
 
 	start := s.progress
@@ -187,9 +206,25 @@ func (s *session) pump(at upstream.Attempt) attemptEnd {
 	// network. What is still batched when the attempt ends goes out before the session waits
 	// for anything else (a resume, the end of the stream).
 	defer s.out.flush()
-	rd := stream.NewReader(s.format, flushBeforeRead{r: resp.Body, out: &s.out, activity: &activity, lease: at.Lease}, s.h.cfg.MaxFrameSize)
+	// A moved watch's target started from the resume point the move read, at most the one
+	// delivered now: what the old attempt delivered since comes again, in the same order (one
+	// etcd, one scope), and is skipped (docs/design.md section 10.1).
+	var skip uint64
+	if src.dedupe {
+		skip, _ = stream.ParseRV(s.fix.LastDelivered())
+		if p := src.prefix; p != nil {
+			if n, _ := stream.ParseRV(p.RV); n > skip {
+				s.events++
+				if werr := s.deliver(p); werr != nil {
+					return attemptEnd{end: EndClientGone, err: werr}
+				}
+				skip = n
+			}
+		}
+	}
+	first := true
 	for {
-		ev, err := rd.Next()
+		ev, err := src.next()
 		if err != nil {
 			if s.out.err != nil {
 				return attemptEnd{end: EndClientGone, err: s.out.err}
@@ -201,6 +236,18 @@ func (s *session) pump(at upstream.Attempt) attemptEnd {
 			}
 			return end
 		}
+		if skip > 0 {
+			if n, ok := stream.ParseRV(ev.RV); ok && n <= skip && ev.Type != stream.Error {
+				continue
+			}
+			skip = 0
+		}
+		if first && ev.Type == stream.Error {
+			if end, ok := s.goneHere(at, ev); ok {
+				return end
+			}
+		}
+		first = false
 		s.events++
 		if werr := s.deliver(ev); werr != nil {
 			return attemptEnd{end: EndClientGone, err: werr}
@@ -287,7 +334,7 @@ func (s *session) deliver(ev *stream.Event) error {
 	} else {
 		err = s.writer.Write(ev)
 	}
-	// Not flushed here: the pump's reader flushes before it waits (flushBeforeRead).
+	// Not flushed here: the pump's reader flushes before it waits (attemptBody).
 	return err
 }
 
@@ -390,21 +437,25 @@ func (b *batchWriter) flush() error {
 	return b.err
 }
 
-// flushBeforeRead flushes the client's pending events before every read from the upstream:
-// a read is where the pump may wait for the network, and an event must not wait with it.
-// It also notes when the upstream last sent anything, for the watchdog and as a sign of life
-// of the backend (lease): per read, not per event (a clock read per event was 3% of the CPU at
-// saturation).
-type flushBeforeRead struct {
+// attemptBody is an attempt's response body as its reader reads it. Once the attempt is the
+// session's (pump), it flushes the client's pending events before every read from the
+// upstream: a read is where the pump may wait for the network, and an event must not wait
+// with it. Before that (a move's target, read ahead while the old attempt still feeds the
+// client) it flushes nothing. It also notes when the upstream last sent anything, for the
+// watchdog and as a sign of life of the backend (lease): per read, not per event (a clock
+// read per event was 3% of the CPU at saturation).
+type attemptBody struct {
 	r        io.Reader
-	out      *batchWriter
-	activity *atomic.Int64
+	out      atomic.Pointer[batchWriter]
+	activity atomic.Int64
 	lease    *upstream.Lease
 }
 
-func (f flushBeforeRead) Read(p []byte) (int, error) {
-	if err := f.out.flush(); err != nil {
-		return 0, err
+func (f *attemptBody) Read(p []byte) (int, error) {
+	if out := f.out.Load(); out != nil {
+		if err := out.flush(); err != nil {
+			return 0, err
+		}
 	}
 	n, err := f.r.Read(p)
 	if n > 0 {
@@ -538,7 +589,8 @@ func (s *session) resume(end attemptEnd) (upstream.Attempt, EndReason) {
 	}
 	fromRV := s.fix.LastDelivered()
 	from, _ := stream.ParseRV(fromRV)
-	plan := s.plan(from)
+	s.nextSlot = &moveSlot{}
+	plan := s.plan(from, s.nextSlot)
 	plan.Avoid, plan.Deadline, plan.Backoff, plan.WaitForBackend = avoid, deadline, &s.backoff, true
 	at, err := s.h.deps.Attempts.Do(s.ctx, s.upstreamRequest(false), plan)
 	if err != nil {
