@@ -30,6 +30,10 @@ import (
 
 const nodeLocalNS = "watchsan-node"
 
+// leaseDuration is the kubelet's node lease duration (its default, 40 s): a renewal later than
+// this after the apiserver came back means the node was, for the control plane, gone.
+const leaseDuration = 40 * time.Second
+
 // TestNodeLocalKubelet runs deploy/overlays/node-local's watchsan as a static pod (the
 // DaemonSet's pod, its ConfigMap and Secrets as files: a static pod may not reference API
 // objects) and points the node's own kubelet at it, as OpenYurt's yurthub is used. Through two
@@ -119,6 +123,9 @@ func TestNodeLocalKubelet(t *testing.T) {
 		renewed := mon.waitRenewal(ctx, t, tUp)
 		t.Logf("apiserver restart %d: down %.1fs; the kubelet's lease renewed through watchsan %.1fs after the apiserver was ready again",
 			i, tUp.Sub(tDown).Seconds(), renewed.Sub(tUp).Seconds())
+		if d := renewed.Sub(tUp); d > leaseDuration {
+			t.Errorf("apiserver restart %d: the lease was renewed only %.1fs after the apiserver was back, past its %s duration", i, d.Seconds(), leaseDuration)
+		}
 	}
 
 	// watchsan itself stopped and started again: the manifest removed (the kubelet stops the
@@ -147,9 +154,15 @@ func TestNodeLocalKubelet(t *testing.T) {
 	t.Logf("watchsan restarted as a static pod: stopped %.1fs after its manifest went, ready again %.1fs after it came back; the lease renewed %.1fs after that",
 		tStopped.Sub(tStop).Seconds(), tBack.Sub(tStopped).Seconds(), renewed.Sub(tBack).Seconds())
 
+	if d := renewed.Sub(tBack); d > leaseDuration {
+		t.Errorf("the lease was renewed only %.1fs after watchsan was back, past its %s duration", d.Seconds(), leaseDuration)
+	}
 	waitReplicas(ctx, t, cs, "web", 1)
 	gap, notReady := mon.stop()
 	t.Logf("through it all: the longest time between two lease renewals %.1fs; Node Ready went false %d times", gap.Seconds(), notReady)
+	if gap > leaseDuration {
+		t.Errorf("the lease went %.1fs without a renewal, past its %s duration", gap.Seconds(), leaseDuration)
+	}
 	if notReady > 0 {
 		t.Errorf("the Node went NotReady %d times", notReady)
 	}
