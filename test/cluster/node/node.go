@@ -81,8 +81,6 @@ type Node struct {
 	cs         kubernetes.Interface
 	bins       bins
 	cgroupRoot string // the pods' parent cgroup, e.g. /watchsan-node-123
-	hadRunDir  bool   // /run/containerd existed before Start
-	hadVarLib  bool   // /var/lib/kubelet existed before Start
 	kubeletCfg string
 	mu         sync.Mutex
 	containerd *cluster.Process
@@ -160,10 +158,6 @@ func Start(ctx context.Context, c *cluster.Cluster, o Options) (_ *Node, err err
 		bins:              b,
 		cgroupRoot:        "/" + filepath.Base(dir),
 	}
-	_, statErr := os.Stat(runDir)
-	n.hadRunDir = statErr == nil
-	_, statErr = os.Stat(devicePluginDir)
-	n.hadVarLib = statErr == nil
 	defer func() {
 		if err != nil {
 			if tail := n.logTails(30); tail != "" {
@@ -561,8 +555,8 @@ func (n *Node) Close() {
 		if err := os.RemoveAll(n.Dir); err != nil {
 			n.logf("node %s: %v", n.Name, err)
 		}
-		cleanRunDir(n.hadRunDir)
-		cleanDevicePluginDir(n.hadVarLib)
+		cleanRunDir()
+		cleanDevicePluginDir()
 	})
 }
 

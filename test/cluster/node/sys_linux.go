@@ -245,9 +245,10 @@ func unmountUnder(dir string) error {
 }
 
 // cleanRunDir removes what shims and clients left under /run/containerd: sockets no process
-// listens on any more (another containerd's live sockets stay), then the directories if empty,
-// and /run/containerd itself if it did not exist before the node started.
-func cleanRunDir(hadRunDir bool) {
+// listens on any more (another containerd's live sockets stay), then the directories, each
+// only if empty (so never those of a containerd still running; a node does not know whether
+// another created them, and two nodes may overlap).
+func cleanRunDir() {
 	live := listeningSockets()
 	for _, sub := range []string{"s", "fifo"} {
 		dir := filepath.Join(runDir, sub)
@@ -260,9 +261,7 @@ func cleanRunDir(hadRunDir bool) {
 		}
 		_ = syscall.Rmdir(dir) // fails unless empty
 	}
-	if !hadRunDir {
-		_ = syscall.Rmdir(runDir)
-	}
+	_ = syscall.Rmdir(runDir)
 }
 
 // devicePluginDir is where the kubelet's device manager listens whatever its --root-dir
@@ -270,16 +269,15 @@ func cleanRunDir(hadRunDir bool) {
 const devicePluginDir = "/var/lib/kubelet/device-plugins"
 
 // cleanDevicePluginDir removes the kubelet's device-plugin socket unless some process still
-// listens on it, and the directories up to /var/lib/kubelet if they did not exist before.
-func cleanDevicePluginDir(hadDir bool) {
+// listens on it, then the directories up to /var/lib/kubelet, each only if empty (a real
+// kubelet's stay).
+func cleanDevicePluginDir() {
 	sock := filepath.Join(devicePluginDir, "kubelet.sock")
 	if !listeningSockets()[sock] {
 		_ = os.Remove(sock)
 	}
-	if !hadDir {
-		_ = syscall.Rmdir(devicePluginDir)
-		_ = syscall.Rmdir(filepath.Dir(devicePluginDir))
-	}
+	_ = syscall.Rmdir(devicePluginDir)
+	_ = syscall.Rmdir(filepath.Dir(devicePluginDir))
 }
 
 // listeningSockets returns the paths of the unix sockets bound in this network namespace.
