@@ -6,6 +6,9 @@
 // end (docs/design.md section 5):
 //   - cleanly (the client re-watches from its last RV): shutdown, the client's timeoutSeconds,
 //     resume given up, garbage from upstream;
+//   - cut where it is: a write to the client did not complete within the write timeout (a
+//     client that stopped reading; its upstream watch is closed, and counted as a slow client,
+//     not as the upstream's silence or lag);
 //   - with a well-formed ERROR 410 event (the client relists): the resume point is gone;
 //   - never with a second status line, and never with a partial event.
 package watch
@@ -35,8 +38,14 @@ import (
 const (
 	DefaultResumeTimeout = 60 * time.Second
 	// DefaultStallTimeout is longer than the apiserver's bookmark period (a minute,
-	// docs/design.md section 2): a healthy quiet watch always hears something within it.
+	// docs/design.md section 2), so a watch whose resource changes hears a bookmark within it;
+	// a caught-up watch of a resource nothing changes hears nothing at all, and is resumed once
+	// per stall timeout.
 	DefaultStallTimeout = 90 * time.Second
+	// DefaultWriteTimeout bounds each write to a watch's client: ample for a client that reads
+	// (an event is at most a few MiB), and what a client that stopped reading costs watchsan
+	// (its upstream stream window) is held no longer.
+	DefaultWriteTimeout = 30 * time.Second
 )
 
 // Config tunes every watch. Every field's zero value is usable.
@@ -56,6 +65,10 @@ type Config struct {
 	StallTimeout time.Duration
 	// DisableResume ends the client's watch when the upstream's breaks.
 	DisableResume bool
+	// WriteTimeout bounds each write (and flush) to the client: a watch whose client takes
+	// nothing for this long ends, counted as a slow client (EndSlowClient). Time spent writing
+	// to the client is never the upstream's silence or lag. 0: DefaultWriteTimeout.
+	WriteTimeout time.Duration
 }
 
 // Deps are what a Handler works with, given at construction.
@@ -103,6 +116,7 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	}
 	def(&cfg.ResumeTimeout, DefaultResumeTimeout)
 	def(&cfg.StallTimeout, DefaultStallTimeout)
+	def(&cfg.WriteTimeout, DefaultWriteTimeout)
 	if cfg.MaxFrameSize <= 0 {
 		cfg.MaxFrameSize = stream.DefaultMaxFrameSize
 	}
@@ -206,6 +220,7 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 		upstreamSide: upstreamSide{backoff: upstream.ResumeBackoff, scope: progressScope(r), groupResource: info.GroupResource()},
 		clientSide:   clientSide{w: w, rc: http.NewResponseController(w)},
 	}
+	s.out = newBatchWriter(w, s.rc, h.cfg.WriteTimeout)
 	from, _ := stream.ParseRV(p.rv)
 	first, err := h.deps.Attempts.Do(ctx, s.upstreamRequest(true), s.plan(from))
 	if err != nil {
@@ -230,7 +245,9 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 	format, ok := stream.FormatOf(first.Resp.Header.Get("Content-Type"))
 	if first.Resp.StatusCode != http.StatusOK || !ok || !identity(first.Resp.Header) {
 		// Not a stream we can read (an error status, a content type we do not parse): relay.
-		relay(w, s.rc, first)
+		if relay(&s.out, first) {
+			s.slowClient(slowRelayed)
+		}
 		return
 	}
 	mode := h.cfg.Mode
@@ -245,14 +262,16 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 	copyHeader(w.Header(), first.Resp.Header)
 	w.Header().Del("Content-Length")
 	w.WriteHeader(http.StatusOK)
-	_ = s.rc.Flush()
-	s.out = batchWriter{w: w, rc: s.rc}
+	_ = s.out.flushClient() // an error is sticky: the pump's first read ends the watch with it
 	s.writer = stream.NewWriter(format, &s.out)
 
 	m.OpenWatches.WithLabelValues(resource).Inc()
 	defer m.OpenWatches.WithLabelValues(resource).Dec()
 	reason := s.run(first)
 	m.StreamEnds.WithLabelValues(reason.String()).Inc()
+	if reason == EndSlowClient {
+		s.slowClient(slowEvents)
+	}
 	if ce := s.log.Check(zapcore.DebugLevel, "watch ended"); ce != nil {
 		ce.Write(zap.String("path", r.URL.Path), zap.Stringer("reason", reason), zap.Uint64("events", s.events),
 			zap.Int("resumes", s.resumes), zap.String("lastRV", s.fix.LastDelivered()))
@@ -283,24 +302,33 @@ func copyHeader(dst, src http.Header) {
 	}
 }
 
-// relay copies a response as it is, flushing each read, and ends the attempt.
-func relay(w http.ResponseWriter, rc *http.ResponseController, at upstream.Attempt) {
+// slowClient counts and logs a watch cut because its client did not take a write within the
+// write timeout; what (SlowClientReasons) says what it was sent.
+func (s *session) slowClient(what string) {
+	s.h.deps.Metrics.SlowClients.WithLabelValues(what).Inc()
+	s.log.Info("a write to the client did not complete within the write timeout; its watch is cut and its upstream watch closed",
+		zap.String("path", s.client.URL.Path), zap.String("what", what), zap.Duration("writeTimeout", s.h.cfg.WriteTimeout))
+}
+
+// relay copies a response as it is, flushing each read, and ends the attempt. Each write has
+// out's timeout; it reports whether the client did not take one within it.
+func relay(out *batchWriter, at upstream.Attempt) (slow bool) {
 	resp := at.Resp
 	defer at.Cancel(nil)
 	defer resp.Body.Close()
-	copyHeader(w.Header(), resp.Header)
-	w.WriteHeader(resp.StatusCode)
+	copyHeader(out.w.Header(), resp.Header)
+	out.w.WriteHeader(resp.StatusCode)
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return
+			_, _ = out.Write(buf[:n])
+			if out.flush() != nil {
+				return out.slow
 			}
-			_ = rc.Flush()
 		}
 		if err != nil {
-			return
+			return false
 		}
 	}
 }

@@ -6,8 +6,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"os"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -174,10 +174,9 @@ func (s *session) pump(at upstream.Attempt) attemptEnd {
 	defer resp.Body.Close()
 	s.lease = at.Lease
 	s.lease.SetMovable(s.movable())
+	s.lease.Waiting(time.Now().UnixNano())
 
-	var activity atomic.Int64
-	activity.Store(time.Now().UnixNano())
-	stopWatchdog := s.watchdog(attemptCtx, &activity, at)
+	stopWatchdog := s.watchdog(attemptCtx, at)
 	defer stopWatchdog()
 
 	start := s.progress
@@ -187,23 +186,23 @@ func (s *session) pump(at upstream.Attempt) attemptEnd {
 	// network. What is still batched when the attempt ends goes out before the session waits
 	// for anything else (a resume, the end of the stream).
 	defer s.out.flush()
-	rd := stream.NewReader(s.format, flushBeforeRead{r: resp.Body, out: &s.out, activity: &activity, lease: at.Lease}, s.h.cfg.MaxFrameSize)
+	rd := stream.NewReader(s.format, flushBeforeRead{r: resp.Body, out: &s.out, lease: at.Lease}, s.h.cfg.MaxFrameSize)
 	for {
 		ev, err := rd.Next()
 		if err != nil {
 			if s.out.err != nil {
-				return attemptEnd{end: EndClientGone, err: s.out.err}
+				return s.out.clientEnd()
 			}
 			end := s.classify(attemptCtx, err)
 			end.progress = s.progress > start
 			if end.resume == ResumeStall {
-				end.silentSince = time.Unix(0, activity.Load())
+				end.silentSince, _ = at.Lease.WaitingSince() // the failed read leaves it waiting
 			}
 			return end
 		}
 		s.events++
 		if werr := s.deliver(ev); werr != nil {
-			return attemptEnd{end: EndClientGone, err: werr}
+			return s.out.clientEnd()
 		}
 		s.lease.SetMovable(s.movable())
 		if ev.Type == stream.Error {
@@ -323,6 +322,12 @@ var batchPool = sync.Pool{New: func() any { b := make([]byte, 0, batchSize); ret
 // batchWriter collects whole events for the client's response and writes them in one go when
 // flushed (or when the next event would not fit). The first error is sticky: the client's
 // connection is broken then, and nothing more is written to it.
+//
+// Every write and flush to the client gets timeout (Config.WriteTimeout) to complete: a client
+// that stops reading fills its connection's buffers, and then the write blocks. Without a
+// deadline it would block for good, the watch holding its upstream stream open (issue 16: 100
+// watches that never read held 431 MiB, and passed for stalled upstreams). With one, the
+// write fails, the watch ends (EndSlowClient) and its upstream watch is closed.
 type batchWriter struct {
 	w   http.ResponseWriter
 	rc  *http.ResponseController
@@ -330,6 +335,47 @@ type batchWriter struct {
 	// unflushed: bytes were handed to w since its last flush.
 	unflushed bool
 	err       error
+
+	// timeout bounds each write and flush; 0: none (the writer cannot set deadlines).
+	timeout time.Duration
+	// deadline is the current write's; slow: a write failed at it (the client did not read).
+	deadline time.Time
+	slow     bool
+}
+
+// newBatchWriter writes to w, each write and flush bounded by timeout.
+func newBatchWriter(w http.ResponseWriter, rc *http.ResponseController, timeout time.Duration) batchWriter {
+	return batchWriter{w: w, rc: rc, timeout: timeout}
+}
+
+// arm gives the write about to start the whole timeout. Per write, not per watch: a client
+// that reads, however slowly, only has to take each write within the timeout.
+func (b *batchWriter) arm() {
+	if b.timeout <= 0 {
+		return
+	}
+	b.deadline = time.Now().Add(b.timeout)
+	if err := b.rc.SetWriteDeadline(b.deadline); err != nil {
+		b.timeout = 0 // a ResponseWriter that cannot (a test's recorder): no deadline, as before
+	}
+}
+
+// fail records the first error of a write to the client and whether it was the deadline's:
+// an HTTP/1 connection says so (os.ErrDeadlineExceeded), an HTTP/2 stream is reset when its
+// deadline passes and only says it is closed, hence the clock.
+func (b *batchWriter) fail(err error) {
+	b.err = err
+	if b.timeout > 0 && (errors.Is(err, os.ErrDeadlineExceeded) || !time.Now().Before(b.deadline)) {
+		b.slow = true
+	}
+}
+
+// clientEnd is how the stream ends after a write to the client failed.
+func (b *batchWriter) clientEnd() attemptEnd {
+	if b.slow {
+		return attemptEnd{end: EndSlowClient, err: b.err}
+	}
+	return attemptEnd{end: EndClientGone, err: b.err}
 }
 
 func (b *batchWriter) Write(p []byte) (int, error) {
@@ -345,8 +391,9 @@ func (b *batchWriter) Write(p []byte) (int, error) {
 	if len(p) >= batchSize {
 		// Nothing to gain from copying a frame this big; it goes out as it is.
 		b.unflushed = true
+		b.arm()
 		if _, err := b.w.Write(p); err != nil {
-			b.err = err
+			b.fail(err)
 			return 0, err
 		}
 		return len(p), nil
@@ -366,8 +413,9 @@ func (b *batchWriter) writeOut() {
 	}
 	if len(*b.buf) > 0 && b.err == nil {
 		b.unflushed = true
+		b.arm()
 		if _, err := b.w.Write(*b.buf); err != nil {
-			b.err = err
+			b.fail(err)
 		}
 	}
 	*b.buf = (*b.buf)[:0]
@@ -381,10 +429,17 @@ func (b *batchWriter) flush() error {
 		return b.err
 	}
 	b.writeOut()
+	return b.flushClient()
+}
+
+// flushClient flushes what the response writer holds to the client (the status line and
+// headers too, before the first event).
+func (b *batchWriter) flushClient() error {
 	b.unflushed = false
 	if b.err == nil {
+		b.arm()
 		if err := b.rc.Flush(); err != nil {
-			b.err = err
+			b.fail(err)
 		}
 	}
 	return b.err
@@ -392,25 +447,25 @@ func (b *batchWriter) flush() error {
 
 // flushBeforeRead flushes the client's pending events before every read from the upstream:
 // a read is where the pump may wait for the network, and an event must not wait with it.
-// It also notes when the upstream last sent anything, for the watchdog and as a sign of life
-// of the backend (lease): per read, not per event (a clock read per event was 3% of the CPU at
-// saturation).
+// It tells the lease when the watch waits for its upstream (from after the flush: the time a
+// write to the client takes is no silence of the upstream's, for the watchdog and the mover)
+// and when it is busy with what it read, and gives the backend a sign of life: per read, not
+// per event (a clock read per event was 3% of the CPU at saturation).
 type flushBeforeRead struct {
-	r        io.Reader
-	out      *batchWriter
-	activity *atomic.Int64
-	lease    *upstream.Lease
+	r     io.Reader
+	out   *batchWriter
+	lease *upstream.Lease
 }
 
 func (f flushBeforeRead) Read(p []byte) (int, error) {
 	if err := f.out.flush(); err != nil {
 		return 0, err
 	}
+	f.lease.Waiting(time.Now().UnixNano())
 	n, err := f.r.Read(p)
 	if n > 0 {
-		now := time.Now().UnixNano()
-		f.activity.Store(now)
-		f.lease.Alive(now)
+		f.lease.Busy()
+		f.lease.Alive(time.Now().UnixNano())
 	}
 	return n, err
 }
@@ -473,14 +528,19 @@ func (s *session) classify(attemptCtx context.Context, err error) attemptEnd {
 	}
 }
 
-// watchdog ends the attempt (cause errStalled) when the upstream has sent nothing, not even a
-// bookmark, for the stall timeout. watchsan always asks for bookmarks, and an apiserver sends
-// one about every minute (docs/design.md section 2), so a longer silence means a hung stream,
+// watchdog ends the attempt (cause errStalled) when the watch has waited for its upstream for
+// the stall timeout and the upstream sent nothing, not even a bookmark. watchsan always asks
+// for bookmarks, but an apiserver sends them only while the watch's resource changes
+// (docs/design.md section 2): a silence is a hung stream, or a watch of a resource nothing
+// changes, and it cannot tell which; the resume that follows does (judgeStall). It resumes
 // even if the upstream answers probes: the hop between may be what hangs. Resuming is
-// lossless, so a false alarm costs one request. It is a timer, not a goroutine: activity is
-// checked lazily when it fires (a busy watch never touches the timer), and it runs only until
-// stop is called or the attempt ends.
-func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, at upstream.Attempt) (stop func()) {
+// lossless, so a false alarm costs one request. Time the watch spends busy on its client
+// (the lease is not waiting) is nobody's silence: the client's write deadline bounds it
+// (issue 16: a client that stopped reading got a healthy upstream counted as stalled and
+// reported as failing). It is a timer, not a goroutine: the lease is checked lazily when it
+// fires (a busy watch never touches the timer), and it runs only until stop is called or the
+// attempt ends.
+func (s *session) watchdog(ctx context.Context, at upstream.Attempt) (stop func()) {
 	stall := s.h.cfg.StallTimeout
 	var (
 		mu      sync.Mutex
@@ -491,7 +551,10 @@ func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, at upstr
 		if ctx.Err() != nil {
 			return
 		}
-		idle := time.Since(time.Unix(0, activity.Load()))
+		var idle time.Duration // busy on the client: not waiting at all
+		if since, waiting := at.Lease.WaitingSince(); waiting {
+			idle = time.Since(since)
+		}
 		if idle < stall {
 			mu.Lock()
 			if !stopped {

@@ -128,6 +128,13 @@ func newStreamingUpstream(t *testing.T) *streamingUpstream {
 // transport kept Go's default HTTP/2 receive windows, 4 MiB per stream and 1 GiB per
 // connection, and each stalled watch's window filled. With --upstream-http2-stream-window
 // (256 KiB, kube-apiserver's own) what a stalled watch holds from its upstream is bounded.
+// Worse, the watchdog, which counted only upstream reads, took the time a watch spent blocked
+// on its client for upstream silence: after --watch-stall-timeout it logged "upstream watch
+// silent", counted a stall, reported a failure against an upstream streaming at full speed and
+// resumed the watch, for a client that still did not read. Now a client write that blocks for
+// --watch-write-timeout ends the watch (its upstream watch closed), counted as a slow client,
+// and the time spent writing to a client is nobody's silence: the stall timeout here is
+// shorter than the write timeout, and no stall may be counted.
 func TestAttackNonReadingWatches(t *testing.T) {
 	const watches = 100
 	window := 25 * time.Second
@@ -135,7 +142,8 @@ func TestAttackNonReadingWatches(t *testing.T) {
 		t.Skip("25 s of streaming")
 	}
 	up := newStreamingUpstream(t)
-	p := startProxy(t, "--upstream="+up.URL, "--upstream-ca-file="+writeCA(t, up.Certificate().Raw), "--no-credentials", "--log-level=info")
+	p := startProxy(t, "--upstream="+up.URL, "--upstream-ca-file="+writeCA(t, up.Certificate().Raw), "--no-credentials", "--log-level=info",
+		"--watch-stall-timeout=2s", "--watch-write-timeout=5s")
 	addr := strings.TrimPrefix(p.URL, "http://")
 	pid := p.cmd.Process.Pid
 	rss0, err := procRSSMB(pid)
@@ -143,12 +151,14 @@ func TestAttackNonReadingWatches(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	for i := 0; i < watches; i++ {
+	conns := make([]net.Conn, watches)
+	for i := range conns {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
+		conns[i] = c
 		_ = c.(*net.TCPConn).SetReadBuffer(4 << 10) // the kernel holds little for the client
 		// Each of its own selector, as 100 different clients: watches of one scope that fall
 		// behind each other would be moved as lagging, which frees what they held.
@@ -168,10 +178,42 @@ func TestAttackNonReadingWatches(t *testing.T) {
 	// watchsan passed on to its clients (their connections' kernel buffers hold that).
 	delivered := p.Metric("watchsan_watch_events_total", map[string]string{"action": "passed"}) * float64(up.eventSize)
 	held := (float64(up.written.Load()) - delivered) / (1 << 20)
-	t.Logf("harden: %d non-reading watches over %v: watchsan holds %.0f MiB of the upstream's data; RSS grew %.0f MiB (%.0f -> %.0f MiB)", watches, window, held, rss1-rss0, rss0, rss1)
+	stalls := p.Metric("watchsan_watch_stalls_total", nil)
+	blamed := p.Metric("watchsan_upstream_watch_resumes_total", map[string]string{"reason": "stall"}) +
+		p.Metric("watchsan_upstream_watch_moves_total", map[string]string{"reason": "lagging"})
+	slow := p.Metric("watchsan_watch_slow_clients_total", nil)
+	silentLogs := strings.Count(p.Log(), "upstream watch silent")
+	t.Logf("harden: %d non-reading watches over %v: watchsan holds %.0f MiB of the upstream's data; RSS grew %.0f MiB (%.0f -> %.0f MiB); "+
+		"stalls counted %v, stall resumes and lag moves against the upstream %v, \"upstream watch silent\" logged %d times; "+
+		"slow clients counted %v; upstream watches still open %d",
+		watches, window, held, rss1-rss0, rss0, rss1, stalls, blamed, silentLogs, slow, up.open.Load())
 	// 100 stream windows of 256 KiB are 25 MiB; Go's default windows of 4 MiB held 400 MiB.
 	if held > 60 {
-		t.Fatalf("watchsan holds %.0f MiB of upstream data for %d watches that do not read: it is buffered without bound", held, watches)
+		t.Errorf("watchsan holds %.0f MiB of upstream data for %d watches that do not read: it is buffered without bound", held, watches)
+	}
+	if stalls != 0 || blamed != 0 || silentLogs != 0 {
+		t.Errorf("watches blocked on their clients blamed the upstream: %v stalls counted, %v stall resumes and lag moves, %d \"upstream watch silent\" lines", stalls, blamed, silentLogs)
+	}
+	if up.open.Load() != 0 {
+		t.Errorf("%d upstream watches still open %v after their clients stopped reading, with --watch-write-timeout=5s", up.open.Load(), window)
+	}
+	if slow != watches {
+		t.Errorf("watchsan_watch_slow_clients_total = %v, want %d", slow, watches)
+	}
+	if n := p.Metric("watchsan_watch_stream_ends_total", map[string]string{"reason": "slow-client"}); n != watches {
+		t.Errorf("watchsan_watch_stream_ends_total{reason=slow-client} = %v, want %d", n, watches)
+	}
+	if up := p.Metric("watchsan_upstream_up", nil); up != 1 {
+		t.Errorf("watchsan_upstream_up = %v: the upstream was judged for its clients' slowness", up)
+	}
+	// Ended cleanly: each client's connection is closed by watchsan (what it got is a prefix of
+	// a chunked stream, which it cannot have finished reading: it never read).
+	for i, c := range conns {
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.Copy(io.Discard, c); err != nil {
+			t.Errorf("watch %d: its connection was not closed by watchsan: %v", i, err)
+			break
+		}
 	}
 }
 
