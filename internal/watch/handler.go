@@ -15,8 +15,6 @@ package watch
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"net/http"
 	"strconv"
@@ -166,14 +164,17 @@ func parseParams(r *http.Request) params {
 	return p
 }
 
-// scopeOf identifies a watch for the rewritten-delete memory: what it selects, and who asks (a
-// digest of the credentials, never the credentials), so one client's remembered deletes never
-// suppress a delete another client has not seen.
-func scopeOf(r *http.Request) string {
+// scopeOf identifies a watch for the rewritten-delete memory: what it selects, and who the
+// upstream takes it for (cred's Principal: the lent identity, a verified certificate's identity
+// or a token, as digests, never the credentials), so one client's remembered deletes never
+// suppress a delete another client has not seen. Issue 16: a digest of the Authorization header
+// alone put every certificate client, and every lent or anonymous one, in one scope, and after
+// alice's watch had a regressed delete rewritten, bob, watching from that resourceVersion,
+// never saw the delete.
+func scopeOf(r *http.Request, cred upstream.Credentials) string {
 	q := r.URL.Query()
 	path := strings.Replace(r.URL.Path, "/watch/", "/", 1)
-	who := sha256.Sum256([]byte(r.Header.Get("Authorization")))
-	return path + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector") + "&a=" + hex.EncodeToString(who[:8])
+	return path + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector") + "&u=" + cred.Principal()
 }
 
 // progressScope names what a watch selects, whoever asks: every watch of one scope gets the
@@ -184,14 +185,20 @@ func progressScope(r *http.Request) string {
 	return path + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector")
 }
 
-// ServeHTTP serves one watch request, classifying it first; its log lines carry no request id.
+// ServeHTTP serves one watch request, classifying it first and sending it with what it
+// carries, never lent (as a request no guard decided on); its log lines carry no request id.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	h.Serve(w, r, reqinfo.Parse(r), "")
+	h.Serve(w, r, reqinfo.Parse(r), upstream.Decide(r.Header, r.TLS, false, upstream.IdentityOff), "")
 }
 
-// Serve serves one watch request that info (reqinfo.Parse(r)) classifies. Every line logged
-// about it carries the client's address and requestID, the id of its access log line.
-func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Info, requestID string) {
+// Serve serves one watch request that info (reqinfo.Parse(r)) classifies, every attempt of it
+// with cred, whose credentials the server decided on the request as the client sent it
+// (upstream.Decide; the zero value: as ServeHTTP). Every line logged about it carries the
+// client's address and requestID, the id of its access log line.
+func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Info, cred upstream.Credentials, requestID string) {
+	if cred.Principal() == "" {
+		cred = upstream.Decide(r.Header, r.TLS, false, upstream.IdentityOff)
+	}
 	p := parseParams(r)
 	m := h.deps.Metrics
 	resource := m.Resource(info.FullResource())
@@ -214,7 +221,7 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 	}
 
 	s := &session{
-		h: h, client: r, ctx: ctx, params: p, resource: resource, deadline: deadline,
+		h: h, client: r, ctx: ctx, params: p, resource: resource, deadline: deadline, cred: cred,
 		// Lazy: the fields are encoded only if a line is written, which most watches never do.
 		log:          h.log.WithLazy(zap.String("remote", r.RemoteAddr), zap.String("requestID", requestID)),
 		upstreamSide: upstreamSide{backoff: upstream.ResumeBackoff, scope: progressScope(r), groupResource: info.GroupResource()},
@@ -255,7 +262,7 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 		mode = fix.PassAll
 	}
 	s.fix = fix.NewStream(fix.Options{
-		Scope: scopeOf(r), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
+		Scope: scopeOf(r, cred), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
 		Mode: mode, Memory: h.deps.Memory,
 	})
 	s.format = format

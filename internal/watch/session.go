@@ -33,6 +33,7 @@ type session struct {
 	params   params
 	resource string
 	deadline time.Time // the client's timeoutSeconds; zero: none
+	cred     upstream.Credentials
 	log      *zap.Logger
 
 	upstreamSide
@@ -93,7 +94,7 @@ type attemptEnd struct {
 
 // plan is the Attempter's plan for an attempt of this watch starting from resourceVersion from.
 func (s *session) plan(from uint64) upstream.Plan {
-	return upstream.Plan{Watch: true, Scope: s.scope, Resource: s.groupResource, From: from}
+	return upstream.Plan{Watch: true, Scope: s.scope, Resource: s.groupResource, From: from, Credentials: s.cred}
 }
 
 // movable says whether the watch can resume elsewhere without its client noticing.

@@ -136,9 +136,18 @@ type got struct {
 // watch runs a client watch to its end and returns what it saw and how it ended.
 func (f *fixture) watch(t *testing.T, query string) ([]got, error) {
 	t.Helper()
+	return f.watchWith(t, query, nil)
+}
+
+// watchWith is watch with the request headers h.
+func (f *fixture) watchWith(t *testing.T, query string, h http.Header) ([]got, error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", f.srv.URL+"/api/v1/namespaces/d/configmaps?watch=true&"+query, nil)
+	for k, v := range h {
+		req.Header[k] = v
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

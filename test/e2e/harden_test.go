@@ -6,6 +6,7 @@ package e2e
 import (
 	"bufio"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -24,6 +25,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/watchsan/watchsan/test/cluster"
 )
 
 // TestAttackConnectionHeaderLendsToken: a request with `Authorization: Bearer junk` and
@@ -596,5 +599,115 @@ func TestAttackOtherOriginOnLoopback(t *testing.T) {
 	}
 	if code, _ := rawHTTP(t, adminAddr, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); code != 200 {
 		t.Errorf("admin /metrics for 127.0.0.1: %d", code)
+	}
+}
+
+// TestAttackDeleteMemoryAcrossIdentities: the delete memory's scope hashed only the
+// Authorization header, so every client with a certificate (and every lent or anonymous one)
+// shared one. alice's watch had a regressed DELETED rewritten, which was remembered; bob,
+// watching from the resourceVersion she got, never saw the DELETED: the memory dropped it as
+// one he already had. The scope is now who the upstream takes a watch for (the asserted
+// certificate identity here, else the lent identity or the token): bob gets the delete, and
+// alice's own re-watch still has it dropped (the memory works).
+func TestAttackDeleteMemoryAcrossIdentities(t *testing.T) {
+	dir := t.TempDir()
+	servingCA, err := cluster.NewCA(dir, "serving-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientCA, err := cluster.NewCA(dir, "client-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	servingCrt, servingKey, err := servingCA.IssueServing("watchsan")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An apiserver with the 1.7 bug: a delete carries the object's previous resourceVersion.
+	var mu sync.Mutex
+	var asked []string // who asked for a watch from where, as the upstream saw it
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Query().Get("watch") == "" {
+			_, _ = io.WriteString(w, "{}")
+			return
+		}
+		rv := r.URL.Query().Get("resourceVersion")
+		mu.Lock()
+		asked = append(asked, r.Header.Get("Impersonate-User")+"@"+rv)
+		mu.Unlock()
+		ev := func(typ, name, rv string) string {
+			return fmt.Sprintf(`{"type":%q,"object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":%q,"namespace":"d","uid":"u-%s","resourceVersion":%q}}}`+"\n", typ, name, name, rv)
+		}
+		switch rv {
+		case "5":
+			_, _ = io.WriteString(w, ev("ADDED", "a", "10")+ev("ADDED", "b", "11")+ev("DELETED", "a", "10")) // really at 12
+		case "12":
+			_, _ = io.WriteString(w, ev("DELETED", "a", "10")+ev("ADDED", "c", "14")) // the delete again, after 12
+		}
+		_ = http.NewResponseController(w).Flush()
+		<-r.Context().Done()
+	}))
+	up.EnableHTTP2 = true
+	up.StartTLS()
+	t.Cleanup(up.Close)
+	kc := (&tlsUpstream{Server: up}).kubeconfig(t, "", "watchsan-token", "", "")
+	p := startProxy(t, "--kubeconfig="+kc, "--tls-cert-file="+servingCrt, "--tls-private-key-file="+servingKey,
+		"--client-ca-file="+clientCA.File, "--identity-forwarding=impersonate", "--log-level=info")
+	url := "https://" + strings.TrimPrefix(p.URL, "http://")
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(servingCA.PEM)
+	watch := func(user, rv string, n int) string {
+		t.Helper()
+		crt, key, err := clientCA.IssueClient(user+"-"+rv, user)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, err := tls.LoadX509KeyPair(crt, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hc := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{ForceAttemptHTTP2: true,
+			TLSClientConfig: &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}}}}
+		defer hc.CloseIdleConnections()
+		resp, err := hc.Get(url + "/api/v1/namespaces/d/configmaps?watch=true&resourceVersion=" + rv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s's watch from %s: %s", user, rv, resp.Status)
+		}
+		dec := json.NewDecoder(resp.Body)
+		var got []string
+		for len(got) < n { // the upstream holds the watch open after its events
+			var e struct {
+				Type   string
+				Object struct {
+					Metadata struct{ Name, ResourceVersion string }
+				}
+			}
+			if err := dec.Decode(&e); err != nil {
+				t.Fatalf("%s's watch from %s: %v after %v", user, rv, err, got)
+			}
+			got = append(got, e.Type+" "+e.Object.Metadata.Name+" "+e.Object.Metadata.ResourceVersion)
+		}
+		return strings.Join(got, ", ")
+	}
+	if got, want := watch("alice", "5", 3), "ADDED a 10, ADDED b 11, DELETED a 12"; got != want {
+		t.Fatalf("alice from 5 saw [%s], want [%s]: the regressed delete rewritten", got, want)
+	}
+	bob := watch("bob", "12", 2)
+	t.Logf("harden: bob, watching from 12 after alice's delete was rewritten to 12, saw [%s]", bob)
+	if want := "DELETED a 13, ADDED c 14"; bob != want {
+		t.Errorf("bob from 12 saw [%s], want [%s]: alice's remembered delete hid it from bob, who never had it", bob, want)
+	}
+	if got, want := watch("alice", "12", 1), "ADDED c 14"; got != want {
+		t.Errorf("alice from 12 saw [%s], want [%s]: the delete she already has dropped", got, want)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"alice@5", "bob@12", "alice@12"}; !slices.Equal(asked, want) {
+		t.Errorf("the upstream was asked %v, want %v (each watch once, as its own user)", asked, want)
 	}
 }
