@@ -141,11 +141,14 @@ func (l *Lease) Waiting(now int64) { l.waiting.Store(now) }
 // a client that stops reading must not make a healthy upstream look hung or behind (issue 16).
 func (l *Lease) Busy() { l.waiting.Store(0) }
 
-// WaitingSince returns since when the watch has been waiting for its upstream, and false while
-// it is busy (Busy). A new lease waits from its creation.
+// WaitingSince returns since when the watch has been waiting for its upstream, or false (and
+// the zero time) while it is busy (Busy). A new lease waits from its creation.
 func (l *Lease) WaitingSince() (time.Time, bool) {
 	at := l.waiting.Load()
-	return time.Unix(0, at), at != 0
+	if at == 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, at), true
 }
 
 // Progress tells the lease that its watch has delivered up to resourceVersion pos (events and

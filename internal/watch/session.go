@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -177,7 +178,8 @@ func (s *session) pump(at upstream.Attempt) attemptEnd {
 	s.lease.SetMovable(s.movable())
 	s.lease.Waiting(time.Now().UnixNano())
 
-	stopWatchdog := s.watchdog(attemptCtx, at)
+	var silentSince atomic.Int64 // when the upstream went silent, once the watchdog found it stalled
+	stopWatchdog := s.watchdog(attemptCtx, at, &silentSince)
 	defer stopWatchdog()
 
 	start := s.progress
@@ -197,7 +199,7 @@ func (s *session) pump(at upstream.Attempt) attemptEnd {
 			end := s.classify(attemptCtx, err)
 			end.progress = s.progress > start
 			if end.resume == ResumeStall {
-				end.silentSince, _ = at.Lease.WaitingSince() // the failed read leaves it waiting
+				end.silentSince = time.Unix(0, silentSince.Load())
 			}
 			return end
 		}
@@ -349,13 +351,20 @@ func newBatchWriter(w http.ResponseWriter, rc *http.ResponseController, timeout 
 	return batchWriter{w: w, rc: rc, timeout: timeout}
 }
 
-// arm gives the write about to start the whole timeout. Per write, not per watch: a client
-// that reads, however slowly, only has to take each write within the timeout.
+// arm gives the write about to start the timeout. Per write, not per watch: a client that
+// reads, however slowly, only has to take each write within the timeout. A deadline set less
+// than a hundredth of the timeout ago is kept (the write gets at least 99% of it): a busy
+// watch writes and flushes per upstream read, and over HTTP/2 each new deadline is a message
+// to the connection's serve loop.
 func (b *batchWriter) arm() {
 	if b.timeout <= 0 {
 		return
 	}
-	b.deadline = time.Now().Add(b.timeout)
+	d := time.Now().Add(b.timeout)
+	if d.Sub(b.deadline) < b.timeout/100 {
+		return
+	}
+	b.deadline = d
 	if err := b.rc.SetWriteDeadline(b.deadline); err != nil {
 		b.timeout = 0 // a ResponseWriter that cannot (a test's recorder): no deadline, as before
 	}
@@ -541,7 +550,8 @@ func (s *session) classify(attemptCtx context.Context, err error) attemptEnd {
 // reported as failing). It is a timer, not a goroutine: the lease is checked lazily when it
 // fires (a busy watch never touches the timer), and it runs only until stop is called or the
 // attempt ends.
-func (s *session) watchdog(ctx context.Context, at upstream.Attempt) (stop func()) {
+// It stores when the silence began in silentSince before it ends the attempt.
+func (s *session) watchdog(ctx context.Context, at upstream.Attempt, silentSince *atomic.Int64) (stop func()) {
 	stall := s.h.cfg.StallTimeout
 	var (
 		mu      sync.Mutex
@@ -553,7 +563,8 @@ func (s *session) watchdog(ctx context.Context, at upstream.Attempt) (stop func(
 			return
 		}
 		var idle time.Duration // busy on the client: not waiting at all
-		if since, waiting := at.Lease.WaitingSince(); waiting {
+		since, waiting := at.Lease.WaitingSince()
+		if waiting {
 			idle = time.Since(since)
 		}
 		if idle < stall {
@@ -569,6 +580,7 @@ func (s *session) watchdog(ctx context.Context, at upstream.Attempt) (stop func(
 		// (docs/design.md section 2), and this cannot tell the two apart.
 		s.log.Info("upstream watch silent: nothing, not even a bookmark, for the stall timeout (a hung path, or a resource nothing changes); resuming it",
 			zap.String("path", s.client.URL.Path), zap.Stringer("upstream", at.Backend), zap.Duration("silent", idle))
+		silentSince.Store(since.UnixNano())
 		at.Cancel(errStalled)
 	}
 	mu.Lock()
