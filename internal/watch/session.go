@@ -326,11 +326,15 @@ var batchPool = sync.Pool{New: func() any { b := make([]byte, 0, batchSize); ret
 // flushed (or when the next event would not fit). The first error is sticky: the client's
 // connection is broken then, and nothing more is written to it.
 //
-// Every write and flush to the client gets timeout (Config.WriteTimeout) to complete: a client
-// that stops reading fills its connection's buffers, and then the write blocks. Without a
-// deadline it would block for good, the watch holding its upstream stream open (issue 16: 100
-// watches that never read held 431 MiB, and passed for stalled upstreams). With one, the
-// write fails, the watch ends (EndSlowClient) and its upstream watch is closed.
+// What one flush sends the client (the events of one upstream read, at most a batch and any
+// frames too big for one) gets timeout (Config.WriteTimeout) to get through: a client that
+// stops reading fills its connection's buffers, and then the write blocks. Without a deadline
+// it would block for good, the watch holding its upstream stream open (issue 16: 100 watches
+// that never read held 431 MiB, and passed for stalled upstreams). With one, the write fails,
+// the watch ends (EndSlowClient) and its upstream watch is closed. The deadline is set at the
+// first write after a flush and cleared when the flush is done: it bounds writing, never the
+// time between writes (a quiet watch writes nothing for minutes), and over HTTP/2 a deadline
+// is the stream's, which resets the stream when it passes whether or not a write is pending.
 type batchWriter struct {
 	w   http.ResponseWriter
 	rc  *http.ResponseController
@@ -339,34 +343,41 @@ type batchWriter struct {
 	unflushed bool
 	err       error
 
-	// timeout bounds each write and flush; 0: none (the writer cannot set deadlines).
+	// timeout bounds writing out what one flush sends; 0: none (the writer cannot set deadlines).
 	timeout time.Duration
-	// deadline is the current write's; slow: a write failed at it (the client did not read).
+	// deadline is the current flush's, zero between flushes; slow: a write failed at it (the
+	// client did not read).
 	deadline time.Time
 	slow     bool
 }
 
-// newBatchWriter writes to w, each write and flush bounded by timeout.
+// newBatchWriter writes to w, what each flush sends bounded by timeout.
 func newBatchWriter(w http.ResponseWriter, rc *http.ResponseController, timeout time.Duration) batchWriter {
 	return batchWriter{w: w, rc: rc, timeout: timeout}
 }
 
-// arm gives the write about to start the timeout. Per write, not per watch: a client that
-// reads, however slowly, only has to take each write within the timeout. A deadline set less
-// than a hundredth of the timeout ago is kept (the write gets at least 99% of it): a busy
-// watch writes and flushes per upstream read, and over HTTP/2 each new deadline is a message
-// to the connection's serve loop.
+// arm starts the deadline of the flush that the write about to start is part of, unless it
+// runs already. Per flush, not per watch: a client that reads, however slowly, only has to
+// take each flush's worth within the timeout.
 func (b *batchWriter) arm() {
-	if b.timeout <= 0 {
+	if b.timeout <= 0 || !b.deadline.IsZero() {
 		return
 	}
-	d := time.Now().Add(b.timeout)
-	if d.Sub(b.deadline) < b.timeout/100 {
-		return
-	}
-	b.deadline = d
+	b.deadline = time.Now().Add(b.timeout)
 	if err := b.rc.SetWriteDeadline(b.deadline); err != nil {
 		b.timeout = 0 // a ResponseWriter that cannot (a test's recorder): no deadline, as before
+		b.deadline = time.Time{}
+	}
+}
+
+// disarm clears the deadline once a flush is through (see batchWriter).
+func (b *batchWriter) disarm() {
+	if b.deadline.IsZero() {
+		return
+	}
+	b.deadline = time.Time{}
+	if b.err == nil {
+		_ = b.rc.SetWriteDeadline(time.Time{})
 	}
 }
 
@@ -375,7 +386,7 @@ func (b *batchWriter) arm() {
 // deadline passes and only says it is closed, hence the clock.
 func (b *batchWriter) fail(err error) {
 	b.err = err
-	if b.timeout > 0 && (errors.Is(err, os.ErrDeadlineExceeded) || !time.Now().Before(b.deadline)) {
+	if !b.deadline.IsZero() && (errors.Is(err, os.ErrDeadlineExceeded) || !time.Now().Before(b.deadline)) {
 		b.slow = true
 	}
 }
@@ -452,6 +463,7 @@ func (b *batchWriter) flushClient() error {
 			b.fail(err)
 		}
 	}
+	b.disarm()
 	return b.err
 }
 
