@@ -5,6 +5,7 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -154,14 +155,12 @@ func TestAttackNonReadingWatches(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	conns := make([]net.Conn, watches)
-	for i := range conns {
+	for i := 0; i < watches; i++ {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
-		conns[i] = c
 		_ = c.(*net.TCPConn).SetReadBuffer(4 << 10) // the kernel holds little for the client
 		// Each of its own selector, as 100 different clients: watches of one scope that fall
 		// behind each other would be moved as lagging, which frees what they held.
@@ -209,14 +208,10 @@ func TestAttackNonReadingWatches(t *testing.T) {
 	if up := p.Metric("watchsan_upstream_up", nil); up != 1 {
 		t.Errorf("watchsan_upstream_up = %v: the upstream was judged for its clients' slowness", up)
 	}
-	// Ended cleanly: each client's connection is closed by watchsan (what it got is a prefix of
-	// a chunked stream, which it cannot have finished reading: it never read).
-	for i, c := range conns {
-		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		if _, err := io.Copy(io.Discard, c); err != nil {
-			t.Errorf("watch %d: its connection was not closed by watchsan: %v", i, err)
-			break
-		}
+	// Ended: watchsan closed each client's connection (the clients still hold them open; what
+	// they got is a cut chunked stream, which they would see end if they read it).
+	if n := p.Metric("watchsan_connections", map[string]string{"listener": "main"}); n != 0 {
+		t.Errorf("watchsan still has %v client connections open, want none: the watches were not ended", n)
 	}
 }
 
@@ -670,7 +665,10 @@ func TestAttackDeleteMemoryAcrossIdentities(t *testing.T) {
 		hc := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{ForceAttemptHTTP2: true,
 			TLSClientConfig: &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}}}}
 		defer hc.CloseIdleConnections()
-		resp, err := hc.Get(url + "/api/v1/namespaces/d/configmaps?watch=true&resourceVersion=" + rv)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", url+"/api/v1/namespaces/d/configmaps?watch=true&resourceVersion="+rv, nil)
+		resp, err := hc.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -688,7 +686,8 @@ func TestAttackDeleteMemoryAcrossIdentities(t *testing.T) {
 				}
 			}
 			if err := dec.Decode(&e); err != nil {
-				t.Fatalf("%s's watch from %s: %v after %v", user, rv, err, got)
+				got = append(got, "(nothing more in 5s)")
+				break
 			}
 			got = append(got, e.Type+" "+e.Object.Metadata.Name+" "+e.Object.Metadata.ResourceVersion)
 		}
