@@ -185,10 +185,11 @@ func TestAttackNonReadingWatches(t *testing.T) {
 		p.Metric("watchsan_upstream_watch_moves_total", map[string]string{"reason": "lagging"})
 	slow := p.Metric("watchsan_watch_slow_clients_total", nil)
 	silentLogs := strings.Count(p.Log(), "upstream watch silent")
+	heap := p.Metric("go_memstats_heap_inuse_bytes", nil) / (1 << 20)
 	t.Logf("harden: %d non-reading watches over %v: watchsan holds %.0f MiB of the upstream's data; RSS grew %.0f MiB (%.0f -> %.0f MiB); "+
 		"stalls counted %v, stall resumes and lag moves against the upstream %v, \"upstream watch silent\" logged %d times; "+
-		"slow clients counted %v; upstream watches still open %d",
-		watches, window, held, rss1-rss0, rss0, rss1, stalls, blamed, silentLogs, slow, up.open.Load())
+		"slow clients counted %v; upstream watches still open %d; heap in use at the end %.0f MiB",
+		watches, window, held, rss1-rss0, rss0, rss1, stalls, blamed, silentLogs, slow, up.open.Load(), heap)
 	// 100 stream windows of 256 KiB are 25 MiB; Go's default windows of 4 MiB held 400 MiB.
 	if held > 60 {
 		t.Errorf("watchsan holds %.0f MiB of upstream data for %d watches that do not read: it is buffered without bound", held, watches)
