@@ -25,6 +25,10 @@ func TestSoakAudit(t *testing.T) {
 	resync.Resync = true
 	tomb := ch("DELETED", "a", "12", "3", 3.3)
 	tomb.Tombstone = true
+	early := ch("DELETED", "a", "12", "3", 2.95) // a tombstone before the writer recorded the delete (3)
+	early.Tombstone = true
+	stale := ch("DELETED", "a", "10", "1", 1.5) // a tombstone from before the deleted state was written
+	stale.Tombstone = true
 
 	for _, tc := range []struct {
 		name    string
@@ -47,6 +51,14 @@ func TestSoakAudit(t *testing.T) {
 			func(a soakAudit) bool {
 				return !a.failed() && a.lost == 2 && a.excused == 2 && a.tombstones == 1
 			}},
+		{"a tombstone the informer got before the writer recorded its delete", []cmChange{exact[0], exact[1], exact[2], exact[3], early}, []time.Time{at(2.9)},
+			func(a soakAudit) bool { return !a.failed() && a.lost == 1 && a.excused == 1 }},
+		{"a tombstone for an earlier life of the object does not excuse its delete", []cmChange{exact[0], exact[1], exact[2], exact[3], stale}, nil,
+			func(a soakAudit) bool { return a.failed() && a.lost == 1 && a.excused == 0 }},
+		{"a life around a relist that the informer never saw", []cmChange{exact[1], exact[3]}, []time.Time{at(3.2)},
+			func(a soakAudit) bool { return !a.failed() && a.lost == 3 && a.excused == 3 }},
+		{"a delete of a state the informer saw needs a delete or a tombstone", exact[:4], []time.Time{at(3.2)},
+			func(a soakAudit) bool { return a.failed() && a.lost == 1 && a.excused == 0 }},
 		{"a relist long after does not excuse a loss", []cmChange{exact[0], exact[1], exact[3], exact[4]}, []time.Time{at(600)},
 			func(a soakAudit) bool { return a.failed() && a.lost == 1 && a.excused == 0 }},
 		{"an event nobody wrote", append(clone(exact), ch("ADDED", "c", "20", "9", 4)), nil,
