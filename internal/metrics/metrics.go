@@ -37,6 +37,9 @@ type Metrics struct {
 	RelistsForced prometheus.Counter
 	Retries       *prometheus.CounterVec // outcome
 
+	WatchMovesFailed *prometheus.CounterVec // reason (upstream.MoveReason)
+	WatchFreshPoints prometheus.Counter
+
 	Refused         *prometheus.CounterVec // reason: requests watchsan refused itself (RefusalReasons)
 	Connections     *prometheus.GaugeVec   // listener: main | admin
 	ConnectionLimit *prometheus.GaugeVec   // listener
@@ -76,6 +79,8 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	m.SlowClients = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_slow_clients_total", Help: "Client watches ended because a write to the client did not complete within --watch-write-timeout (it stopped reading, or reads slower than its watch delivers; its upstream watch is closed), by what it was sent: events (a stream watchsan parses), relayed (a response relayed unparsed)."}, []string{"reason"})
 	m.ResumeSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "watchsan_watch_resume_duration_seconds", Help: "Time from an upstream watch breaking to its resumption.", Buckets: ResumeBuckets})
 	m.RelistsForced = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_relists_forced_total", Help: "410 Expired ERROR events sent to clients (each makes the client relist)."})
+	m.WatchMovesFailed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_moves_failed_total", Help: "Watch moves not made because no target accepted the watch's resume point (make-before-break: the watch stayed where it was), by the move's reason."}, []string{"reason"})
+	m.WatchFreshPoints = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_fresh_resume_points_total", Help: "Quiet watches given a newer resume point (a bookmark of a same-scope probe watch on their backend) so that they could move."})
 	m.Retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_request_retries_total", Help: "Retries of requests that failed before their response started, by outcome."}, []string{"outcome"})
 	m.Refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_requests_refused_total", Help: "Requests watchsan refused itself before anything went upstream, by reason (host, origin, cors_preflight, path, method, dot_segment, connect, absolute_target)."}, []string{"reason"})
 	m.Connections = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_connections", Help: "Client connections open now, by listener (upgraded ones included)."}, []string{"listener"})
@@ -89,7 +94,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 		m.TLSReloads.WithLabelValues(result)
 	}
 	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_build_info", Help: "Always 1; its labels say which build runs: version, VCS revision and Go version."}, []string{"version", "revision", "goversion"})
-	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.StallsHung, m.SlowClients, m.ResumeSeconds, m.RelistsForced, m.Retries, m.Refused, m.Connections, m.ConnectionLimit, m.ConnectionsShed} {
+	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.StallsHung, m.SlowClients, m.ResumeSeconds, m.RelistsForced, m.WatchMovesFailed, m.WatchFreshPoints, m.Retries, m.Refused, m.Connections, m.ConnectionLimit, m.ConnectionsShed} {
 		f(c)
 	}
 	m.Upstream.register(reg)

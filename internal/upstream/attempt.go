@@ -104,8 +104,19 @@ type Plan struct {
 	// Resource is a watch's GROUP/RESOURCE (RESOURCE for the core group): the resourceVersions
 	// it delivers raise that resource's high-water mark (Pool.HighWater). Empty: none.
 	Resource string
-	// From is the resourceVersion a watch attempt starts from (its resume point), if known.
+	// From is the resourceVersion a watch attempt starts from (its resume point), if known. A
+	// backend known unable to serve it (Backend.CanServe) is tried only when no usable one is
+	// left that may.
 	From uint64
+	// OnMove, for a watch, makes its moves make-before-break (docs/design.md section 10.1): the
+	// Pool hands each move to it (on a goroutine of its own) rather than ending the attempt,
+	// and it ends the attempt with Lease.Cut once a target has accepted the watch, or calls
+	// Lease.MoveFailed. Nil: the Pool ends the attempt itself.
+	OnMove func(l *Lease, r MoveReason)
+	// Target, when set, is the one backend tried, once (a move's make-before-break attempt, a
+	// probe of a watch's own backend): no other is picked, nothing is retried; refused only
+	// when it is unhealthy.
+	Target *Backend
 	// RetryTooLarge: the request carries a raised resourceVersion (the time-travel guard). A
 	// 504 answer (the backend's cache is behind it) marks the backend lagging and is tried on
 	// another backend.
@@ -114,6 +125,14 @@ type Plan struct {
 	// request (Decide), or Self for watchsan's own; the zero value sends only what the request
 	// carries.
 	Credentials Credentials
+}
+
+// servable returns the test of which backends can serve a watch's resume point; nil: any.
+func (plan Plan) servable() func(*Backend) bool {
+	if !plan.Watch || plan.Resource == "" || plan.From == 0 {
+		return nil
+	}
+	return func(b *Backend) bool { return b.CanServe(plan.Resource, plan.From) }
 }
 
 // Attempt is a response obtained by Do and what it came from.
@@ -167,10 +186,17 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 		body = &countingBody{r: req.Body}
 	}
 	idempotent := req.Method == http.MethodGet || req.Method == http.MethodHead || req.Method == http.MethodOptions
+	if t := plan.Target; t != nil {
+		if t.State() == Unhealthy { // a removed one still serves what is asked of it by name
+			return Attempt{}, &Error{Backend: t, Err: fmt.Errorf("%w (%s is %s)", ErrNoBackend, t, t.State())}
+		}
+		return a.send(ctx, req, t, body, plan)
+	}
+	serve := plan.servable()
 	avoid := plan.Avoid
 	var lastErr error
 	for attempt := 0; ; attempt++ {
-		b := a.pool.pick(plan.Watch, avoid)
+		b := a.pool.pickServing(plan.Watch, avoid, serve)
 		if b == nil {
 			if err := a.waitUsable(ctx, plan, deadline); err != nil {
 				if ctx.Err() == nil && lastErr != nil {

@@ -84,6 +84,7 @@ type Backend struct {
 
 	inflight atomic.Int64 // short requests sent and not yet finished
 	leases   leaseSet     // open watch attempts
+	servable servable     // from which resourceVersions it serves watches (servable.go)
 
 	removedAt atomic.Int64       // when it was removed (Unix ns); 0: it was not
 	stopLoop  context.CancelFunc // ends its health loop; set before the loop starts

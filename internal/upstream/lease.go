@@ -112,6 +112,11 @@ type Lease struct {
 	// the watch is busy with what it read (writing it to its client). Only waiting time can be
 	// the upstream's silence or lag (Waiting, Busy).
 	waiting atomic.Int64
+	// onMove, when set (Plan.OnMove), is asked to move the watch make-before-break instead of
+	// the Pool ending the attempt (docs/design.md section 10.1); hold: a move it could not make
+	// is not asked again before then (Unix ns).
+	onMove func(*Lease, MoveReason)
+	hold   atomic.Int64
 }
 
 // Backend is the backend the lease is on.
@@ -174,14 +179,48 @@ func (l *Lease) Observed(rv uint64) {
 	}
 }
 
-// move ends the attempt with a MoveError, once; false if it had ended or moved already.
+// Movable reports what the watch last said of itself (SetMovable).
+func (l *Lease) Movable() bool { return l.ok.Load() }
+
+// Pos is the resume point the watch has reached (Progress), or its Plan.From.
+func (l *Lease) Pos() uint64 { return l.pos.Load() }
+
+// move asks for the watch to move, once at a time: a lease with a move handler (Plan.OnMove)
+// is handed the request, and its owner ends the attempt (Cut) only once a target has accepted
+// the watch, or gives up (MoveFailed); any other lease's attempt ends now with a MoveError.
+// False if it had ended, is being moved, or is held after a failed move.
 func (l *Lease) move(r MoveReason) bool {
-	if l.done.Load() || !l.moved.CompareAndSwap(false, true) {
+	if l.done.Load() || time.Now().UnixNano() < l.hold.Load() || !l.moved.CompareAndSwap(false, true) {
 		return false
 	}
 	l.b.leases.moving.Add(1)
-	l.cancel(&MoveError{From: l.b, Reason: r})
+	if l.onMove != nil {
+		go l.onMove(l, r)
+		return true
+	}
+	l.cut(r)
 	return true
+}
+
+// held reports whether a failed move keeps the lease from being asked again yet.
+func (l *Lease) held(now time.Time) bool { return now.UnixNano() < l.hold.Load() }
+
+// Cut ends the attempt of a lease whose move its owner has made (the target accepted the
+// watch): the watch's context ends with a MoveError, and the move is counted.
+func (l *Lease) Cut(r MoveReason) {
+	l.cut(r)
+	l.b.pool.moved(l.b, r)
+}
+
+func (l *Lease) cut(r MoveReason) { l.cancel(&MoveError{From: l.b, Reason: r}) }
+
+// MoveFailed says the move asked of the lease could not be made (no target accepted its
+// resume point): the watch stays where it is, and is not asked to move again before until.
+func (l *Lease) MoveFailed(until time.Time) {
+	l.hold.Store(until.UnixNano())
+	if l.moved.CompareAndSwap(true, false) {
+		l.b.leases.moving.Add(-1)
+	}
 }
 
 // release ends the lease (the attempt is over).
@@ -190,7 +229,7 @@ func (l *Lease) release() {
 		return
 	}
 	l.b.leases.remove(l)
-	if l.moved.Load() {
+	if l.moved.CompareAndSwap(true, false) {
 		l.b.leases.moving.Add(-1)
 	}
 	if l.scope != nil {
@@ -298,7 +337,7 @@ func (p *Pool) ForgetHighWater(resource string) {
 
 // newLease puts a watch attempt on b.
 func (p *Pool) newLease(b *Backend, plan Plan, cancel context.CancelCauseFunc) *Lease {
-	l := &Lease{b: b, cancel: cancel}
+	l := &Lease{b: b, cancel: cancel, onMove: plan.OnMove}
 	if plan.Scope != "" {
 		l.scope = p.progress.ref(plan.Scope)
 	}

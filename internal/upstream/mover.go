@@ -70,6 +70,17 @@ func (p *Pool) moveLoop(ctx context.Context) {
 	}
 }
 
+// requestMove asks l to move for r; a lease without a move handler moves now, and is counted.
+func (p *Pool) requestMove(b *Backend, l *Lease, r MoveReason) bool {
+	if !l.move(r) {
+		return false
+	}
+	if l.onMove == nil {
+		p.moved(b, r)
+	}
+	return true
+}
+
 func (p *Pool) moved(b *Backend, r MoveReason) {
 	if p.opts.OnMove != nil {
 		p.opts.OnMove(b, r)
@@ -97,9 +108,7 @@ func (p *Pool) drain(bs []*Backend, now time.Time, k *bucket) {
 		case Unhealthy:
 			if b.OpenWatches() > 0 && usableOther(b) {
 				for _, l := range b.leases.snapshot() {
-					if l.move(MoveUnhealthy) {
-						p.moved(b, MoveUnhealthy)
-					}
+					p.requestMove(b, l, MoveUnhealthy)
 				}
 			}
 		case Degraded:
@@ -113,9 +122,7 @@ func (p *Pool) drain(bs []*Backend, now time.Time, k *bucket) {
 			}
 			if now.Sub(removedAt) > RemoveGrace {
 				for _, l := range b.leases.snapshot() {
-					if l.move(MoveRemoved) {
-						p.moved(b, MoveRemoved)
-					}
+					p.requestMove(b, l, MoveRemoved)
 				}
 			}
 			if drained := b.OpenWatches() == 0 && b.InFlight() == 0; (drained && now.Sub(removedAt) > RemoveGrace) || now.Sub(removedAt) > 2*RemoveGrace {
@@ -129,18 +136,18 @@ func (p *Pool) drain(bs []*Backend, now time.Time, k *bucket) {
 // It returns how many moved.
 func (p *Pool) moveMovable(b *Backend, r MoveReason, k *bucket, limit int) int {
 	n := 0
+	now := time.Now()
 	for _, l := range b.leases.snapshot() {
 		if limit >= 0 && n >= limit {
 			break
 		}
-		if !l.ok.Load() || l.done.Load() || l.moved.Load() {
+		if !l.ok.Load() || l.done.Load() || l.moved.Load() || l.held(now) {
 			continue
 		}
 		if !k.take() {
 			break
 		}
-		if l.move(r) {
-			p.moved(b, r)
+		if p.requestMove(b, l, r) {
 			n++
 		}
 	}
@@ -176,8 +183,7 @@ func (p *Pool) findLag(bs []*Backend, now time.Time) {
 				l.since.Store(now.UnixNano())
 			case now.Sub(time.Unix(0, l.since.Load())) > limit:
 				since := time.Unix(0, l.since.Load())
-				if l.move(MoveLagging) {
-					p.moved(b, MoveLagging)
+				if p.requestMove(b, l, MoveLagging) {
 					p.markLagging(b, since, "a watch did not deliver an event its peers on other upstreams delivered")
 				}
 			}

@@ -191,16 +191,25 @@ func (p *Pool) Ready() bool {
 // pick returns the usable backend with the least load of the kind (open watches for a watch,
 // outstanding requests otherwise): a preferred one if any, else a degraded or lagging one,
 // avoiding avoid when another choice exists; nil when none is usable. Ties go round-robin.
-func (p *Pool) pick(watch bool, avoid *Backend) *Backend {
+// pickServing's serve, when not nil, says which backends can serve the request (a watch's resume point,
+// docs/design.md section 10.2): one that cannot is picked only when no usable one can.
+func (p *Pool) pick(watch bool, avoid *Backend) *Backend { return p.pickServing(watch, avoid, nil) }
+
+// pickServing is pick with serve.
+func (p *Pool) pickServing(watch bool, avoid *Backend, serve func(*Backend) bool) *Backend {
 	bs := p.Backends()
 	n := uint64(len(bs))
 	start := p.next.Add(1)
-	var best, fallback, avoided *Backend
+	var best, fallback, avoided, unservable *Backend
 	var bestLoad, fallbackLoad int64
 	for i := uint64(0); i < n; i++ {
 		b := bs[(start+i)%n]
 		switch {
 		case !b.usable():
+		case serve != nil && !serve(b):
+			if unservable == nil || b.preferred() {
+				unservable = b
+			}
 		case b == avoid:
 			avoided = b
 		case b.preferred():
@@ -218,8 +227,10 @@ func (p *Pool) pick(watch bool, avoid *Backend) *Backend {
 		return best
 	case fallback != nil:
 		return fallback
+	case avoided != nil:
+		return avoided
 	}
-	return avoided
+	return unservable
 }
 
 // healthySince returns the last time any backend was known healthy (zero: never).

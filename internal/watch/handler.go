@@ -23,6 +23,7 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"k8s.io/utils/clock"
 
 	"github.com/watchsan/watchsan/internal/apistatus"
 	"github.com/watchsan/watchsan/internal/fix"
@@ -84,6 +85,9 @@ type Deps struct {
 	// OnBreak, if set, is told every upstream watch attempt that broke and is resumed, with
 	// its backend (still a member of the pool when told) and why (per-upstream metrics).
 	OnBreak func(b *upstream.Backend, r ResumeReason)
+	// Clock times a move's acceptance window and its fresh-resume-point probe (move.go);
+	// nil: the real clock.
+	Clock clock.WithDelayedExecution
 }
 
 // Handler serves watch requests.
@@ -120,6 +124,12 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	}
 	if d.Logger == nil {
 		d.Logger = zap.NewNop()
+	}
+	if d.Clock == nil {
+		d.Clock = clock.RealClock{}
+	}
+	for _, r := range upstream.MoveReasons() { // every series from the start
+		d.Metrics.WatchMovesFailed.WithLabelValues(r.String())
 	}
 	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, sleep: sleepCtx}
 	for _, r := range cfg.Exempt {
@@ -229,7 +239,8 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 	}
 	s.out = newBatchWriter(w, s.rc, h.cfg.WriteTimeout)
 	from, _ := stream.ParseRV(p.rv)
-	first, err := h.deps.Attempts.Do(ctx, s.upstreamRequest(true), s.plan(from))
+	slot := &moveSlot{}
+	first, err := h.deps.Attempts.Do(ctx, s.upstreamRequest(true), s.plan(from, slot))
 	if err != nil {
 		if r.Context().Err() != nil {
 			return
@@ -274,7 +285,7 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 
 	m.OpenWatches.WithLabelValues(resource).Inc()
 	defer m.OpenWatches.WithLabelValues(resource).Dec()
-	reason := s.run(first)
+	reason := s.run(s.source(first, slot))
 	m.StreamEnds.WithLabelValues(reason.String()).Inc()
 	if reason == EndSlowClient {
 		s.slowClient(slowEvents)

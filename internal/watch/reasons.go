@@ -96,6 +96,9 @@ const (
 	// ResumeMoved: watchsan moved the watch to another upstream (upstream.MoveReason: the
 	// upstream failed, lagged, left, or another one has fewer watches).
 	ResumeMoved
+	// ResumeGoneHere: the upstream answered the resume point with 410 ("too old resource
+	// version") while another one may still serve it (docs/design.md section 10.1).
+	ResumeGoneHere
 
 	numResumeReasons
 )
@@ -106,6 +109,7 @@ var resumeNames = [numResumeReasons]string{
 	ResumeTruncated: "truncated",
 	ResumeStall:     "stall",
 	ResumeMoved:     "moved",
+	ResumeGoneHere:  "gone-here",
 }
 
 func (r ResumeReason) String() string {

@@ -15,10 +15,20 @@ import (
 // phase is over). Both ask for bookmarks (stall detection and resume points) and for identity
 // encoding (watchsan parses the stream). Forwarding headers are built as on every other path.
 func (s *session) upstreamRequest(first bool) *http.Request {
+	rv := ""
+	if !first {
+		rv = s.fix.LastDelivered()
+	}
+	return s.requestFrom(first, rv)
+}
+
+// requestFrom is upstreamRequest for a resume from rv (when not first); it reads only what
+// does not change during the session, so a move's goroutine may call it.
+func (s *session) requestFrom(first bool, rv string) *http.Request {
 	q := s.client.URL.Query()
 	q.Set("allowWatchBookmarks", "true")
 	if !first {
-		q.Set("resourceVersion", s.fix.LastDelivered())
+		q.Set("resourceVersion", rv)
 		q.Del("sendInitialEvents")
 		q.Del("resourceVersionMatch")
 	}

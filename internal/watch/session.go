@@ -45,6 +45,8 @@ type session struct {
 type upstreamSide struct {
 	backend *upstream.Backend
 	lease   *upstream.Lease // the current attempt's place on backend
+	// nextSlot is where a move of the attempt resume just opened leaves its target (move.go).
+	nextSlot *moveSlot
 
 	// scope and groupResource tell the pool what the watch selects (lag detection) and of
 	// which resource it delivers resourceVersions (the high-water mark).
@@ -94,8 +96,11 @@ type attemptEnd struct {
 }
 
 // plan is the Attempter's plan for an attempt of this watch starting from resourceVersion from.
-func (s *session) plan(from uint64) upstream.Plan {
-	return upstream.Plan{Watch: true, Scope: s.scope, Resource: s.groupResource, From: from, Credentials: s.cred}
+// Its moves are make-before-break (tryMove, docs/design.md section 10.1): an accepted target
+// is left in slot.
+func (s *session) plan(from uint64, slot *moveSlot) upstream.Plan {
+	return upstream.Plan{Watch: true, Scope: s.scope, Resource: s.groupResource, From: from, Credentials: s.cred,
+		OnMove: func(l *upstream.Lease, r upstream.MoveReason) { s.tryMove(slot, l, r) }}
 }
 
 // movable says whether the watch can resume elsewhere without its client noticing.
@@ -104,9 +109,13 @@ func (s *session) movable() bool {
 }
 
 // run pumps the first attempt and every resume until the client's stream ends.
-func (s *session) run(at upstream.Attempt) EndReason {
+func (s *session) run(src *source) EndReason {
 	for {
-		end := s.pump(at)
+		at := src.at
+		end := s.pump(src)
+		// A move's target that accepted the watch meanwhile is where it goes on, whatever
+		// ended this attempt (the Cut, or a break that came first).
+		moved := src.slot.close()
 		if end.end == endNone {
 			end.end = s.resumable(end)
 			if end.end == endNone && s.h.deps.OnBreak != nil {
@@ -120,6 +129,9 @@ func (s *session) run(at upstream.Attempt) EndReason {
 		}
 		at.Cancel(nil)
 		if end.end != endNone {
+			if moved != nil {
+				moved.at.Cancel(nil)
+			}
 			return end.end
 		}
 		brokeAt := time.Now()
@@ -142,11 +154,16 @@ func (s *session) run(at upstream.Attempt) EndReason {
 		if neutral {
 			s.backoff.Reset()
 		}
-		next, final := s.resume(end)
-		if final != endNone {
-			return final
+		if moved != nil {
+			s.switchTo(moved, end)
+			src = moved
+		} else {
+			next, final := s.resume(end)
+			if final != endNone {
+				return final
+			}
+			src = s.source(next, s.nextSlot)
 		}
-		at = next
 		s.stallResumedAt = time.Time{}
 		if end.resume == ResumeStall {
 			s.stallResumedAt = time.Now()
@@ -170,14 +187,18 @@ func (s *session) resumable(end attemptEnd) EndReason {
 
 // pump reads one upstream response until it ends, writing what the policy lets through. The
 // caller ends the attempt.
-func (s *session) pump(at upstream.Attempt) attemptEnd {
+func (s *session) pump(src *source) attemptEnd {
+	at := src.at
 	resp := at.Resp
 	attemptCtx := resp.Request.Context()
 	defer resp.Body.Close()
 	s.lease = at.Lease
 	s.lease.SetMovable(s.movable())
-	s.lease.Waiting(time.Now().UnixNano())
+	// Busy until a read from the upstream waits (attemptBody.Read): a move's target may first
+	// deliver what it read ahead, and the prefix.
+	s.lease.Busy()
 
+	src.body.out.Store(&s.out)
 	var silentSince atomic.Int64 // when the upstream went silent, once the watchdog found it stalled
 	stopWatchdog := s.watchdog(attemptCtx, at, &silentSince)
 	defer stopWatchdog()
@@ -189,9 +210,25 @@ func (s *session) pump(at upstream.Attempt) attemptEnd {
 	// network. What is still batched when the attempt ends goes out before the session waits
 	// for anything else (a resume, the end of the stream).
 	defer s.out.flush()
-	rd := stream.NewReader(s.format, flushBeforeRead{r: resp.Body, out: &s.out, lease: at.Lease}, s.h.cfg.MaxFrameSize)
+	// A moved watch's target started from the resume point the move read, at most the one
+	// delivered now: what the old attempt delivered since comes again, in the same order (one
+	// etcd, one scope), and is skipped (docs/design.md section 10.1).
+	var skip uint64
+	if src.dedupe {
+		skip, _ = stream.ParseRV(s.fix.LastDelivered())
+		if p := src.prefix; p != nil {
+			if n, _ := stream.ParseRV(p.RV); n > skip {
+				s.events++
+				if werr := s.deliver(p); werr != nil {
+					return s.out.clientEnd()
+				}
+				skip = n
+			}
+		}
+	}
+	first := true
 	for {
-		ev, err := rd.Next()
+		ev, err := src.next()
 		if err != nil {
 			if s.out.err != nil {
 				return s.out.clientEnd()
@@ -203,6 +240,18 @@ func (s *session) pump(at upstream.Attempt) attemptEnd {
 			}
 			return end
 		}
+		if skip > 0 {
+			if n, ok := stream.ParseRV(ev.RV); ok && n <= skip && ev.Type != stream.Error {
+				continue
+			}
+			skip = 0
+		}
+		if first && ev.Type == stream.Error {
+			if end, ok := s.goneHere(at, ev); ok {
+				return end
+			}
+		}
+		first = false
 		s.events++
 		if werr := s.deliver(ev); werr != nil {
 			return s.out.clientEnd()
@@ -289,7 +338,7 @@ func (s *session) deliver(ev *stream.Event) error {
 	} else {
 		err = s.writer.Write(ev)
 	}
-	// Not flushed here: the pump's reader flushes before it waits (flushBeforeRead).
+	// Not flushed here: the pump's reader flushes before it waits (attemptBody).
 	return err
 }
 
@@ -467,21 +516,26 @@ func (b *batchWriter) flushClient() error {
 	return b.err
 }
 
-// flushBeforeRead flushes the client's pending events before every read from the upstream:
-// a read is where the pump may wait for the network, and an event must not wait with it.
-// It tells the lease when the watch waits for its upstream (from after the flush: the time a
-// write to the client takes is no silence of the upstream's, for the watchdog and the mover)
-// and when it is busy with what it read, and gives the backend a sign of life: per read, not
-// per event (a clock read per event was 3% of the CPU at saturation).
-type flushBeforeRead struct {
+// attemptBody is an attempt's response body as its reader reads it. Once the attempt is the
+// session's (pump), it flushes the client's pending events before every read from the
+// upstream: a read is where the pump may wait for the network, and an event must not wait
+// with it. Before that (a move's target, read ahead while the old attempt still feeds the
+// client) it flushes nothing. It tells the lease when the watch waits for its upstream (from
+// after the flush: the time a write to the client takes is no silence of the upstream's, for
+// the watchdog and the mover) and when it is busy with what it read, and gives the backend a
+// sign of life: per read, not per event (a clock read per event was 3% of the CPU at
+// saturation).
+type attemptBody struct {
 	r     io.Reader
-	out   *batchWriter
+	out   atomic.Pointer[batchWriter]
 	lease *upstream.Lease
 }
 
-func (f flushBeforeRead) Read(p []byte) (int, error) {
-	if err := f.out.flush(); err != nil {
-		return 0, err
+func (f *attemptBody) Read(p []byte) (int, error) {
+	if out := f.out.Load(); out != nil {
+		if err := out.flush(); err != nil {
+			return 0, err
+		}
 	}
 	f.lease.Waiting(time.Now().UnixNano())
 	n, err := f.r.Read(p)
@@ -626,7 +680,8 @@ func (s *session) resume(end attemptEnd) (upstream.Attempt, EndReason) {
 	}
 	fromRV := s.fix.LastDelivered()
 	from, _ := stream.ParseRV(fromRV)
-	plan := s.plan(from)
+	s.nextSlot = &moveSlot{}
+	plan := s.plan(from, s.nextSlot)
 	plan.Avoid, plan.Deadline, plan.Backoff, plan.WaitForBackend = avoid, deadline, &s.backoff, true
 	at, err := s.h.deps.Attempts.Do(s.ctx, s.upstreamRequest(false), plan)
 	if err != nil {

@@ -28,6 +28,7 @@ import (
 type upstreamScript struct {
 	mu       sync.Mutex
 	queries  []url.Values
+	auth     []string // each request's Authorization, as queries
 	steps    []func(w http.ResponseWriter, r *http.Request)
 	frozen   atomic.Bool
 	canceled chan struct{}
@@ -45,6 +46,7 @@ func (u *upstreamScript) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	i := len(u.queries)
 	u.queries = append(u.queries, r.URL.Query())
+	u.auth = append(u.auth, r.Header.Get("Authorization"))
 	step := u.steps[min(i, len(u.steps)-1)]
 	u.mu.Unlock()
 	step(w, r)

@@ -1,0 +1,343 @@
+package watch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/watchsan/watchsan/internal/stream"
+	"github.com/watchsan/watchsan/internal/upstream"
+)
+
+// Moves are make-before-break (docs/design.md section 10.1): the Pool asks a watch to move
+// (upstream.Plan.OnMove), and the watch opens the target from its resume point while its
+// current attempt goes on feeding the client. Only once the target has accepted the resume
+// point (it answered 200 and its first frame is no ERROR, or it stayed silent for
+// acceptSilence after its headers: the watch cache sends a too-old resume point's ERROR at
+// once, section 10.1) does the current attempt end (Lease.Cut) and the session switch to the
+// target; what the old attempt delivered meanwhile comes again from the target and is
+// skipped. A target that refuses (a 410 among them: the Pool learns its floor, section 10.2)
+// is left, the next is tried, and when none accepts, the watch stays where it is
+// (Lease.MoveFailed). A watch whose resume point no target can serve first asks its own
+// backend for a fresher one (freshPoint, section 10.3).
+
+const (
+	// acceptSilence is how long a target's silence after its headers counts as acceptance.
+	acceptSilence = time.Second
+	// acceptTimeout bounds the wait for a target's headers (a plain watch from a resume point
+	// beyond a lagging cache waits there).
+	acceptTimeout = 10 * time.Second
+	// moveHold is how long a watch whose move found no target that accepts it stays put
+	// before the Pool may ask again.
+	moveHold = 5 * time.Second
+	// maxMoveTargets bounds the targets one move tries.
+	maxMoveTargets = 3
+	// freshTimeout bounds the fresh-resume-point probe; freshWatchSeconds is its watch's
+	// timeoutSeconds: the apiserver sends a bookmark 2 s before a watch's deadline (section 2).
+	freshTimeout      = 6 * time.Second
+	freshWatchSeconds = "3"
+)
+
+var (
+	errAcceptTimeout = errors.New("the move's target did not answer in time")
+	errNoTarget      = errors.New("no backend can serve the watch's resume point")
+)
+
+// source is one attempt as the pump reads it: its reader, and for a move's target the frame
+// read ahead while it was being accepted.
+type source struct {
+	at   upstream.Attempt
+	slot *moveSlot // where a move of this attempt leaves its target
+	body *attemptBody
+	rd   *stream.Reader
+	// peek, when not nil, delivers the first frame (read by accept), then is done with.
+	peek chan peeked
+	// dedupe: a move's target, started at or below the resume point the session has when it
+	// switches; prefix, a bookmark from freshPoint to deliver first (nil: none).
+	dedupe bool
+	prefix *stream.Event
+	reason upstream.MoveReason
+}
+
+type peeked struct {
+	ev  *stream.Event
+	err error
+}
+
+func (src *source) next() (*stream.Event, error) {
+	if src.peek != nil {
+		p := <-src.peek
+		src.peek = nil
+		return p.ev, p.err
+	}
+	return src.rd.Next()
+}
+
+// source wraps an attempt for the pump.
+func (s *session) source(at upstream.Attempt, slot *moveSlot) *source {
+	body := &attemptBody{r: at.Resp.Body, lease: at.Lease}
+	return &source{at: at, slot: slot, body: body, rd: stream.NewReader(s.format, body, s.h.cfg.MaxFrameSize)}
+}
+
+// moveSlot is where a move leaves its accepted target for the session, once per attempt.
+type moveSlot struct {
+	mu     sync.Mutex
+	closed bool
+	next   *source
+}
+
+// put leaves src for the session; false when the attempt has ended already (src is not taken).
+func (m *moveSlot) put(src *source) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed || m.next != nil {
+		return false
+	}
+	m.next = src
+	return true
+}
+
+// close ends the slot with its attempt and returns the target left in it, if any.
+func (m *moveSlot) close() *source {
+	if m == nil {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.closed = true
+	next := m.next
+	m.next = nil
+	return next
+}
+
+// tryMove is the Pool's request to move the watch of lease l (its own goroutine).
+func (s *session) tryMove(slot *moveSlot, l *upstream.Lease, r upstream.MoveReason) {
+	from := l.Pos()
+	if !l.Movable() || from == 0 {
+		// Not movable unnoticed (initial phase, an opaque resume point): only the Pool's
+		// drains of unhealthy or removed backends ask this, and end it as before.
+		l.Cut(r)
+		return
+	}
+	src, err := s.moveTarget(l, r, from, nil)
+	if errors.Is(err, errNoTarget) {
+		if prefix, fresh := s.freshPoint(l, from); prefix != nil {
+			src, err = s.moveTarget(l, r, fresh, prefix)
+		}
+	}
+	if err != nil {
+		l.MoveFailed(time.Now().Add(moveHold))
+		s.h.deps.Metrics.WatchMovesFailed.WithLabelValues(r.String()).Inc()
+		s.log.Debug("watch not moved: no target accepted its resume point; it stays",
+			zap.String("path", s.client.URL.Path), zap.Stringer("upstream", l.Backend()), zap.Stringer("reason", r),
+			zap.Uint64("fromRV", from), zap.Error(err))
+		return
+	}
+	src.reason = r
+	if !slot.put(src) {
+		src.at.Cancel(nil)
+		return
+	}
+	l.Cut(r)
+}
+
+// moveTarget opens the watch from from on the first of the lease's move targets that accepts
+// it. errNoTarget: none can serve from (so a fresher resume point may help).
+func (s *session) moveTarget(l *upstream.Lease, r upstream.MoveReason, from uint64, prefix *stream.Event) (*source, error) {
+	targets, blocked := l.MoveTargets(r, s.groupResource, from)
+	var errs []error
+	for i, t := range targets {
+		if i == maxMoveTargets {
+			break
+		}
+		src, err := s.openOn(t, from)
+		if err == nil {
+			src.dedupe, src.prefix = true, prefix
+			return src, nil
+		}
+		if !t.CanServe(s.groupResource, from) {
+			blocked = true
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", t, err))
+	}
+	if blocked {
+		errs = append(errs, errNoTarget)
+	}
+	if len(errs) == 0 {
+		return nil, errors.New("no other backend to move to")
+	}
+	return nil, errors.Join(errs...)
+}
+
+// openOn opens the watch from from on t and waits until t has accepted it.
+func (s *session) openOn(t *upstream.Backend, from uint64) (*source, error) {
+	ctx, cancel := context.WithCancelCause(s.ctx)
+	headers := s.h.deps.Clock.AfterFunc(acceptTimeout, func() { cancel(errAcceptTimeout) })
+	slot := &moveSlot{}
+	plan := s.plan(from, slot)
+	plan.Target = t
+	at, err := s.h.deps.Attempts.Do(ctx, s.requestFrom(false, fmt.Sprint(from)), plan)
+	if err != nil {
+		headers.Stop()
+		cancel(nil)
+		return nil, err
+	}
+	src := s.source(at, slot)
+	inner := at.Cancel
+	src.at.Cancel = func(cause error) { inner(cause); cancel(cause) }
+	fail := func(err error) (*source, error) {
+		headers.Stop()
+		src.at.Cancel(nil)
+		return nil, err
+	}
+	resp := at.Resp
+	format, ok := stream.FormatOf(resp.Header.Get("Content-Type"))
+	if resp.StatusCode != http.StatusOK || !ok || format != s.format || !identity(resp.Header) {
+		if resp.StatusCode == http.StatusGone {
+			s.noteGone(t, readStatus(resp), from)
+		} else {
+			drain(resp)
+		}
+		return fail(errors.New("answered " + resp.Status))
+	}
+	if !headers.Stop() {
+		return fail(context.Cause(ctx))
+	}
+	src.peek = make(chan peeked, 1)
+	go func() {
+		ev, err := src.rd.Next()
+		src.peek <- peeked{ev, err}
+	}()
+	silence := s.h.deps.Clock.NewTimer(acceptSilence)
+	defer silence.Stop()
+	select {
+	case p := <-src.peek:
+		if p.err != nil {
+			return fail(p.err)
+		}
+		if p.ev.Type == stream.Error {
+			st, _ := stream.DecodeStatus(s.format, p.ev)
+			if st != nil && st.Code == http.StatusGone {
+				s.noteGone(t, st, from)
+			}
+			return fail(errors.New("answered with an ERROR event"))
+		}
+		src.peek <- p // the pump's first frame
+	case <-silence.C():
+	case <-ctx.Done():
+		return fail(context.Cause(ctx))
+	}
+	return src, nil
+}
+
+// noteGone records a 410's floor on b (docs/design.md section 10.2): the cacher names it;
+// without it, at least from is gone.
+func (s *session) noteGone(b *upstream.Backend, st *metav1.Status, from uint64) {
+	floor := from + 1
+	if st != nil {
+		if n, ok := upstream.TooOldFloor(st.Message); ok {
+			floor = n
+		}
+	}
+	b.NoteTooOld(s.groupResource, floor)
+}
+
+// goneHere handles an attempt whose first frame is an ERROR: a 410 where another backend may
+// still serve the resume point is no reason to end the client's stream (docs/design.md
+// section 10.1): the floor is noted and the watch resumes elsewhere. False: the ERROR is the
+// client's.
+func (s *session) goneHere(at upstream.Attempt, ev *stream.Event) (attemptEnd, bool) {
+	st, err := stream.DecodeStatus(s.format, ev)
+	if err != nil || st.Code != http.StatusGone || !s.movable() {
+		return attemptEnd{}, false
+	}
+	from, ok := stream.ParseRV(s.fix.LastDelivered())
+	if !ok {
+		return attemptEnd{}, false
+	}
+	s.noteGone(at.Backend, st, from)
+	if !s.h.deps.Attempts.Servable(s.groupResource, from, at.Backend) {
+		return attemptEnd{}, false
+	}
+	s.log.Info("upstream cannot serve the watch's resume point; resuming it where it can be served",
+		zap.String("path", s.client.URL.Path), zap.Stringer("upstream", at.Backend), zap.Uint64("fromRV", from), zap.String("message", st.Message))
+	return attemptEnd{resume: ResumeGoneHere, err: errors.New(st.Message)}, true
+}
+
+// switchTo makes a move's accepted target the session's attempt.
+func (s *session) switchTo(src *source, end attemptEnd) {
+	s.resumes++
+	s.backend = src.at.Backend
+	gap := time.Since(s.brokeAt)
+	s.h.deps.Metrics.Resumes.WithLabelValues(ResumeMoved.String()).Inc()
+	s.h.deps.Metrics.ResumeSeconds.Observe(gap.Seconds())
+	s.log.Info("moved upstream watch (make-before-break)", zap.String("path", s.client.URL.Path),
+		zap.Stringer("movedBecause", src.reason), zap.Stringer("ended", end.resume), zap.String("lastRV", s.fix.LastDelivered()),
+		zap.Stringer("upstream", src.at.Backend))
+}
+
+// freshPoint asks the lease's own backend for a resume point newer than from for this watch
+// (docs/design.md section 10.3): a consistent list of the watch's scope (limit 1) makes its
+// watch cache catch up with etcd, and a watch of the same scope from from, with a deadline
+// 3 s away, gets a bookmark 2 s before it. A bookmark at B as its first frame says that the
+// scope has no event in (from, B]: B is a resume point of the session's watch too. It returns
+// that bookmark and B, or nil when the backend offers none (or does not answer at all) (an event came first: the watch
+// will deliver it, and can move after).
+func (s *session) freshPoint(l *upstream.Lease, from uint64) (*stream.Event, uint64) {
+	b := l.Backend()
+	if b.State() == upstream.Unhealthy { // it does not answer
+		return nil, 0
+	}
+	ctx, cancel := context.WithCancelCause(s.ctx)
+	defer cancel(nil)
+	t := s.h.deps.Clock.AfterFunc(freshTimeout, func() { cancel(errAcceptTimeout) })
+	defer t.Stop()
+
+	q := s.client.URL.Query()
+	list := url.Values{"limit": {"1"}}
+	for _, k := range []string{"labelSelector", "fieldSelector"} {
+		if v := q.Get(k); v != "" {
+			list.Set(k, v)
+		}
+	}
+	lr := s.requestFrom(true, "")
+	lr.URL = &url.URL{Path: strings.Replace(s.client.URL.Path, "/watch/", "/", 1), RawQuery: list.Encode()}
+	if at, err := s.h.deps.Attempts.Do(ctx, lr, upstream.Plan{Target: b, Credentials: s.cred}); err == nil {
+		drain(at.Resp)
+		at.Cancel(nil)
+	}
+
+	wr := s.requestFrom(false, fmt.Sprint(from))
+	wq := wr.URL.Query()
+	wq.Set("timeoutSeconds", freshWatchSeconds)
+	wr.URL.RawQuery = wq.Encode()
+	at, err := s.h.deps.Attempts.Do(ctx, wr, upstream.Plan{Target: b, Credentials: s.cred})
+	if err != nil {
+		return nil, 0
+	}
+	defer at.Cancel(nil)
+	defer at.Resp.Body.Close()
+	format, ok := stream.FormatOf(at.Resp.Header.Get("Content-Type"))
+	if at.Resp.StatusCode != http.StatusOK || !ok || format != s.format || !identity(at.Resp.Header) {
+		drain(at.Resp)
+		return nil, 0
+	}
+	ev, err := stream.NewReader(format, at.Resp.Body, s.h.cfg.MaxFrameSize).Next()
+	if err != nil || ev.Type != stream.Bookmark {
+		return nil, 0
+	}
+	n, ok := stream.ParseRV(ev.RV)
+	if !ok || n <= from {
+		return nil, 0
+	}
+	s.h.deps.Metrics.WatchFreshPoints.Inc()
+	return ev.Clone(), n
+}
