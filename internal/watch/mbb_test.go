@@ -49,7 +49,7 @@ func newMBB(t *testing.T, cfg Config, a, b *upstreamScript) *mbb {
 	var err error
 	// Its clients are lent watchsan's identity (the sidecar's default), so every request a
 	// watch makes, its moves' and fresh points' too, must carry it (Plan.Credentials).
-	x.pool, err = upstream.NewPool([]*url.URL{x.ua, x.ub}, upstream.PoolOptions{Logger: log, HealthInterval: 20 * time.Millisecond, RebalanceRate: -1,
+	x.pool, err = upstream.NewPool([]*url.URL{x.ua, x.ub}, upstream.PoolOptions{Logger: log, HealthInterval: 20 * time.Millisecond, ProbeInterval: 20 * time.Millisecond, RebalanceRate: -1,
 		Transport: upstream.TransportOptions{Credentials: &rest.Config{BearerToken: "lent"}, Lend: true}})
 	if err != nil {
 		t.Fatal(err)
@@ -367,4 +367,46 @@ func (u *upstreamScript) watches() int {
 		}
 	}
 	return n
+}
+
+// Issue 20 item 4: an apiserver in its shutdown delay (readyz failing, still serving) is
+// degraded, and its watches move make-before-break: the target accepts first, then the old
+// attempt ends, and the client sees one unbroken stream.
+func TestDegradedBackendDrainsMakeBeforeBreak(t *testing.T) {
+	a := &upstreamScript{canceled: make(chan struct{})}
+	a.steps = []func(http.ResponseWriter, *http.Request){thenHang(a, obj("ADDED", "a", "10"), obj("MODIFIED", "a", "11"))}
+	b := &upstreamScript{}
+	asked, release := make(chan struct{}), make(chan struct{})
+	b.steps = []func(http.ResponseWriter, *http.Request){func(w http.ResponseWriter, r *http.Request) {
+		close(asked)
+		<-release
+		send(w, obj("MODIFIED", "a", "12"))
+		<-r.Context().Done()
+	}}
+	x := newMBB(t, Config{}, a, b)
+	ch := x.stream(t, "resourceVersion=5&timeoutSeconds=4")
+	var gs []got
+	waitGot(t, ch, &gs, "MODIFIED a 11")
+	b.frozen.Store(false)
+	a.frozen.Store(true) // its shutdown delay: /readyz fails, the watch goes on
+	<-asked
+	// Make before break: while b is being asked, the watch still holds its place on a.
+	onA := x.pool.Backends()[0].OpenWatches()
+	close(release)
+	if onA != 1 {
+		t.Errorf("%d watches on the degraded backend while the target was asked, want 1 (break before make)", onA)
+	}
+	gs = collect(ch, gs)
+	expectStream(t, gs, nil, "ADDED a 10, MODIFIED a 11, MODIFIED a 12")
+	select {
+	case <-a.canceled:
+	default:
+		t.Fatal("the degraded backend's attempt was not ended after the move")
+	}
+	if q := b.query(0); q.Get("resourceVersion") != "11" {
+		t.Fatalf("moved to b from %q, want 11", q.Get("resourceVersion"))
+	}
+	if v := promtest.ToFloat64(x.m.Resumes.WithLabelValues("moved")); v != 1 {
+		t.Fatalf("resumes{moved} = %v, want 1", v)
+	}
 }

@@ -36,8 +36,9 @@ const (
 // is gets "too old resource version" there. Done (issue 20) when, 20 s after the return, all 30
 // clients are still watching and the returned apiserver holds at least 6 of them. On main
 // before the fixes (29a0a14), 28 of the 30 streams ended with that 410 (watchsan passes it on:
-// the client relists), 2 still watching, 0 on the returned apiserver, as in the issue. The assertions wait for WATCHSAN_ISSUE20_ASSERT=1
-// (issue20Check); the numbers are always logged.
+// the client relists), 2 still watching, 0 on the returned apiserver, as in the issue. With
+// make-before-break moves and fresh resume points (docs/design.md section 10) all 30 watch on
+// and 10 are on the returned apiserver; asserted always, the numbers logged.
 func TestHAQuietWatchesMove(t *testing.T) {
 	c := newCluster(t, cluster.Options{APIServers: 3})
 	// watchsan's defaults (as TestHAFrontend): detection, balancing and rebalancing as shipped.
@@ -103,14 +104,23 @@ func TestHAQuietWatchesMove(t *testing.T) {
 	time.Sleep(time.Until(back.Add(quietAfter))) // the measuring window of the issue
 	q := countQuietWatches(watches)
 	q.onReturned = onKilled()
-	t.Logf("quiet watches: %v %v after apiserver-0 returned; watchsan: %v forced relists, moves %v rebalance, %v resumes (%s)",
+	t.Logf("quiet watches: %v %v after apiserver-0 returned; watchsan: %v forced relists, moves %v rebalance (%v not made: no target accepted), %v fresh resume points, %v resumes (%s)",
 		q, quietAfter, p.Metric("watchsan_watch_relists_forced_total", nil),
 		p.Metric("watchsan_upstream_watch_moves_total", map[string]string{"reason": "rebalance"}),
+		p.Metric("watchsan_watch_moves_failed_total", map[string]string{"reason": "rebalance"}),
+		p.Metric("watchsan_watch_fresh_resume_points_total", nil),
 		p.Metric("watchsan_watch_resumes_total", nil), resumeSummary(p))
-	issue20Check(t, q.watching == quietWatches, "%d of %d quiet watches still watching %v after the killed apiserver returned, want all (%v)",
-		q.watching, quietWatches, quietAfter, q)
-	issue20Check(t, q.onReturned >= quietOnReturned, "the returned apiserver holds %d of the quiet watches %v after its return, want at least %d",
-		q.onReturned, quietAfter, quietOnReturned)
+	// Asserted always (issue 20 items 1 and 2 landed: make-before-break moves, servable
+	// floors, fresh resume points; docs/design.md section 10); the scenario's own "Done when"
+	// conditions still wait for WATCHSAN_ISSUE20_ASSERT=1.
+	if q.watching != quietWatches {
+		t.Errorf("issue 20: %d of %d quiet watches still watching %v after the killed apiserver returned, want all (%v)",
+			q.watching, quietWatches, quietAfter, q)
+	}
+	if q.onReturned < quietOnReturned {
+		t.Errorf("issue 20: the returned apiserver holds %d of the quiet watches %v after its return, want at least %d",
+			q.onReturned, quietAfter, quietOnReturned)
+	}
 }
 
 func quietNamespace(i int) string { return fmt.Sprintf("quiet-%02d", i) }
