@@ -95,6 +95,7 @@ type Config struct {
 	// Resilient watches (issue #4).
 	WatchResumeTimeout time.Duration
 	WatchStallTimeout  time.Duration
+	WatchWriteTimeout  time.Duration
 	DisableResume      bool
 	RetryBudget        time.Duration
 
@@ -138,6 +139,7 @@ func Default() Config {
 		DeleteMemoryTTL:       fix.DefaultMemoryAge,
 		WatchResumeTimeout:    watch.DefaultResumeTimeout,
 		WatchStallTimeout:     watch.DefaultStallTimeout,
+		WatchWriteTimeout:     watch.DefaultWriteTimeout,
 		RetryBudget:           upstream.DefaultRetryBudget,
 		ShutdownTimeout:       30 * time.Second,
 		LogLevel:              "info",

@@ -134,6 +134,7 @@ func FlagSet(c *Config) *pflag.FlagSet {
 	group("Watch resilience")
 	fs.DurationVar(&c.WatchResumeTimeout, "watch-resume-timeout", c.WatchResumeTimeout, "how long a broken upstream watch is retried before the client's stream is ended")
 	fs.DurationVar(&c.WatchStallTimeout, "watch-stall-timeout", c.WatchStallTimeout, "an upstream watch that sends nothing, not even a bookmark (always asked for; apiservers send one a minute while its resource changes, none while it does not), for this long is resumed, whatever probes of its upstream say; at least 1s, as it is how often a quiet watch asks upstream")
+	fs.DurationVar(&c.WatchWriteTimeout, "watch-write-timeout", c.WatchWriteTimeout, "a watch whose client does not take what watchsan writes to it at once (the events of one upstream read) within this long is ended, and its upstream watch closed (counted as a slow client: a client that stopped reading holds no more than the upstream's stream window, and never passes for a silent or lagging upstream)")
 	fs.BoolVar(&c.DisableResume, "disable-watch-resume", c.DisableResume, "end the client's watch when the upstream's breaks, instead of resuming it")
 	fs.DurationVar(&c.RetryBudget, "retry-budget", c.RetryBudget, "how long a request that failed before its response started is retried, and how long after an upstream was last healthy requests wait for it; 0: no retries")
 	group("Shutdown")

@@ -82,7 +82,8 @@ func (c *Config) Validate() error {
 		{"http2-read-idle-timeout", c.HTTP2ReadIdleTimeout}, {"http2-ping-timeout", c.HTTP2PingTimeout},
 		{"response-header-timeout", c.ResponseHeaderTimeout}, {"health-interval", c.HealthInterval},
 		{"delete-memory-ttl", c.DeleteMemoryTTL}, {"watch-resume-timeout", c.WatchResumeTimeout},
-		{"watch-stall-timeout", c.WatchStallTimeout}, {"shutdown-timeout", c.ShutdownTimeout},
+		{"watch-stall-timeout", c.WatchStallTimeout}, {"watch-write-timeout", c.WatchWriteTimeout},
+		{"shutdown-timeout", c.ShutdownTimeout},
 	} {
 		if d.v <= 0 {
 			add("--%s %s: must be positive", d.flag, d.v)

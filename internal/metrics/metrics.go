@@ -32,6 +32,7 @@ type Metrics struct {
 	Resumes       *prometheus.CounterVec // reason
 	Stalls        prometheus.Counter
 	StallsHung    prometheus.Counter
+	SlowClients   *prometheus.CounterVec // reason: what the client did not take (watch.SlowClientReasons)
 	ResumeSeconds prometheus.Histogram
 	RelistsForced prometheus.Counter
 	Retries       *prometheus.CounterVec // outcome
@@ -75,6 +76,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	m.Resumes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_resumes_total", Help: "Upstream watches resumed without ending the client's stream, by the reason the upstream broke."}, []string{"reason"})
 	m.Stalls = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_stalls_total", Help: "Upstream watches silent (not even a bookmark) for the stall timeout, and resumed: hung, or caught up on a resource nothing changes (an apiserver sends such a watch nothing)."})
 	m.StallsHung = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_stalls_hung_total", Help: "Stalls whose resume delivered at once (within 1s) object events the silent stream had held back: the path had hung (an apiserver, an L7 hop)."})
+	m.SlowClients = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_slow_clients_total", Help: "Client watches ended because a write to the client did not complete within --watch-write-timeout (it stopped reading, or reads slower than its watch delivers; its upstream watch is closed), by what it was sent: events (a stream watchsan parses), relayed (a response relayed unparsed)."}, []string{"reason"})
 	m.ResumeSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "watchsan_watch_resume_duration_seconds", Help: "Time from an upstream watch breaking to its resumption.", Buckets: ResumeBuckets})
 	m.RelistsForced = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_relists_forced_total", Help: "410 Expired ERROR events sent to clients (each makes the client relist)."})
 	m.WatchMovesFailed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_moves_failed_total", Help: "Watch moves not made because no target accepted the watch's resume point (make-before-break: the watch stayed where it was), by the move's reason."}, []string{"reason"})
@@ -92,7 +94,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 		m.TLSReloads.WithLabelValues(result)
 	}
 	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_build_info", Help: "Always 1; its labels say which build runs: version, VCS revision and Go version."}, []string{"version", "revision", "goversion"})
-	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.StallsHung, m.ResumeSeconds, m.RelistsForced, m.WatchMovesFailed, m.WatchFreshPoints, m.Retries, m.Refused, m.Connections, m.ConnectionLimit, m.ConnectionsShed} {
+	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.StallsHung, m.SlowClients, m.ResumeSeconds, m.RelistsForced, m.WatchMovesFailed, m.WatchFreshPoints, m.Retries, m.Refused, m.Connections, m.ConnectionLimit, m.ConnectionsShed} {
 		f(c)
 	}
 	m.Upstream.register(reg)

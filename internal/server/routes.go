@@ -67,10 +67,7 @@ func (s *Server) routes() *mux.Router {
 		Name("refused").Handler(route(serveRefusal))
 	t.MatcherFunc(func(r *http.Request, _ *mux.RouteMatch) bool { return classifiedOf(r).info.IsWatch() }).
 		Name("watch").Handler(route(func(w http.ResponseWriter, r *http.Request, c *classified) {
-		// TRANSITIONAL (issue 16 item 1): the watch handler does not take the credentials as a
-		// value yet, so they ride in the request's context to its Plans (upstream.WithCredentials).
-		r = r.WithContext(upstream.WithCredentials(r.Context(), c.cred))
-		s.watch.Serve(w, r, c.info, c.id)
+		s.watch.Serve(w, r, c.info, c.cred, c.id)
 	}))
 	t.MatcherFunc(func(r *http.Request, _ *mux.RouteMatch) bool {
 		return s.cfg.TimeTravelGuard && r.Method == http.MethodGet && classifiedOf(r).info.Verb == "list"

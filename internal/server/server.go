@@ -133,6 +133,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		MaxFrameSize:  cfg.MaxFrameSize,
 		ResumeTimeout: cfg.WatchResumeTimeout,
 		StallTimeout:  cfg.WatchStallTimeout,
+		WriteTimeout:  cfg.WatchWriteTimeout,
 		DisableResume: cfg.DisableResume,
 	}, watch.Deps{Attempts: attempts, Metrics: s.metrics, Memory: memory, Done: s.watchesDone, Logger: log, OnBreak: s.onBreak})
 	if err != nil {
@@ -143,6 +144,9 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	}
 	for _, r := range watch.ResumeReasons() {
 		s.metrics.Resumes.WithLabelValues(r.String())
+	}
+	for _, r := range watch.SlowClientReasons {
+		s.metrics.SlowClients.WithLabelValues(r)
 	}
 	for _, o := range []string{"retried", "recovered", "exhausted"} {
 		s.metrics.Retries.WithLabelValues(o)

@@ -149,19 +149,6 @@ func (plan Plan) servable() func(*Backend) bool {
 	return func(b *Backend) bool { return b.CanServe(plan.Resource, plan.From) }
 }
 
-// credentialsKey carries a watch request's Credentials in its context, for watch.Handler,
-// which does not take them as a value yet.
-//
-// TRANSITIONAL (issue 16 item 1): delete with WithCredentials once watch.Handler.Serve takes
-// the Credentials and puts them in its Plans (feed's rewrite of internal/watch).
-type credentialsKey struct{}
-
-// WithCredentials returns ctx carrying cred for the Plans of Do calls made under it that do
-// not carry Credentials of their own. TRANSITIONAL: see credentialsKey.
-func WithCredentials(ctx context.Context, cred Credentials) context.Context {
-	return context.WithValue(ctx, credentialsKey{}, cred)
-}
-
 // Attempt is a response obtained by Do and what it came from.
 type Attempt struct {
 	Resp    *http.Response
@@ -198,9 +185,6 @@ func Name(err error) string {
 // wrapped, or the context's cause): never neither, never both. The request's body, if any, is
 // read at most by the attempts that reached an upstream.
 func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attempt, error) {
-	if plan.Credentials.how == credUndecided { // TRANSITIONAL: see credentialsKey
-		plan.Credentials, _ = ctx.Value(credentialsKey{}).(Credentials)
-	}
 	now := time.Now()
 	deadline := plan.Deadline
 	if deadline.IsZero() {

@@ -256,6 +256,36 @@ func TestLagDetection(t *testing.T) {
 	}
 }
 
+// Issue 16 item 2: a watch behind its peers while it is busy writing to its client (a client
+// that stopped reading) is behind because of its client: it is not moved, and its backend is
+// not counted lagging, however long it stays so. Once it waits for its upstream again, its lag
+// clock starts from then.
+func TestLagNotCountedWhileBusyOnClient(t *testing.T) {
+	p := newPool(t, PoolOptions{LagTimeout: time.Second}, "http://a", "http://b")
+	a, b := p.Backends()[0], p.Backends()[1]
+	slow, slowCtx := lease(p, a, "/api/v1/namespaces/x/configmaps", 100, true)
+	fast, _ := lease(p, b, "/api/v1/namespaces/x/configmaps", 100, true)
+	t0 := time.Now()
+	slow.Busy()
+	fast.Progress(110, 110)
+	for _, d := range []time.Duration{0, 1500 * time.Millisecond, 5 * time.Second} {
+		p.findLag(p.Backends(), t0.Add(d))
+	}
+	if _, ok := moveReason(slowCtx); ok || a.Lagging() {
+		t.Fatalf("a watch busy on its client for 5s was moved (%v) or its backend counted lagging (%v)", ok, a.Lagging())
+	}
+	slow.Waiting(t0.Add(5 * time.Second).UnixNano())
+	p.findLag(p.Backends(), t0.Add(5*time.Second))
+	p.findLag(p.Backends(), t0.Add(5800*time.Millisecond))
+	if _, ok := moveReason(slowCtx); ok {
+		t.Fatal("a watch waiting for its upstream for 0.8s behind its peer (timeout 1s) was moved")
+	}
+	p.findLag(p.Backends(), t0.Add(6100*time.Millisecond))
+	if r, ok := moveReason(slowCtx); !ok || r != MoveLagging || !a.Lagging() || b.Lagging() {
+		t.Fatalf("a watch waiting 1.1s for its upstream behind its peer: moved %v %v, lagging a %v b %v; want lagging, a only", r, ok, a.Lagging(), b.Lagging())
+	}
+}
+
 // Issue 9 item 4: a live membership change adds backends (tried once probed) and removes
 // others, whose watches move at the drain rate; a drained removed backend is forgotten.
 func TestSetUpstreams(t *testing.T) {

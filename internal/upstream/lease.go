@@ -108,6 +108,10 @@ type Lease struct {
 	moved  atomic.Bool    // the Pool ended it (only once)
 	behind atomic.Uint64  // a scope value it had not reached when the mover last looked (mover)
 	since  atomic.Int64   // when the mover first saw it behind that value (Unix ns)
+	// waiting is when its watch began waiting for the upstream's next bytes (Unix ns); 0 while
+	// the watch is busy with what it read (writing it to its client). Only waiting time can be
+	// the upstream's silence or lag (Waiting, Busy).
+	waiting atomic.Int64
 	// onMove, when set (Plan.OnMove), is asked to move the watch make-before-break instead of
 	// the Pool ending the attempt (docs/design.md section 10.1); hold: a move it could not make
 	// is not asked again before then (Unix ns).
@@ -131,6 +135,26 @@ func (l *Lease) SetMovable(ok bool) {
 // its backend. The watch calls it per read from the upstream, not per event (a clock read and
 // a store to the backend's shared aliveAt per event were 3% of the CPU at saturation).
 func (l *Lease) Alive(now int64) { l.b.aliveAt.Store(now) }
+
+// Waiting tells the lease that its watch waits for its upstream's next bytes from now (Unix
+// ns) on: a read from the upstream is under way.
+func (l *Lease) Waiting(now int64) { l.waiting.Store(now) }
+
+// Busy tells the lease that its watch is not waiting for its upstream: it has bytes to deliver,
+// and delivering them may block on its client for as long as the client's write deadline
+// allows. Until the next Waiting, neither a silence nor a lag of the watch is its upstream's:
+// a client that stops reading must not make a healthy upstream look hung or behind (issue 16).
+func (l *Lease) Busy() { l.waiting.Store(0) }
+
+// WaitingSince returns since when the watch has been waiting for its upstream, or false (and
+// the zero time) while it is busy (Busy). A new lease waits from its creation.
+func (l *Lease) WaitingSince() (time.Time, bool) {
+	at := l.waiting.Load()
+	if at == 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(0, at), true
+}
 
 // Progress tells the lease that its watch has delivered up to resourceVersion pos (events and
 // bookmarks). event > 0 is the RV of an object event of the watch's live phase: every watch of
@@ -321,7 +345,9 @@ func (p *Pool) newLease(b *Backend, plan Plan, cancel context.CancelCauseFunc) *
 		l.high = p.progress.highWater(plan.Resource)
 	}
 	l.pos.Store(plan.From)
-	l.since.Store(time.Now().UnixNano())
+	now := time.Now().UnixNano()
+	l.since.Store(now)
+	l.waiting.Store(now)
 	b.leases.add(l)
 	return l
 }

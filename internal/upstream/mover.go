@@ -14,7 +14,8 @@ import (
 //     drain rate, while a healthy backend takes them; a removed backend's other watches end
 //     after RemoveGrace, and a drained removed backend is forgotten;
 //   - finds lag: a movable watch that has not reached an event another watch of its scope
-//     delivered more than LagTimeout ago is moved, and its backend marked lagging;
+//     delivered more than LagTimeout ago, while waiting for its upstream (not while busy on
+//     its client: Lease.Busy), is moved, and its backend marked lagging;
 //   - rebalances: while the healthy backends' watch counts differ by two or more, movable
 //     watches move off the fullest one at the rebalance rate.
 
@@ -162,6 +163,13 @@ func (p *Pool) findLag(bs []*Backend, now time.Time) {
 		}
 		for _, l := range b.leases.snapshot() {
 			if l.scope == nil || !l.ok.Load() || l.moved.Load() {
+				continue
+			}
+			if _, waiting := l.WaitingSince(); !waiting {
+				// Busy writing to its client: behind because of the client, not the backend. The
+				// clock starts again when it waits for its upstream (issue 16: 100 watches that
+				// did not read made a backend streaming at full speed look lagging).
+				l.behind.Store(0)
 				continue
 			}
 			top, pos := l.scope.max.Load(), l.pos.Load()

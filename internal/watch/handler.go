@@ -6,14 +6,15 @@
 // end (docs/design.md section 5):
 //   - cleanly (the client re-watches from its last RV): shutdown, the client's timeoutSeconds,
 //     resume given up, garbage from upstream;
+//   - cut where it is: a write to the client did not complete within the write timeout (a
+//     client that stopped reading; its upstream watch is closed, and counted as a slow client,
+//     not as the upstream's silence or lag);
 //   - with a well-formed ERROR 410 event (the client relists): the resume point is gone;
 //   - never with a second status line, and never with a partial event.
 package watch
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"net/http"
 	"strconv"
@@ -36,8 +37,14 @@ import (
 const (
 	DefaultResumeTimeout = 60 * time.Second
 	// DefaultStallTimeout is longer than the apiserver's bookmark period (a minute,
-	// docs/design.md section 2): a healthy quiet watch always hears something within it.
+	// docs/design.md section 2), so a watch whose resource changes hears a bookmark within it;
+	// a caught-up watch of a resource nothing changes hears nothing at all, and is resumed once
+	// per stall timeout.
 	DefaultStallTimeout = 90 * time.Second
+	// DefaultWriteTimeout bounds each write to a watch's client: ample for a client that reads
+	// (an event is at most a few MiB), and what a client that stopped reading costs watchsan
+	// (its upstream stream window) is held no longer.
+	DefaultWriteTimeout = 30 * time.Second
 )
 
 // Config tunes every watch. Every field's zero value is usable.
@@ -57,6 +64,10 @@ type Config struct {
 	StallTimeout time.Duration
 	// DisableResume ends the client's watch when the upstream's breaks.
 	DisableResume bool
+	// WriteTimeout bounds each write (and flush) to the client: a watch whose client takes
+	// nothing for this long ends, counted as a slow client (EndSlowClient). Time spent writing
+	// to the client is never the upstream's silence or lag. 0: DefaultWriteTimeout.
+	WriteTimeout time.Duration
 }
 
 // Deps are what a Handler works with, given at construction.
@@ -107,6 +118,7 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	}
 	def(&cfg.ResumeTimeout, DefaultResumeTimeout)
 	def(&cfg.StallTimeout, DefaultStallTimeout)
+	def(&cfg.WriteTimeout, DefaultWriteTimeout)
 	if cfg.MaxFrameSize <= 0 {
 		cfg.MaxFrameSize = stream.DefaultMaxFrameSize
 	}
@@ -162,14 +174,17 @@ func parseParams(r *http.Request) params {
 	return p
 }
 
-// scopeOf identifies a watch for the rewritten-delete memory: what it selects, and who asks (a
-// digest of the credentials, never the credentials), so one client's remembered deletes never
-// suppress a delete another client has not seen.
-func scopeOf(r *http.Request) string {
+// scopeOf identifies a watch for the rewritten-delete memory: what it selects, and who the
+// upstream takes it for (cred's Principal: the lent identity, a verified certificate's identity
+// or a token, as digests, never the credentials), so one client's remembered deletes never
+// suppress a delete another client has not seen. Issue 16: a digest of the Authorization header
+// alone put every certificate client, and every lent or anonymous one, in one scope, and after
+// alice's watch had a regressed delete rewritten, bob, watching from that resourceVersion,
+// never saw the delete.
+func scopeOf(r *http.Request, cred upstream.Credentials) string {
 	q := r.URL.Query()
 	path := strings.Replace(r.URL.Path, "/watch/", "/", 1)
-	who := sha256.Sum256([]byte(r.Header.Get("Authorization")))
-	return path + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector") + "&a=" + hex.EncodeToString(who[:8])
+	return path + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector") + "&u=" + cred.Principal()
 }
 
 // progressScope names what a watch selects, whoever asks: every watch of one scope gets the
@@ -180,14 +195,20 @@ func progressScope(r *http.Request) string {
 	return path + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector")
 }
 
-// ServeHTTP serves one watch request, classifying it first; its log lines carry no request id.
+// ServeHTTP serves one watch request, classifying it first and sending it with what it
+// carries, never lent (as a request no guard decided on); its log lines carry no request id.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	h.Serve(w, r, reqinfo.Parse(r), "")
+	h.Serve(w, r, reqinfo.Parse(r), upstream.Decide(r.Header, r.TLS, false, upstream.IdentityOff), "")
 }
 
-// Serve serves one watch request that info (reqinfo.Parse(r)) classifies. Every line logged
-// about it carries the client's address and requestID, the id of its access log line.
-func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Info, requestID string) {
+// Serve serves one watch request that info (reqinfo.Parse(r)) classifies, every attempt of it
+// with cred, whose credentials the server decided on the request as the client sent it
+// (upstream.Decide; the zero value: as ServeHTTP). Every line logged about it carries the
+// client's address and requestID, the id of its access log line.
+func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Info, cred upstream.Credentials, requestID string) {
+	if cred.Principal() == "" {
+		cred = upstream.Decide(r.Header, r.TLS, false, upstream.IdentityOff)
+	}
 	p := parseParams(r)
 	m := h.deps.Metrics
 	resource := m.Resource(info.FullResource())
@@ -210,12 +231,13 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 	}
 
 	s := &session{
-		h: h, client: r, ctx: ctx, params: p, resource: resource, deadline: deadline,
+		h: h, client: r, ctx: ctx, params: p, resource: resource, deadline: deadline, cred: cred,
 		// Lazy: the fields are encoded only if a line is written, which most watches never do.
 		log:          h.log.WithLazy(zap.String("remote", r.RemoteAddr), zap.String("requestID", requestID)),
 		upstreamSide: upstreamSide{backoff: upstream.ResumeBackoff, scope: progressScope(r), groupResource: info.GroupResource()},
 		clientSide:   clientSide{w: w, rc: http.NewResponseController(w)},
 	}
+	s.out = newBatchWriter(w, s.rc, h.cfg.WriteTimeout)
 	from, _ := stream.ParseRV(p.rv)
 	slot := &moveSlot{}
 	first, err := h.deps.Attempts.Do(ctx, s.upstreamRequest(true), s.plan(from, slot))
@@ -241,7 +263,9 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 	format, ok := stream.FormatOf(first.Resp.Header.Get("Content-Type"))
 	if first.Resp.StatusCode != http.StatusOK || !ok || !identity(first.Resp.Header) {
 		// Not a stream we can read (an error status, a content type we do not parse): relay.
-		relay(w, s.rc, first)
+		if relay(&s.out, first) {
+			s.slowClient(slowRelayed)
+		}
 		return
 	}
 	mode := h.cfg.Mode
@@ -249,21 +273,23 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 		mode = fix.PassAll
 	}
 	s.fix = fix.NewStream(fix.Options{
-		Scope: scopeOf(r), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
+		Scope: scopeOf(r, cred), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
 		Mode: mode, Memory: h.deps.Memory,
 	})
 	s.format = format
 	copyHeader(w.Header(), first.Resp.Header)
 	w.Header().Del("Content-Length")
 	w.WriteHeader(http.StatusOK)
-	_ = s.rc.Flush()
-	s.out = batchWriter{w: w, rc: s.rc}
+	_ = s.out.flushClient() // an error is sticky: the pump's first read ends the watch with it
 	s.writer = stream.NewWriter(format, &s.out)
 
 	m.OpenWatches.WithLabelValues(resource).Inc()
 	defer m.OpenWatches.WithLabelValues(resource).Dec()
 	reason := s.run(s.source(first, slot))
 	m.StreamEnds.WithLabelValues(reason.String()).Inc()
+	if reason == EndSlowClient {
+		s.slowClient(slowEvents)
+	}
 	if ce := s.log.Check(zapcore.DebugLevel, "watch ended"); ce != nil {
 		ce.Write(zap.String("path", r.URL.Path), zap.Stringer("reason", reason), zap.Uint64("events", s.events),
 			zap.Int("resumes", s.resumes), zap.String("lastRV", s.fix.LastDelivered()))
@@ -294,24 +320,33 @@ func copyHeader(dst, src http.Header) {
 	}
 }
 
-// relay copies a response as it is, flushing each read, and ends the attempt.
-func relay(w http.ResponseWriter, rc *http.ResponseController, at upstream.Attempt) {
+// slowClient counts and logs a watch cut because its client did not take a write within the
+// write timeout; what (SlowClientReasons) says what it was sent.
+func (s *session) slowClient(what string) {
+	s.h.deps.Metrics.SlowClients.WithLabelValues(what).Inc()
+	s.log.Info("a write to the client did not complete within the write timeout; its watch is cut and its upstream watch closed",
+		zap.String("path", s.client.URL.Path), zap.String("what", what), zap.Duration("writeTimeout", s.h.cfg.WriteTimeout))
+}
+
+// relay copies a response as it is, flushing each read, and ends the attempt. Each write has
+// out's timeout; it reports whether the client did not take one within it.
+func relay(out *batchWriter, at upstream.Attempt) (slow bool) {
 	resp := at.Resp
 	defer at.Cancel(nil)
 	defer resp.Body.Close()
-	copyHeader(w.Header(), resp.Header)
-	w.WriteHeader(resp.StatusCode)
+	copyHeader(out.w.Header(), resp.Header)
+	out.w.WriteHeader(resp.StatusCode)
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return
+			_, _ = out.Write(buf[:n])
+			if out.flush() != nil {
+				return out.slow
 			}
-			_ = rc.Flush()
 		}
 		if err != nil {
-			return
+			return false
 		}
 	}
 }

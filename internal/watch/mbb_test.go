@@ -13,10 +13,12 @@ import (
 
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
+	"k8s.io/client-go/rest"
 	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/metrics"
+	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/testutil"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -45,7 +47,10 @@ func newMBB(t *testing.T, cfg Config, a, b *upstreamScript) *mbb {
 	log := zaptest.NewLogger(t)
 	b.frozen.Store(true)
 	var err error
-	x.pool, err = upstream.NewPool([]*url.URL{x.ua, x.ub}, upstream.PoolOptions{Logger: log, HealthInterval: 20 * time.Millisecond, ProbeInterval: 20 * time.Millisecond, RebalanceRate: -1})
+	// Its clients are lent watchsan's identity (the sidecar's default), so every request a
+	// watch makes, its moves' and fresh points' too, must carry it (Plan.Credentials).
+	x.pool, err = upstream.NewPool([]*url.URL{x.ua, x.ub}, upstream.PoolOptions{Logger: log, HealthInterval: 20 * time.Millisecond, ProbeInterval: 20 * time.Millisecond, RebalanceRate: -1,
+		Transport: upstream.TransportOptions{Credentials: &rest.Config{BearerToken: "lent"}, Lend: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,9 +69,23 @@ func newMBB(t *testing.T, cfg Config, a, b *upstreamScript) *mbb {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x.srv = httptest.NewServer(h)
+	x.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.Serve(w, r, reqinfo.Parse(r), upstream.Decide(r.Header, r.TLS, true, upstream.IdentityOff), "")
+	}))
 	t.Cleanup(x.srv.Close)
 	return x
+}
+
+// lentEverywhere fails the test unless every request u got carried the lent identity.
+func (u *upstreamScript) lentEverywhere(t *testing.T, name string) {
+	t.Helper()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for i, a := range u.auth {
+		if a != "Bearer lent" {
+			t.Errorf("%s's request %d (%v) went with Authorization %q, want the lent identity", name, i, u.queries[i], a)
+		}
+	}
 }
 
 // removeA takes a out of the pool: its watch is asked to move (reason removed).
@@ -330,6 +349,8 @@ func TestQuietWatchMovesFromAFreshResumePoint(t *testing.T) {
 	if v := promtest.ToFloat64(x.m.WatchFreshPoints); v != 1 {
 		t.Fatalf("fresh resume points = %v, want 1", v)
 	}
+	a.lentEverywhere(t, "a") // the fresh point's list and watch included
+	b.lentEverywhere(t, "b")
 	if v := promtest.ToFloat64(x.m.RelistsForced); v != 0 {
 		t.Fatalf("relists forced = %v, want 0", v)
 	}

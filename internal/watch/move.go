@@ -211,7 +211,6 @@ func (s *session) openOn(t *upstream.Backend, from uint64) (*source, error) {
 	if !headers.Stop() {
 		return fail(context.Cause(ctx))
 	}
-	src.body.activity.Store(time.Now().UnixNano())
 	src.peek = make(chan peeked, 1)
 	go func() {
 		ev, err := src.rd.Next()
@@ -311,7 +310,7 @@ func (s *session) freshPoint(l *upstream.Lease, from uint64) (*stream.Event, uin
 	}
 	lr := s.requestFrom(true, "")
 	lr.URL = &url.URL{Path: strings.Replace(s.client.URL.Path, "/watch/", "/", 1), RawQuery: list.Encode()}
-	if at, err := s.h.deps.Attempts.Do(ctx, lr, upstream.Plan{Target: b}); err == nil {
+	if at, err := s.h.deps.Attempts.Do(ctx, lr, upstream.Plan{Target: b, Credentials: s.cred}); err == nil {
 		drain(at.Resp)
 		at.Cancel(nil)
 	}
@@ -320,7 +319,7 @@ func (s *session) freshPoint(l *upstream.Lease, from uint64) (*stream.Event, uin
 	wq := wr.URL.Query()
 	wq.Set("timeoutSeconds", freshWatchSeconds)
 	wr.URL.RawQuery = wq.Encode()
-	at, err := s.h.deps.Attempts.Do(ctx, wr, upstream.Plan{Target: b})
+	at, err := s.h.deps.Attempts.Do(ctx, wr, upstream.Plan{Target: b, Credentials: s.cred})
 	if err != nil {
 		return nil, 0
 	}

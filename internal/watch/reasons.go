@@ -27,6 +27,10 @@ const (
 	EndNoResume
 	// EndUpstreamError: the upstream sent an ERROR event, passed on; the stream ends with it.
 	EndUpstreamError
+	// EndSlowClient: a write to the client did not complete within the write timeout (it
+	// stopped reading, or reads slower than its watch delivers); the stream is cut there, and
+	// its upstream watch closed.
+	EndSlowClient
 
 	numEndReasons
 )
@@ -42,6 +46,7 @@ var endNames = [numEndReasons]string{
 	EndRelist:        "relist-forced",
 	EndNoResume:      "upstream-broke",
 	EndUpstreamError: "upstream-error-event",
+	EndSlowClient:    "slow-client",
 }
 
 func (r EndReason) String() string {
@@ -59,6 +64,21 @@ func EndReasons() []EndReason {
 	}
 	return out
 }
+
+// SlowClientReasons are the values of watchsan_watch_slow_clients_total's reason label: what
+// the client did not take within the write timeout.
+var SlowClientReasons = []string{
+	// slowEvents: the events of a watch stream watchsan parses.
+	slowEvents,
+	// slowRelayed: a watch response relayed unparsed (an error status, a format or encoding
+	// watchsan does not read).
+	slowRelayed,
+}
+
+const (
+	slowEvents  = "events"
+	slowRelayed = "relayed"
+)
 
 // ResumeReason is why an upstream watch broke and was resumed; its String is the stable value
 // of watchsan_watch_resumes_total's reason label.

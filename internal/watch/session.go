@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,6 +34,7 @@ type session struct {
 	params   params
 	resource string
 	deadline time.Time // the client's timeoutSeconds; zero: none
+	cred     upstream.Credentials
 	log      *zap.Logger
 
 	upstreamSide
@@ -97,7 +99,7 @@ type attemptEnd struct {
 // Its moves are make-before-break (tryMove, docs/design.md section 10.1): an accepted target
 // is left in slot.
 func (s *session) plan(from uint64, slot *moveSlot) upstream.Plan {
-	return upstream.Plan{Watch: true, Scope: s.scope, Resource: s.groupResource, From: from,
+	return upstream.Plan{Watch: true, Scope: s.scope, Resource: s.groupResource, From: from, Credentials: s.cred,
 		OnMove: func(l *upstream.Lease, r upstream.MoveReason) { s.tryMove(slot, l, r) }}
 }
 
@@ -192,11 +194,13 @@ func (s *session) pump(src *source) attemptEnd {
 	defer resp.Body.Close()
 	s.lease = at.Lease
 	s.lease.SetMovable(s.movable())
+	// Busy until a read from the upstream waits (attemptBody.Read): a move's target may first
+	// deliver what it read ahead, and the prefix.
+	s.lease.Busy()
 
-	activity := &src.body.activity
-	activity.Store(time.Now().UnixNano())
 	src.body.out.Store(&s.out)
-	stopWatchdog := s.watchdog(attemptCtx, activity, at)
+	var silentSince atomic.Int64 // when the upstream went silent, once the watchdog found it stalled
+	stopWatchdog := s.watchdog(attemptCtx, at, &silentSince)
 	defer stopWatchdog()
 
 	start := s.progress
@@ -216,7 +220,7 @@ func (s *session) pump(src *source) attemptEnd {
 			if n, _ := stream.ParseRV(p.RV); n > skip {
 				s.events++
 				if werr := s.deliver(p); werr != nil {
-					return attemptEnd{end: EndClientGone, err: werr}
+					return s.out.clientEnd()
 				}
 				skip = n
 			}
@@ -227,12 +231,12 @@ func (s *session) pump(src *source) attemptEnd {
 		ev, err := src.next()
 		if err != nil {
 			if s.out.err != nil {
-				return attemptEnd{end: EndClientGone, err: s.out.err}
+				return s.out.clientEnd()
 			}
 			end := s.classify(attemptCtx, err)
 			end.progress = s.progress > start
 			if end.resume == ResumeStall {
-				end.silentSince = time.Unix(0, activity.Load())
+				end.silentSince = time.Unix(0, silentSince.Load())
 			}
 			return end
 		}
@@ -250,7 +254,7 @@ func (s *session) pump(src *source) attemptEnd {
 		first = false
 		s.events++
 		if werr := s.deliver(ev); werr != nil {
-			return attemptEnd{end: EndClientGone, err: werr}
+			return s.out.clientEnd()
 		}
 		s.lease.SetMovable(s.movable())
 		if ev.Type == stream.Error {
@@ -370,6 +374,16 @@ var batchPool = sync.Pool{New: func() any { b := make([]byte, 0, batchSize); ret
 // batchWriter collects whole events for the client's response and writes them in one go when
 // flushed (or when the next event would not fit). The first error is sticky: the client's
 // connection is broken then, and nothing more is written to it.
+//
+// What one flush sends the client (the events of one upstream read, at most a batch and any
+// frames too big for one) gets timeout (Config.WriteTimeout) to get through: a client that
+// stops reading fills its connection's buffers, and then the write blocks. Without a deadline
+// it would block for good, the watch holding its upstream stream open (issue 16: 100 watches
+// that never read held 431 MiB, and passed for stalled upstreams). With one, the write fails,
+// the watch ends (EndSlowClient) and its upstream watch is closed. The deadline is set at the
+// first write after a flush and cleared when the flush is done: it bounds writing, never the
+// time between writes (a quiet watch writes nothing for minutes), and over HTTP/2 a deadline
+// is the stream's, which resets the stream when it passes whether or not a write is pending.
 type batchWriter struct {
 	w   http.ResponseWriter
 	rc  *http.ResponseController
@@ -377,6 +391,61 @@ type batchWriter struct {
 	// unflushed: bytes were handed to w since its last flush.
 	unflushed bool
 	err       error
+
+	// timeout bounds writing out what one flush sends; 0: none (the writer cannot set deadlines).
+	timeout time.Duration
+	// deadline is the current flush's, zero between flushes; slow: a write failed at it (the
+	// client did not read).
+	deadline time.Time
+	slow     bool
+}
+
+// newBatchWriter writes to w, what each flush sends bounded by timeout.
+func newBatchWriter(w http.ResponseWriter, rc *http.ResponseController, timeout time.Duration) batchWriter {
+	return batchWriter{w: w, rc: rc, timeout: timeout}
+}
+
+// arm starts the deadline of the flush that the write about to start is part of, unless it
+// runs already. Per flush, not per watch: a client that reads, however slowly, only has to
+// take each flush's worth within the timeout.
+func (b *batchWriter) arm() {
+	if b.timeout <= 0 || !b.deadline.IsZero() {
+		return
+	}
+	b.deadline = time.Now().Add(b.timeout)
+	if err := b.rc.SetWriteDeadline(b.deadline); err != nil {
+		b.timeout = 0 // a ResponseWriter that cannot (a test's recorder): no deadline, as before
+		b.deadline = time.Time{}
+	}
+}
+
+// disarm clears the deadline once a flush is through (see batchWriter).
+func (b *batchWriter) disarm() {
+	if b.deadline.IsZero() {
+		return
+	}
+	b.deadline = time.Time{}
+	if b.err == nil {
+		_ = b.rc.SetWriteDeadline(time.Time{})
+	}
+}
+
+// fail records the first error of a write to the client and whether it was the deadline's:
+// an HTTP/1 connection says so (os.ErrDeadlineExceeded), an HTTP/2 stream is reset when its
+// deadline passes and only says it is closed, hence the clock.
+func (b *batchWriter) fail(err error) {
+	b.err = err
+	if !b.deadline.IsZero() && (errors.Is(err, os.ErrDeadlineExceeded) || !time.Now().Before(b.deadline)) {
+		b.slow = true
+	}
+}
+
+// clientEnd is how the stream ends after a write to the client failed.
+func (b *batchWriter) clientEnd() attemptEnd {
+	if b.slow {
+		return attemptEnd{end: EndSlowClient, err: b.err}
+	}
+	return attemptEnd{end: EndClientGone, err: b.err}
 }
 
 func (b *batchWriter) Write(p []byte) (int, error) {
@@ -392,8 +461,9 @@ func (b *batchWriter) Write(p []byte) (int, error) {
 	if len(p) >= batchSize {
 		// Nothing to gain from copying a frame this big; it goes out as it is.
 		b.unflushed = true
+		b.arm()
 		if _, err := b.w.Write(p); err != nil {
-			b.err = err
+			b.fail(err)
 			return 0, err
 		}
 		return len(p), nil
@@ -413,8 +483,9 @@ func (b *batchWriter) writeOut() {
 	}
 	if len(*b.buf) > 0 && b.err == nil {
 		b.unflushed = true
+		b.arm()
 		if _, err := b.w.Write(*b.buf); err != nil {
-			b.err = err
+			b.fail(err)
 		}
 	}
 	*b.buf = (*b.buf)[:0]
@@ -428,12 +499,20 @@ func (b *batchWriter) flush() error {
 		return b.err
 	}
 	b.writeOut()
+	return b.flushClient()
+}
+
+// flushClient flushes what the response writer holds to the client (the status line and
+// headers too, before the first event).
+func (b *batchWriter) flushClient() error {
 	b.unflushed = false
 	if b.err == nil {
+		b.arm()
 		if err := b.rc.Flush(); err != nil {
-			b.err = err
+			b.fail(err)
 		}
 	}
+	b.disarm()
 	return b.err
 }
 
@@ -441,14 +520,15 @@ func (b *batchWriter) flush() error {
 // session's (pump), it flushes the client's pending events before every read from the
 // upstream: a read is where the pump may wait for the network, and an event must not wait
 // with it. Before that (a move's target, read ahead while the old attempt still feeds the
-// client) it flushes nothing. It also notes when the upstream last sent anything, for the
-// watchdog and as a sign of life of the backend (lease): per read, not per event (a clock
-// read per event was 3% of the CPU at saturation).
+// client) it flushes nothing. It tells the lease when the watch waits for its upstream (from
+// after the flush: the time a write to the client takes is no silence of the upstream's, for
+// the watchdog and the mover) and when it is busy with what it read, and gives the backend a
+// sign of life: per read, not per event (a clock read per event was 3% of the CPU at
+// saturation).
 type attemptBody struct {
-	r        io.Reader
-	out      atomic.Pointer[batchWriter]
-	activity atomic.Int64
-	lease    *upstream.Lease
+	r     io.Reader
+	out   atomic.Pointer[batchWriter]
+	lease *upstream.Lease
 }
 
 func (f *attemptBody) Read(p []byte) (int, error) {
@@ -457,11 +537,11 @@ func (f *attemptBody) Read(p []byte) (int, error) {
 			return 0, err
 		}
 	}
+	f.lease.Waiting(time.Now().UnixNano())
 	n, err := f.r.Read(p)
 	if n > 0 {
-		now := time.Now().UnixNano()
-		f.activity.Store(now)
-		f.lease.Alive(now)
+		f.lease.Busy()
+		f.lease.Alive(time.Now().UnixNano())
 	}
 	return n, err
 }
@@ -524,14 +604,20 @@ func (s *session) classify(attemptCtx context.Context, err error) attemptEnd {
 	}
 }
 
-// watchdog ends the attempt (cause errStalled) when the upstream has sent nothing, not even a
-// bookmark, for the stall timeout. watchsan always asks for bookmarks, and an apiserver sends
-// one about every minute (docs/design.md section 2), so a longer silence means a hung stream,
+// watchdog ends the attempt (cause errStalled) when the watch has waited for its upstream for
+// the stall timeout and the upstream sent nothing, not even a bookmark. watchsan always asks
+// for bookmarks, but an apiserver sends them only while the watch's resource changes
+// (docs/design.md section 2): a silence is a hung stream, or a watch of a resource nothing
+// changes, and it cannot tell which; the resume that follows does (judgeStall). It resumes
 // even if the upstream answers probes: the hop between may be what hangs. Resuming is
-// lossless, so a false alarm costs one request. It is a timer, not a goroutine: activity is
-// checked lazily when it fires (a busy watch never touches the timer), and it runs only until
-// stop is called or the attempt ends.
-func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, at upstream.Attempt) (stop func()) {
+// lossless, so a false alarm costs one request. Time the watch spends busy on its client
+// (the lease is not waiting) is nobody's silence: the client's write deadline bounds it
+// (issue 16: a client that stopped reading got a healthy upstream counted as stalled and
+// reported as failing). It is a timer, not a goroutine: the lease is checked lazily when it
+// fires (a busy watch never touches the timer), and it runs only until stop is called or the
+// attempt ends.
+// It stores when the silence began in silentSince before it ends the attempt.
+func (s *session) watchdog(ctx context.Context, at upstream.Attempt, silentSince *atomic.Int64) (stop func()) {
 	stall := s.h.cfg.StallTimeout
 	var (
 		mu      sync.Mutex
@@ -542,7 +628,11 @@ func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, at upstr
 		if ctx.Err() != nil {
 			return
 		}
-		idle := time.Since(time.Unix(0, activity.Load()))
+		var idle time.Duration // busy on the client: not waiting at all
+		since, waiting := at.Lease.WaitingSince()
+		if waiting {
+			idle = time.Since(since)
+		}
 		if idle < stall {
 			mu.Lock()
 			if !stopped {
@@ -556,6 +646,7 @@ func (s *session) watchdog(ctx context.Context, activity *atomic.Int64, at upstr
 		// (docs/design.md section 2), and this cannot tell the two apart.
 		s.log.Info("upstream watch silent: nothing, not even a bookmark, for the stall timeout (a hung path, or a resource nothing changes); resuming it",
 			zap.String("path", s.client.URL.Path), zap.Stringer("upstream", at.Backend), zap.Duration("silent", idle))
+		silentSince.Store(since.UnixNano())
 		at.Cancel(errStalled)
 	}
 	mu.Lock()

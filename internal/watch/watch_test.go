@@ -28,6 +28,7 @@ import (
 type upstreamScript struct {
 	mu       sync.Mutex
 	queries  []url.Values
+	auth     []string // each request's Authorization, as queries
 	steps    []func(w http.ResponseWriter, r *http.Request)
 	frozen   atomic.Bool
 	canceled chan struct{}
@@ -45,6 +46,7 @@ func (u *upstreamScript) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	i := len(u.queries)
 	u.queries = append(u.queries, r.URL.Query())
+	u.auth = append(u.auth, r.Header.Get("Authorization"))
 	step := u.steps[min(i, len(u.steps)-1)]
 	u.mu.Unlock()
 	step(w, r)
@@ -136,9 +138,18 @@ type got struct {
 // watch runs a client watch to its end and returns what it saw and how it ended.
 func (f *fixture) watch(t *testing.T, query string) ([]got, error) {
 	t.Helper()
+	return f.watchWith(t, query, nil)
+}
+
+// watchWith is watch with the request headers h.
+func (f *fixture) watchWith(t *testing.T, query string, h http.Header) ([]got, error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", f.srv.URL+"/api/v1/namespaces/d/configmaps?watch=true&"+query, nil)
+	for k, v := range h {
+		req.Header[k] = v
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

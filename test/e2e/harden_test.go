@@ -5,7 +5,9 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -24,6 +26,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/watchsan/watchsan/internal/testutil"
+	"github.com/watchsan/watchsan/test/cluster"
 )
 
 // TestAttackConnectionHeaderLendsToken: a request with `Authorization: Bearer junk` and
@@ -128,6 +133,13 @@ func newStreamingUpstream(t *testing.T) *streamingUpstream {
 // transport kept Go's default HTTP/2 receive windows, 4 MiB per stream and 1 GiB per
 // connection, and each stalled watch's window filled. With --upstream-http2-stream-window
 // (256 KiB, kube-apiserver's own) what a stalled watch holds from its upstream is bounded.
+// Worse, the watchdog, which counted only upstream reads, took the time a watch spent blocked
+// on its client for upstream silence: after --watch-stall-timeout it logged "upstream watch
+// silent", counted a stall, reported a failure against an upstream streaming at full speed and
+// resumed the watch, for a client that still did not read. Now a client write that blocks for
+// --watch-write-timeout ends the watch (its upstream watch closed), counted as a slow client,
+// and the time spent writing to a client is nobody's silence: the stall timeout here is
+// shorter than the write timeout, and no stall may be counted.
 func TestAttackNonReadingWatches(t *testing.T) {
 	const watches = 100
 	window := 25 * time.Second
@@ -135,7 +147,8 @@ func TestAttackNonReadingWatches(t *testing.T) {
 		t.Skip("25 s of streaming")
 	}
 	up := newStreamingUpstream(t)
-	p := startProxy(t, "--upstream="+up.URL, "--upstream-ca-file="+writeCA(t, up.Certificate().Raw), "--no-credentials", "--log-level=info")
+	p := startProxy(t, "--upstream="+up.URL, "--upstream-ca-file="+writeCA(t, up.Certificate().Raw), "--no-credentials", "--log-level=info",
+		"--watch-stall-timeout=2s", "--watch-write-timeout=5s")
 	addr := strings.TrimPrefix(p.URL, "http://")
 	pid := p.cmd.Process.Pid
 	rss0, err := procRSSMB(pid)
@@ -168,10 +181,37 @@ func TestAttackNonReadingWatches(t *testing.T) {
 	// watchsan passed on to its clients (their connections' kernel buffers hold that).
 	delivered := p.Metric("watchsan_watch_events_total", map[string]string{"action": "passed"}) * float64(up.eventSize)
 	held := (float64(up.written.Load()) - delivered) / (1 << 20)
-	t.Logf("harden: %d non-reading watches over %v: watchsan holds %.0f MiB of the upstream's data; RSS grew %.0f MiB (%.0f -> %.0f MiB)", watches, window, held, rss1-rss0, rss0, rss1)
+	t.Logf("harden: %d non-reading watches over %v: watchsan holds %.0f MiB of the upstream's data; RSS grew %.0f MiB (%.0f -> %.0f MiB)",
+		watches, window, held, rss1-rss0, rss0, rss1)
 	// 100 stream windows of 256 KiB are 25 MiB; Go's default windows of 4 MiB held 400 MiB.
 	if held > 60 {
-		t.Fatalf("watchsan holds %.0f MiB of upstream data for %d watches that do not read: it is buffered without bound", held, watches)
+		t.Errorf("watchsan holds %.0f MiB of upstream data for %d watches that do not read: it is buffered without bound", held, watches)
+	}
+	// Each watch ends once its client's connection is full (up to 4 MiB of watchsan's socket
+	// buffer, at the pace watchsan streams: slower under -race on a busy machine) and then
+	// --watch-write-timeout has passed: its upstream watch closed, its client's connection
+	// closed by watchsan (the client still holds it; what it got is a cut chunked stream).
+	slow := func() float64 { return p.Metric("watchsan_watch_slow_clients_total", nil) }
+	conns := func() float64 { return p.Metric("watchsan_connections", map[string]string{"listener": "main"}) }
+	if !testutil.UntilEvery(2*time.Minute, 500*time.Millisecond, func() bool { return slow() == watches && up.open.Load() == 0 && conns() == 0 }) {
+		t.Errorf("%v after their clients stopped reading, with --watch-write-timeout=5s: %v slow clients counted (want %d), %d upstream watches and %v client connections still open (want none)",
+			time.Since(start), slow(), watches, up.open.Load(), conns())
+	}
+	ended := time.Since(start)
+	stalls := p.Metric("watchsan_watch_stalls_total", nil)
+	blamed := p.Metric("watchsan_upstream_watch_resumes_total", map[string]string{"reason": "stall"}) +
+		p.Metric("watchsan_upstream_watch_moves_total", map[string]string{"reason": "lagging"})
+	silentLogs := strings.Count(p.Log(), "upstream watch silent")
+	t.Logf("harden: after %v: %v slow clients counted; %d upstream watches and %v client connections open; stalls counted %v, stall resumes and lag moves against the upstream %v, \"upstream watch silent\" logged %d times",
+		ended.Round(time.Second), slow(), up.open.Load(), conns(), stalls, blamed, silentLogs)
+	if stalls != 0 || blamed != 0 || silentLogs != 0 {
+		t.Errorf("watches blocked on their clients blamed the upstream: %v stalls counted, %v stall resumes and lag moves, %d \"upstream watch silent\" lines", stalls, blamed, silentLogs)
+	}
+	if n := p.Metric("watchsan_watch_stream_ends_total", map[string]string{"reason": "slow-client"}); n != watches {
+		t.Errorf("watchsan_watch_stream_ends_total{reason=slow-client} = %v, want %d", n, watches)
+	}
+	if up := p.Metric("watchsan_upstream_up", nil); up != 1 {
+		t.Errorf("watchsan_upstream_up = %v: the upstream was judged for its clients' slowness", up)
 	}
 }
 
@@ -554,5 +594,119 @@ func TestAttackOtherOriginOnLoopback(t *testing.T) {
 	}
 	if code, _ := rawHTTP(t, adminAddr, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); code != 200 {
 		t.Errorf("admin /metrics for 127.0.0.1: %d", code)
+	}
+}
+
+// TestAttackDeleteMemoryAcrossIdentities: the delete memory's scope hashed only the
+// Authorization header, so every client with a certificate (and every lent or anonymous one)
+// shared one. alice's watch had a regressed DELETED rewritten, which was remembered; bob,
+// watching from the resourceVersion she got, never saw the DELETED: the memory dropped it as
+// one he already had. The scope is now who the upstream takes a watch for (the asserted
+// certificate identity here, else the lent identity or the token): bob gets the delete, and
+// alice's own re-watch still has it dropped (the memory works).
+func TestAttackDeleteMemoryAcrossIdentities(t *testing.T) {
+	dir := t.TempDir()
+	servingCA, err := cluster.NewCA(dir, "serving-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientCA, err := cluster.NewCA(dir, "client-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	servingCrt, servingKey, err := servingCA.IssueServing("watchsan")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// An apiserver with the 1.7 bug: a delete carries the object's previous resourceVersion.
+	var mu sync.Mutex
+	var asked []string // who asked for a watch from where, as the upstream saw it
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Query().Get("watch") == "" {
+			_, _ = io.WriteString(w, "{}")
+			return
+		}
+		rv := r.URL.Query().Get("resourceVersion")
+		mu.Lock()
+		asked = append(asked, r.Header.Get("Impersonate-User")+"@"+rv)
+		mu.Unlock()
+		ev := func(typ, name, rv string) string {
+			return fmt.Sprintf(`{"type":%q,"object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":%q,"namespace":"d","uid":"u-%s","resourceVersion":%q}}}`+"\n", typ, name, name, rv)
+		}
+		switch rv {
+		case "5":
+			_, _ = io.WriteString(w, ev("ADDED", "a", "10")+ev("ADDED", "b", "11")+ev("DELETED", "a", "10")) // really at 12
+		case "12":
+			_, _ = io.WriteString(w, ev("DELETED", "a", "10")+ev("ADDED", "c", "14")) // the delete again, after 12
+		}
+		_ = http.NewResponseController(w).Flush()
+		<-r.Context().Done()
+	}))
+	up.EnableHTTP2 = true
+	up.StartTLS()
+	t.Cleanup(up.Close)
+	kc := (&tlsUpstream{Server: up}).kubeconfig(t, "", "watchsan-token", "", "")
+	p := startProxy(t, "--kubeconfig="+kc, "--tls-cert-file="+servingCrt, "--tls-private-key-file="+servingKey,
+		"--client-ca-file="+clientCA.File, "--identity-forwarding=impersonate", "--log-level=info")
+	url := "https://" + strings.TrimPrefix(p.URL, "http://")
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(servingCA.PEM)
+	watch := func(user, rv string, n int) string {
+		t.Helper()
+		crt, key, err := clientCA.IssueClient(user+"-"+rv, user)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cert, err := tls.LoadX509KeyPair(crt, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hc := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{ForceAttemptHTTP2: true,
+			TLSClientConfig: &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}}}}
+		defer hc.CloseIdleConnections()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, "GET", url+"/api/v1/namespaces/d/configmaps?watch=true&resourceVersion="+rv, nil)
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s's watch from %s: %s", user, rv, resp.Status)
+		}
+		dec := json.NewDecoder(resp.Body)
+		var got []string
+		for len(got) < n { // the upstream holds the watch open after its events
+			var e struct {
+				Type   string
+				Object struct {
+					Metadata struct{ Name, ResourceVersion string }
+				}
+			}
+			if err := dec.Decode(&e); err != nil {
+				got = append(got, "(nothing more in 5s)")
+				break
+			}
+			got = append(got, e.Type+" "+e.Object.Metadata.Name+" "+e.Object.Metadata.ResourceVersion)
+		}
+		return strings.Join(got, ", ")
+	}
+	if got, want := watch("alice", "5", 3), "ADDED a 10, ADDED b 11, DELETED a 12"; got != want {
+		t.Fatalf("alice from 5 saw [%s], want [%s]: the regressed delete rewritten", got, want)
+	}
+	bob := watch("bob", "12", 2)
+	t.Logf("harden: bob, watching from 12 after alice's delete was rewritten to 12, saw [%s]", bob)
+	if want := "DELETED a 13, ADDED c 14"; bob != want {
+		t.Errorf("bob from 12 saw [%s], want [%s]: alice's remembered delete hid it from bob, who never had it", bob, want)
+	}
+	if got, want := watch("alice", "12", 1), "ADDED c 14"; got != want {
+		t.Errorf("alice from 12 saw [%s], want [%s]: the delete she already has dropped", got, want)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"alice@5", "bob@12", "alice@12"}; !slices.Equal(asked, want) {
+		t.Errorf("the upstream was asked %v, want %v (each watch once, as its own user)", asked, want)
 	}
 }
