@@ -26,14 +26,13 @@ import (
 // mbb is two scripted apiservers behind one Handler: the watch starts on a (b is degraded
 // then, so a is preferred), and removing a from the pool asks the watch to move to b.
 type mbb struct {
-	a, b       *upstreamScript
-	pool       *upstream.Pool
-	ua, ub     *url.URL
-	m          *metrics.Metrics
-	srv        *httptest.Server
-	backendB   *upstream.Backend
-	clk        *clocktesting.FakeClock
-	removeOnce func()
+	a, b     *upstreamScript
+	pool     *upstream.Pool
+	ua, ub   *url.URL
+	m        *metrics.Metrics
+	srv      *httptest.Server
+	backendB *upstream.Backend
+	clk      *clocktesting.FakeClock
 }
 
 func newMBB(t *testing.T, cfg Config, a, b *upstreamScript) *mbb {
