@@ -666,8 +666,10 @@ func (c *Cluster) apiserverPorts(n int) ([]int, error) {
 	return nil, errors.New("cluster: no port free on every bind address")
 }
 
-// freePorts returns n distinct loopback ports that were free a moment ago (all held open at once
+// FreePorts returns n distinct loopback ports that were free a moment ago (all held open at once
 // so none repeats). A port can be taken again before it is used; starts retry on that.
+func FreePorts(n int) ([]int, error) { return freePorts(n) }
+
 func freePorts(n int) ([]int, error) {
 	ports := make([]int, 0, n)
 	for range n {

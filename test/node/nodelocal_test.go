@@ -134,7 +134,7 @@ func TestNodeLocalKubelet(t *testing.T) {
 	if err := os.Remove(manifestPath); err != nil {
 		t.Fatal(err)
 	}
-	if err := poll(ctx, func() error {
+	if err := nodetest.Poll(ctx, func() error {
 		if httpOK(ctx, adminURL+"/healthz") == nil {
 			return errNotYet
 		}
@@ -146,7 +146,7 @@ func TestNodeLocalKubelet(t *testing.T) {
 	if err := os.WriteFile(manifestPath, manifest, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := poll(ctx, func() error { return httpOK(ctx, adminURL+"/readyz") }); err != nil {
+	if err := nodetest.Poll(ctx, func() error { return httpOK(ctx, adminURL+"/readyz") }); err != nil {
 		t.Fatalf("watchsan never came back: %v", err)
 	}
 	tBack := time.Now()
@@ -307,12 +307,12 @@ func mustRead(t *testing.T, path string) []byte {
 
 func waitPodReadyIn(ctx context.Context, t *testing.T, cs kubernetes.Interface, ns, name string) {
 	t.Helper()
-	if err := poll(ctx, func() error {
+	if err := nodetest.Poll(ctx, func() error {
 		p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		if !podReady(p) {
+		if !nodetest.PodReady(p) {
 			return fmt.Errorf("pod %s: %s", name, statusSummary(p))
 		}
 		return nil
@@ -378,7 +378,7 @@ func watchNode(ctx context.Context, t *testing.T, cs kubernetes.Interface, name 
 func (m *nodeMonitor) waitRenewal(ctx context.Context, t *testing.T, since time.Time) time.Time {
 	t.Helper()
 	var at time.Time
-	if err := poll(ctx, func() error {
+	if err := nodetest.Poll(ctx, func() error {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		for _, r := range m.renewals {

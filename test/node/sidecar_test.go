@@ -147,7 +147,7 @@ func TestSidecarForReal(t *testing.T) {
 	}
 	logs := newPodLogs(n, pod)
 	var ctrlLines []logLine
-	if err := poll(ctx, func() error {
+	if err := nodetest.Poll(ctx, func() error {
 		if ctrlLines = logs.read(t, "controller"); len(ctrlLines) == 0 {
 			entries, _ := filepath.Glob(filepath.Join(logs.dir, "*", "*"))
 			return fmt.Errorf("the controller has logged nothing yet (log files: %v)", entries)
@@ -517,7 +517,7 @@ func pauseDeployment(name string, replicas int32) *appsv1.Deployment {
 func scale(ctx context.Context, t *testing.T, cs kubernetes.Interface, name string, replicas int32) {
 	t.Helper()
 	patch := fmt.Sprintf(`{"spec":{"replicas":%d}}`, replicas)
-	if err := poll(ctx, func() error {
+	if err := nodetest.Poll(ctx, func() error {
 		_, err := cs.AppsV1().Deployments("default").Patch(ctx, name, "application/merge-patch+json", []byte(patch), metav1.PatchOptions{})
 		return err
 	}); err != nil {
@@ -529,7 +529,7 @@ func scale(ctx context.Context, t *testing.T, cs kubernetes.Interface, name stri
 // the deployment controller changes, has been scaled, and the pods run.
 func waitReplicas(ctx context.Context, t *testing.T, cs kubernetes.Interface, name string, replicas int32) {
 	t.Helper()
-	if err := poll(ctx, func() error {
+	if err := nodetest.Poll(ctx, func() error {
 		d, err := cs.AppsV1().Deployments("default").Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -547,7 +547,7 @@ func waitReplicas(ctx context.Context, t *testing.T, cs kubernetes.Interface, na
 func waitDeploymentPod(ctx context.Context, t *testing.T, cs kubernetes.Interface, ns, name string) *corev1.Pod {
 	t.Helper()
 	var pod *corev1.Pod
-	if err := poll(ctx, func() error {
+	if err := nodetest.Poll(ctx, func() error {
 		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + name})
 		if err != nil {
 			return err
@@ -556,7 +556,7 @@ func waitDeploymentPod(ctx context.Context, t *testing.T, cs kubernetes.Interfac
 			return fmt.Errorf("%d pods", len(pods.Items))
 		}
 		p := &pods.Items[0]
-		if !podReady(p) {
+		if !nodetest.PodReady(p) {
 			return fmt.Errorf("pod %s: phase %s, not Ready: %s", p.Name, p.Status.Phase, statusSummary(p))
 		}
 		pod = p

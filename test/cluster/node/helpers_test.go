@@ -9,13 +9,13 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/watchsan/watchsan/test/cluster/node"
+	"github.com/watchsan/watchsan/test/cluster/node/nodetest"
 )
 
 var errNotYet = errors.New("not yet")
@@ -38,41 +38,15 @@ func pausePod(name string) *corev1.Pod {
 	}
 }
 
-// poll runs f every 200 ms until it returns nil or ctx ends.
-func poll(ctx context.Context, f func() error) error {
-	t := time.NewTicker(200 * time.Millisecond)
-	defer t.Stop()
-	for {
-		err := f()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
-		case <-t.C:
-		}
-	}
-}
-
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
 func waitPodReady(ctx context.Context, t *testing.T, cs kubernetes.Interface, ns, name string) *corev1.Pod {
 	t.Helper()
 	var pod *corev1.Pod
-	if err := poll(ctx, func() error {
+	if err := nodetest.Poll(ctx, func() error {
 		p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		if !podReady(p) {
+		if !nodetest.PodReady(p) {
 			return fmt.Errorf("pod %s/%s phase %s, not Ready", ns, name, p.Status.Phase)
 		}
 		pod = p

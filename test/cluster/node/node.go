@@ -19,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -378,7 +377,7 @@ func (n *Node) Import(ctx context.Context, tarball string) error {
 
 // writeKubeletConfig writes the kubelet's configuration, kubeconfig and serving certificate.
 func (n *Node) writeKubeletConfig() error {
-	ports, err := freePorts(2)
+	ports, err := cluster.FreePorts(2)
 	if err != nil {
 		return err
 	}
@@ -560,23 +559,9 @@ func (n *Node) Close() {
 	})
 }
 
-// freePorts returns n distinct loopback ports that were free a moment ago.
-func freePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("free port: %w", err)
-		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
-}
-
 // FreePorts returns n distinct loopback ports that were free a moment ago, for host-network
 // pods' listeners (the machine is shared: fixed ports may be taken).
-func FreePorts(n int) ([]int, error) { return freePorts(n) }
+func FreePorts(n int) ([]int, error) { return cluster.FreePorts(n) }
 
 // fileTail returns the last n lines of a file, "" if it cannot be read.
 func fileTail(path string, n int) string {

@@ -74,13 +74,13 @@ func TestNodeRunsPods(t *testing.T) {
 		},
 	}
 	t2 := time.Now()
-	if err := poll(ctx, func() error {
+	if err := nodetest.Poll(ctx, func() error {
 		_, err := cs.AppsV1().Deployments("default").Create(ctx, d, metav1.CreateOptions{})
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := poll(ctx, func() error {
+	if err := nodetest.Poll(ctx, func() error {
 		got, err := cs.AppsV1().Deployments("default").Get(ctx, "web", metav1.GetOptions{})
 		if err != nil {
 			return err

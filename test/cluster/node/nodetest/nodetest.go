@@ -3,8 +3,12 @@ package nodetest
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/watchsan/watchsan/test/cluster"
 	"github.com/watchsan/watchsan/test/cluster/node"
@@ -49,4 +53,31 @@ func Start(t testing.TB, c *cluster.Cluster, o node.Options) *node.Node {
 		n.Close()
 	})
 	return n
+}
+
+// Poll runs f every 100 ms until it returns nil or ctx ends; the error then carries f's last.
+func Poll(ctx context.Context, f func() error) error {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		err := f()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
+		case <-t.C:
+		}
+	}
+}
+
+// PodReady reports whether the pod's Ready condition is True.
+func PodReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
