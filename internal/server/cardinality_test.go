@@ -76,6 +76,11 @@ func TestAttackCancelledCountedAsTheirOwn(t *testing.T) {
 	if n := testutil.ToFloat64(s.Metrics().Requests.WithLabelValues("get", "configmaps", "200")); n != 0 {
 		t.Fatalf("the cancelled request counted as 200 (%v)", n)
 	}
+	// The metric and the access-log line are written one after the other, after the handler
+	// returns: wait for the line too.
+	wtestutil.Eventually(t, 5*time.Second, "the cancelled request logged", func() bool {
+		return logs.FilterMessage("request").Len() > 0
+	})
 	if l := logs.FilterMessage("request").All(); len(l) != 1 || l[0].ContextMap()["code"] != int64(499) {
 		t.Fatalf("access log: %+v", l)
 	}

@@ -143,17 +143,45 @@ func (s *Server) listGuard(w http.ResponseWriter, r *http.Request, c *classified
 	r = r.WithContext(r.Context()) // a shallow copy: the client's request stays as it came
 	r.URL = &u
 	plan.RetryTooLarge = true
-	rec := &recorder{ResponseWriter: w}
-	s.proxy.serve(rec, r, c, plan)
-	outcome := "sent"
-	if rec.code == http.StatusGatewayTimeout {
-		outcome = "too-large"
-		s.pool.ForgetHighWater(resource)
-		s.log.Warn("no upstream could serve a list at watchsan's high-water resourceVersion; the mark is dropped",
-			zap.String("resource", resource), zap.Uint64("resourceVersion", high))
-	}
-	s.metrics.Upstream.ListsRaised.WithLabelValues(outcome).Inc()
+	// The outcome is settled when the answer's status is known, before the client can read
+	// it: a client that retries at once after the 504 must find the mark gone.
+	hook := &onStatus{ResponseWriter: w, f: func(code int) {
+		outcome := "sent"
+		if code == http.StatusGatewayTimeout {
+			outcome = "too-large"
+			s.pool.ForgetHighWater(resource)
+			s.log.Warn("no upstream could serve a list at watchsan's high-water resourceVersion; the mark is dropped",
+				zap.String("resource", resource), zap.Uint64("resourceVersion", high))
+		}
+		s.metrics.Upstream.ListsRaised.WithLabelValues(outcome).Inc()
+	}}
+	s.proxy.serve(hook, r, c, plan)
 }
+
+// onStatus calls f once with the response's final status code, before that status is passed
+// on to the client (informational 1xx codes are passed on without calling f).
+type onStatus struct {
+	http.ResponseWriter
+	f    func(code int)
+	done bool
+}
+
+func (o *onStatus) WriteHeader(code int) {
+	if !o.done && code >= 200 {
+		o.done = true
+		o.f(code)
+	}
+	o.ResponseWriter.WriteHeader(code)
+}
+
+func (o *onStatus) Write(p []byte) (int, error) {
+	if !o.done {
+		o.WriteHeader(http.StatusOK)
+	}
+	return o.ResponseWriter.Write(p)
+}
+
+func (o *onStatus) Unwrap() http.ResponseWriter { return o.ResponseWriter }
 
 // Reload applies a new configuration: its upstream set (with discovery, the configured set is
 // only the seed, used until the EndpointSlices have been read). Every other change needs a
