@@ -21,7 +21,7 @@ type Metrics struct {
 	OpenWatches    *prometheus.GaugeVec   // resource
 	Bytes          *prometheus.CounterVec // direction: upstream_to_client | client_to_upstream
 	UpstreamUp     *prometheus.GaugeVec   // upstream
-	UpstreamDials  *prometheus.CounterVec // upstream, connection: requests | health, result: ok | error
+	UpstreamDials  *prometheus.CounterVec // upstream, connection: requests | health | unauthenticated, result: ok | error
 
 	WatchEvents    *prometheus.CounterVec // resource, type, action (passed|rewritten|dropped)
 	WatchRegressed *prometheus.CounterVec // resource: streams that saw at least one regression
@@ -68,7 +68,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	m.OpenWatches = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_open_watches", Help: "Client watches open now, by resource."}, []string{"resource"})
 	m.Bytes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_bytes_total", Help: "Body bytes proxied, by direction."}, []string{"direction"})
 	m.UpstreamUp = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_upstream_up", Help: "1 while the upstream's health check passes; 0 while it fails or before its first answer."}, []string{"upstream"})
-	m.UpstreamDials = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_upstream_dials_total", Help: "TCP connections watchsan opened (or failed to open) to each upstream, by what they are for (requests: shared by client requests and watches; health: the health checker's pings and /readyz probes) and result."}, []string{"upstream", "connection", "result"})
+	m.UpstreamDials = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_upstream_dials_total", Help: "TCP connections watchsan opened (or failed to open) to each upstream, by what they are for (requests: shared by client requests and watches; health: the health checker's pings and /readyz probes; unauthenticated: HTTP/1.1 connections for requests the apiserver will not authenticate) and result."}, []string{"upstream", "connection", "result"})
 	m.WatchEvents = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_events_total", Help: "Watch events by resource, type and action (passed, rewritten, dropped)."}, []string{"resource", "type", "action"})
 	m.WatchRegressed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_streams_regressed_total", Help: "Watch streams in which the upstream sent at least one regressing or replayed event."}, []string{"resource"})
 	m.NonIntegerRVs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_non_integer_rv_total", Help: "Watch events whose resourceVersion is not an integer (passed untouched)."}, []string{"resource"})

@@ -109,6 +109,7 @@ func TestUnprocessedPostReplayed(t *testing.T) {
 	a := attempter(p, AttempterOptions{}, &sleeps{})
 	body := strings.Repeat("x", 100<<10)
 	req, _ := http.NewRequest(http.MethodPost, "/api/v1/namespaces/d/pods", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer t") // an authenticated client's: over the shared HTTP/2 connection
 	resp, err := doPlan(t, a, req, Plan{Credentials: Decide(req.Header, nil, false, IdentityOff)})
 	if err != nil {
 		t.Fatalf("a POST the upstream did not process failed: %v", err)
@@ -131,6 +132,7 @@ func TestReplayBound(t *testing.T) {
 	p := newPool(t, PoolOptions{Transport: TransportOptions{RootCAs: roots}}, "https://"+f.ln.Addr().String())
 	a := attempter(p, AttempterOptions{}, &sleeps{})
 	req, _ := http.NewRequest(http.MethodPost, "/api/v1/namespaces/d/pods", io.MultiReader(strings.NewReader("chunked")))
+	req.Header.Set("Authorization", "Bearer t")
 	resp, err := doPlan(t, a, req, Plan{Credentials: Decide(req.Header, nil, false, IdentityOff)})
 	if err != nil {
 		t.Fatalf("a body of unknown length was not replayed: %v", err)

@@ -72,6 +72,10 @@ const (
 	// ConnHealth: the health checker's own, for HTTP/2 PINGs and /readyz probes, never
 	// shared with client requests (docs/design.md section 10.5).
 	ConnHealth = "health"
+	// ConnUnauthenticated: HTTP/1.1 connections for requests the apiserver will not
+	// authenticate (no credentials, or a token it refused), never shared with the others
+	// (unauthenticated.go).
+	ConnUnauthenticated = "unauthenticated"
 )
 
 // Defaults of the upstream HTTP/2 receive windows (Go's are 4 MiB per stream and 1 GiB per
@@ -134,6 +138,10 @@ type transports struct {
 	// apiserver can authorize; probeWho names it for logs.
 	probeIdentity bool
 	probeWho      string
+	// unauth carries the requests the apiserver will not authenticate, over HTTP/1.1
+	// connections of their own (unauthenticated.go); refused is the tokens it answered 401.
+	unauth  http.RoundTripper
+	refused *refusedSet
 	// closeIdle drops pooled connections of all (after a GOAWAY storm or a failed health check).
 	closeIdle func()
 	// tls is forward's TLS configuration (the pinger's: a ping needs no identity).
@@ -173,8 +181,9 @@ func newTransports(o TransportOptions) (*transports, error) {
 	forwardTLS.GetClientCertificate = nil
 	forward := newHTTPTransport(o, forwardTLS, false, ConnRequests)
 	forwardUpgrade := newHTTPTransport(o, forwardTLS, true, ConnRequests)
-	t := &transports{forward: forward, forwardUpgrade: forwardUpgrade, tls: forwardTLS}
-	closers := []*http.Transport{forward, forwardUpgrade}
+	unauth := newHTTPTransport(o, forwardTLS, true, ConnUnauthenticated)
+	t := &transports{forward: forward, forwardUpgrade: forwardUpgrade, unauth: unauth, refused: &refusedSet{}, tls: forwardTLS}
+	closers := []*http.Transport{forward, forwardUpgrade, unauth}
 	if o.Lend && o.Credentials != nil {
 		for _, l := range []struct {
 			rt      *http.RoundTripper
@@ -304,13 +313,23 @@ func (t *transports) roundTrip(req *http.Request, cred Credentials, upgrade bool
 		return plain
 	}
 	switch cred.how {
-	case credUndecided, credOwn, credAnonymous:
+	case credUndecided:
+		if len(req.Header.Values("Authorization")) == 0 {
+			return pick(t.unauth, t.forwardUpgrade).RoundTrip(req)
+		}
 		return pick(t.forward, t.forwardUpgrade).RoundTrip(req)
+	case credOwn:
+		if upgrade {
+			return t.forwardUpgrade.RoundTrip(req)
+		}
+		return t.sendOwn(req, cred)
+	case credAnonymous:
+		return pick(t.unauth, t.forwardUpgrade).RoundTrip(req)
 	case credSelf:
 		if t.lend != nil {
 			return pick(t.lend, t.lendUpgrade).RoundTrip(req)
 		}
-		return pick(t.forward, t.forwardUpgrade).RoundTrip(req)
+		return pick(t.unauth, t.forwardUpgrade).RoundTrip(req)
 	case credLent:
 		if t.lend != nil {
 			return pick(t.lend, t.lendUpgrade).RoundTrip(req)

@@ -7,15 +7,24 @@ package e2e
 // it every probe.
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/watchsan/watchsan/test/cluster"
 )
@@ -187,4 +196,114 @@ func TestRestartedAPIServerNotReadyWhileUnauthorized(t *testing.T) {
 	}
 	requireNoPanic(t, withID)
 	requireNoPanic(t, anon)
+}
+
+// TestUnauthenticatedClientsOnConnectionsOfTheirOwn: clients' requests the apiserver does not
+// authenticate, anonymous ones and those with a token it refuses (401), cost the clients who
+// share watchsan's connections nothing (docs/design.md section 10.5). With --no-credentials, a
+// client watch with its own token stays open and the shared connections are dialled at most
+// once more (the refused token's first 401) while 30 anonymous and 30 refused requests are
+// answered; direct, each of them ends its HTTP/2 connection.
+func TestUnauthenticatedClientsOnConnectionsOfTheirOwn(t *testing.T) {
+	c := newCluster(t, cluster.Options{APIServers: 1})
+	a := c.APIServers[0]
+
+	// The premise, direct: the apiserver ends an HTTP/2 connection after an anonymous
+	// request and after a 401 (UnauthenticatedHTTP2DOSMitigation).
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(c.CAData)
+	var directDials atomic.Int32
+	d := &net.Dialer{}
+	direct := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{ForceAttemptHTTP2: true,
+		TLSClientConfig: &tls.Config{RootCAs: roots},
+		DialContext: func(ctx context.Context, n, addr string) (net.Conn, error) {
+			directDials.Add(1)
+			return d.DialContext(ctx, n, addr)
+		}}}
+	send := func(client *http.Client, base, token string) int {
+		req, _ := http.NewRequest(http.MethodGet, base+"/api/v1/namespaces/default/configmaps", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s: %v", base, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for i := 0; i < 3; i++ {
+		send(direct, a.URL, "")
+		send(direct, a.URL, "not-a-token")
+	}
+	if n := directDials.Load(); n < 6 {
+		t.Fatalf("direct, 6 unauthenticated requests took %d connections: does the apiserver still close them (UnauthenticatedHTTP2DOSMitigation)? This test proves nothing then", n)
+	}
+
+	p := startProxy(t, "--upstream="+a.URL, "--upstream-ca-file="+c.CAFile, "--no-credentials", "--log-level=info")
+	waitUpstreamUp(t, p, a.URL)
+	dialled := func(conn string) float64 {
+		return p.Metric(dialsMetric, map[string]string{"upstream": a.URL, "connection": conn, "result": "ok"})
+	}
+	// A client watch with its own token, over the shared connections.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.URL+"/api/v1/namespaces/default/configmaps?watch=true&resourceVersion=0", nil)
+	req.Header.Set("Authorization", "Bearer "+c.AdminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("watch through watchsan: %v %v", resp, err)
+	}
+	defer resp.Body.Close()
+	events := make(chan string, 100)
+	go func() {
+		defer close(events)
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			events <- sc.Text()
+		}
+	}()
+	reqs0 := dialled("requests")
+	var anon, refused []int
+	for i := 0; i < 30; i++ {
+		anon = append(anon, send(http.DefaultClient, p.URL, ""))
+		refused = append(refused, send(http.DefaultClient, p.URL, "not-a-token"))
+		if code := send(http.DefaultClient, p.URL, c.AdminToken); code != 200 {
+			t.Fatalf("an authenticated GET through watchsan: %d", code)
+		}
+	}
+	for i := range refused {
+		if refused[i] != 401 || (anon[i] != 403 && anon[i] != 200) {
+			t.Fatalf("answers: anonymous %v, refused token %v; want 403 (or 200) and 401", anon, refused)
+		}
+	}
+	reqs, unauth := dialled("requests")-reqs0, dialled("unauthenticated")
+	t.Logf("unauthenticated: 30 anonymous and 30 refused requests through watchsan: %v new shared connections, %v unauthenticated ones (direct, 6 such requests took %d)",
+		reqs, unauth, directDials.Load())
+	if reqs > 1 {
+		t.Errorf("the shared connections were dialled %v times for 60 unauthenticated requests, want at most 1 (the refused token's first 401)", reqs)
+	}
+	if unauth < 1 || unauth > 3 {
+		t.Errorf("unauthenticated connections dialled %v times for 59 requests, want them kept alive (1-3)", unauth)
+	}
+	// The watch never broke: it sees a configmap created now.
+	cs := kubernetes.NewForConfigOrDie(c.RESTConfig(0, c.AdminToken))
+	if _, err := cs.CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "after-unauthenticated"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(30 * time.Second)
+	for seen := false; !seen; {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				t.Fatal("the client's watch ended while unauthenticated requests were answered")
+			}
+			seen = strings.Contains(ev, `"after-unauthenticated"`)
+		case <-deadline:
+			t.Fatal("the client's watch did not deliver the configmap created after the unauthenticated requests")
+		}
+	}
+	requireNoPanic(t, p)
 }
