@@ -4,14 +4,12 @@
 package kubelet
 
 import (
-	"archive/tar"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"net/http"
 	"net/url"
@@ -36,6 +34,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/watchsan/watchsan/test/cluster"
+	"github.com/watchsan/watchsan/test/cluster/kubecp"
 )
 
 // Container is the name of the one container of every pod made by Kubelet.CreatePod.
@@ -412,7 +411,11 @@ func (f fakeRuntime) ExecInContainer(ctx context.Context, _, _, _ string, cmd []
 		}
 		return nil
 	case "tar":
-		return f.tar(args, in, out, exit)
+		err := kubecp.Tar(f.k.Root, args, in, out)
+		if e := (*kubecp.ExitError)(nil); errors.As(err, &e) {
+			return exit(e.Code, "%s", e.Msg)
+		}
+		return err
 	}
 	return exit(127, "%s: command not found", cmd[0])
 }
@@ -463,130 +466,6 @@ func (f fakeRuntime) copyUntilDone(ctx context.Context, out io.Writer, in io.Rea
 // path maps a container path to the file system under Root.
 func (f fakeRuntime) path(p string) string {
 	return filepath.Join(f.k.Root, filepath.FromSlash(path.Clean("/"+p)))
-}
-
-// tar implements what kubectl cp runs: "tar cf - PATH" (members named PATH without the leading
-// slash, as GNU tar names them) and "tar [--no-same-*] -xmf - [-C DIR]".
-func (f fakeRuntime) tar(args []string, in io.Reader, out io.Writer, exit func(int, string, ...any) error) error {
-	var create, extract bool
-	dir := "/"
-	var paths []string
-	for i := 0; i < len(args); i++ {
-		switch a := args[i]; {
-		case a == "cf" || a == "-cf":
-			create = true
-		case a == "-xmf" || a == "xmf" || a == "-xf" || a == "xf":
-			extract = true
-		case a == "-":
-		case a == "-C" && i+1 < len(args):
-			dir = args[i+1]
-			i++
-		case strings.HasPrefix(a, "--no-same-"):
-		case strings.HasPrefix(a, "-"):
-			return exit(2, "tar: unsupported option %s", a)
-		default:
-			paths = append(paths, a)
-		}
-	}
-	switch {
-	case create && len(paths) > 0:
-		tw := tar.NewWriter(out)
-		for _, p := range paths {
-			if err := f.tarPath(tw, p); err != nil {
-				return exit(2, "tar: %s: %v", p, err)
-			}
-		}
-		return tw.Close()
-	case extract:
-		if fi, err := os.Stat(f.path(dir)); err != nil || !fi.IsDir() {
-			return exit(2, "tar: %s: Cannot open: No such file or directory", dir)
-		}
-		if err := f.untar(in, dir); err != nil {
-			return exit(2, "tar: %v", err)
-		}
-		return nil
-	}
-	return exit(2, "tar: only cf - PATH and -xmf - [-C DIR]")
-}
-
-func (f fakeRuntime) tarPath(tw *tar.Writer, p string) error {
-	base := f.path(p)
-	name := strings.TrimPrefix(path.Clean("/"+p), "/")
-	return filepath.WalkDir(base, func(file string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(base, file)
-		if err != nil {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		if !fi.Mode().IsRegular() && !fi.IsDir() {
-			return nil
-		}
-		hdr, err := tar.FileInfoHeader(fi, "")
-		if err != nil {
-			return err
-		}
-		hdr.Name = path.Join(name, filepath.ToSlash(rel))
-		if fi.IsDir() {
-			hdr.Name += "/"
-		}
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if fi.IsDir() {
-			return nil
-		}
-		r, err := os.Open(file)
-		if err != nil {
-			return err
-		}
-		defer r.Close()
-		_, err = io.Copy(tw, r)
-		return err
-	})
-}
-
-func (f fakeRuntime) untar(in io.Reader, dir string) error {
-	tr := tar.NewReader(in)
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if !filepath.IsLocal(filepath.FromSlash(hdr.Name)) {
-			return fmt.Errorf("%s: member outside the directory", hdr.Name)
-		}
-		dst := f.path(path.Join(dir, hdr.Name))
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			if err := os.MkdirAll(dst, 0o755); err != nil {
-				return err
-			}
-		case tar.TypeReg:
-			if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-				return err
-			}
-			w, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(w, tr)
-			if cerr := w.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return err
-			}
-		}
-	}
 }
 
 type nopWriteCloser struct{ io.Writer }
