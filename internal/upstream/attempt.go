@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"k8s.io/utils/clock"
 )
 
 // DefaultRetryBudget bounds the retries of one request when AttempterOptions.Budget is zero.
@@ -36,6 +38,10 @@ type AttempterOptions struct {
 	// once (shutdown: a request waiting out a Retry-After gets that answer, not a cut
 	// connection at the shutdown timeout). Nil: never.
 	Done <-chan struct{}
+	// Clock paces Do: its deadline, its backoff waits and its wait for a usable backend (the
+	// watch's loop, on the watch's clock). The Pool keeps its own (health, moves, lag), which is
+	// the real one. Nil: the real clock.
+	Clock clock.Clock
 }
 
 // Attempter is the one loop that sends a request upstream (issue #7): the first attempt of
@@ -69,16 +75,19 @@ func NewAttempter(pool *Pool, o AttempterOptions) *Attempter {
 	if o.Budget == 0 {
 		o.Budget = DefaultRetryBudget
 	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
 	a := &Attempter{pool: pool, opts: o}
 	a.sleep = func(ctx context.Context, d time.Duration) error {
-		t := time.NewTimer(d)
+		t := a.opts.Clock.NewTimer(d)
 		defer t.Stop()
 		select {
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		case <-a.opts.Done:
 			return errStopping
-		case <-t.C:
+		case <-t.C():
 			return nil
 		}
 	}
@@ -185,7 +194,8 @@ func Name(err error) string {
 // wrapped, or the context's cause): never neither, never both. The request's body, if any, is
 // read at most by the attempts that reached an upstream.
 func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attempt, error) {
-	now := time.Now()
+	clk := a.opts.Clock
+	now := clk.Now()
 	deadline := plan.Deadline
 	if deadline.IsZero() {
 		deadline = now.Add(max(a.opts.Budget, 0))
@@ -243,7 +253,7 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 			return at, nil
 		}
 		wait = max(wait, bo.Next())
-		if ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
+		if ctx.Err() != nil || clk.Now().Add(wait).After(deadline) {
 			a.outcome(attempt+1, "exhausted")
 			if err != nil {
 				return Attempt{}, err
@@ -276,32 +286,37 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 // plan waits for backends, or a backend was healthy less than the budget ago (then it waits at
 // most until the budget after that moment); it always stops at deadline.
 func (a *Attempter) waitUsable(ctx context.Context, plan Plan, deadline time.Time) error {
-	until := deadline
+	clk := a.opts.Clock
 	noBackend := func() error { return fmt.Errorf("%w (%s)", ErrNoBackend, a.pool.describe()) }
+	// healthyUntil is on the Pool's clock (when a backend was last healthy), deadline on Do's.
+	var healthyUntil time.Time
 	if !plan.WaitForBackend {
 		since := a.pool.healthySince()
 		if since.IsZero() || a.opts.Budget <= 0 {
 			return noBackend()
 		}
-		until = minTime(until, since.Add(a.opts.Budget))
+		healthyUntil = since.Add(a.opts.Budget)
 	}
 	for {
 		changed := a.pool.changes()
 		if a.pool.pick(plan.Watch, nil) != nil {
 			return nil
 		}
-		left := time.Until(until)
+		left := deadline.Sub(clk.Now())
+		if !healthyUntil.IsZero() {
+			left = min(left, time.Until(healthyUntil))
+		}
 		if left <= 0 {
 			return noBackend()
 		}
-		t := time.NewTimer(left)
+		t := clk.NewTimer(left)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return context.Cause(ctx)
 		case <-changed:
 			t.Stop()
-		case <-t.C:
+		case <-t.C():
 			return noBackend()
 		}
 	}
@@ -556,11 +571,4 @@ func bufferBody(body io.ReadCloser) io.ReadCloser {
 	data, _ := io.ReadAll(io.LimitReader(body, 64<<10))
 	body.Close()
 	return io.NopCloser(bytes.NewReader(data))
-}
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
 }

@@ -85,8 +85,11 @@ type Deps struct {
 	// OnBreak, if set, is told every upstream watch attempt that broke and is resumed, with
 	// its backend (still a member of the pool when told) and why (per-upstream metrics).
 	OnBreak func(b *upstream.Backend, r ResumeReason)
-	// Clock times a move's acceptance window and its fresh-resume-point probe (move.go);
-	// nil: the real clock.
+	// Clock is every watch's clock: the client's deadline, the stall watchdog, how long a
+	// resume takes and when it gives up, a move's acceptance window and its fresh-resume-point
+	// probe. Give Attempts the same one (upstream.AttempterOptions.Clock), which waits out the
+	// resume backoff. Write deadlines toward clients are the network's and stay on the real
+	// clock, as does what the Pool judges (health, lag). Nil: the real clock.
 	Clock clock.WithDelayedExecution
 }
 
@@ -96,6 +99,7 @@ type Handler struct {
 	deps   Deps
 	exempt map[string]bool
 	log    *zap.Logger
+	clk    clock.WithDelayedExecution // deps.Clock
 	// sleep waits between resumes without progress; tests may replace it.
 	sleep func(ctx context.Context, d time.Duration) error
 	// done is deps.Done as a context, so that each watch can register a callback with
@@ -131,7 +135,8 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	for _, r := range upstream.MoveReasons() { // every series from the start
 		d.Metrics.WatchMovesFailed.WithLabelValues(r.String())
 	}
-	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, sleep: sleepCtx}
+	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, clk: d.Clock}
+	h.sleep = h.sleepCtx
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
 	}
@@ -218,11 +223,11 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 	var deadline time.Time
 	switch {
 	case p.timeout > 0:
-		deadline = time.Now().Add(p.timeout)
-		t := time.AfterFunc(p.timeout, func() { cancel(errClientDeadline) })
+		deadline = h.clk.Now().Add(p.timeout)
+		t := h.clk.AfterFunc(p.timeout, func() { cancel(errClientDeadline) })
 		defer t.Stop()
 	case p.timeout < 0:
-		deadline = time.Now() // over already: the first attempt is the only one
+		deadline = h.clk.Now() // over already: the first attempt is the only one
 	}
 	if h.done != nil {
 		// A callback, not a goroutine per watch: it runs once, at shutdown.
@@ -351,13 +356,13 @@ func relay(out *batchWriter, at upstream.Attempt) (slow bool) {
 	}
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
+func (h *Handler) sleepCtx(ctx context.Context, d time.Duration) error {
+	t := h.clk.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return context.Cause(ctx)
-	case <-t.C:
+	case <-t.C():
 		return nil
 	}
 }

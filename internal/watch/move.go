@@ -83,7 +83,7 @@ func (src *source) next() (*stream.Event, error) {
 
 // source wraps an attempt for the pump.
 func (s *session) source(at upstream.Attempt, slot *moveSlot) *source {
-	body := &attemptBody{r: at.Resp.Body, lease: at.Lease}
+	body := &attemptBody{r: at.Resp.Body, lease: at.Lease, clk: s.h.clk}
 	return &source{at: at, slot: slot, body: body, rd: stream.NewReader(s.format, body, s.h.cfg.MaxFrameSize)}
 }
 
@@ -134,7 +134,7 @@ func (s *session) tryMove(slot *moveSlot, l *upstream.Lease, r upstream.MoveReas
 		}
 	}
 	if err != nil {
-		l.MoveFailed(time.Now().Add(moveHold))
+		l.MoveFailed(moveHold)
 		s.h.deps.Metrics.WatchMovesFailed.WithLabelValues(r.String()).Inc()
 		s.log.Debug("watch not moved: no target accepted its resume point; it stays",
 			zap.String("path", s.client.URL.Path), zap.Stringer("upstream", l.Backend()), zap.Stringer("reason", r),
@@ -180,7 +180,7 @@ func (s *session) moveTarget(l *upstream.Lease, r upstream.MoveReason, from uint
 // openOn opens the watch from from on t and waits until t has accepted it.
 func (s *session) openOn(t *upstream.Backend, from uint64) (*source, error) {
 	ctx, cancel := context.WithCancelCause(s.ctx)
-	headers := s.h.deps.Clock.AfterFunc(acceptTimeout, func() { cancel(errAcceptTimeout) })
+	headers := s.h.clk.AfterFunc(acceptTimeout, func() { cancel(errAcceptTimeout) })
 	slot := &moveSlot{}
 	plan := s.plan(from, slot)
 	plan.Target = t
@@ -216,7 +216,7 @@ func (s *session) openOn(t *upstream.Backend, from uint64) (*source, error) {
 		ev, err := src.rd.Next()
 		src.peek <- peeked{ev, err}
 	}()
-	silence := s.h.deps.Clock.NewTimer(acceptSilence)
+	silence := s.h.clk.NewTimer(acceptSilence)
 	defer silence.Stop()
 	select {
 	case p := <-src.peek:
@@ -276,7 +276,7 @@ func (s *session) goneHere(at upstream.Attempt, ev *stream.Event) (attemptEnd, b
 func (s *session) switchTo(src *source, end attemptEnd) {
 	s.resumes++
 	s.backend = src.at.Backend
-	gap := time.Since(s.brokeAt)
+	gap := s.h.clk.Since(s.brokeAt)
 	s.h.deps.Metrics.Resumes.WithLabelValues(ResumeMoved.String()).Inc()
 	s.h.deps.Metrics.ResumeSeconds.Observe(gap.Seconds())
 	s.log.Info("moved upstream watch (make-before-break)", zap.String("path", s.client.URL.Path),
@@ -298,7 +298,7 @@ func (s *session) freshPoint(l *upstream.Lease, from uint64) (*stream.Event, uin
 	}
 	ctx, cancel := context.WithCancelCause(s.ctx)
 	defer cancel(nil)
-	t := s.h.deps.Clock.AfterFunc(freshTimeout, func() { cancel(errAcceptTimeout) })
+	t := s.h.clk.AfterFunc(freshTimeout, func() { cancel(errAcceptTimeout) })
 	defer t.Stop()
 
 	q := s.client.URL.Query()

@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"time"
 
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -33,7 +32,7 @@ func (s *session) requestFrom(first bool, rv string) *http.Request {
 		q.Del("resourceVersionMatch")
 	}
 	if !s.deadline.IsZero() && (!first || s.params.timeout > 0) { // a negative one goes as sent
-		left := time.Until(s.deadline).Seconds()
+		left := s.deadline.Sub(s.h.clk.Now()).Seconds()
 		q.Set("timeoutSeconds", strconv.Itoa(max(1, int(left+0.999))))
 	}
 	out := s.client.Clone(s.ctx)

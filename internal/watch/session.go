@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
 
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/stream"
@@ -134,7 +135,7 @@ func (s *session) run(src *source) EndReason {
 			}
 			return end.end
 		}
-		brokeAt := time.Now()
+		brokeAt := s.h.clk.Now()
 		if !end.silentSince.IsZero() {
 			brokeAt = end.silentSince
 		}
@@ -149,7 +150,7 @@ func (s *session) run(src *source) EndReason {
 		neutral := end.progress || end.resume == ResumeMoved || end.resume == ResumeStall
 		if neutral || s.brokeAt.IsZero() {
 			s.brokeAt = brokeAt
-			s.giveUpAt = time.Now().Add(s.h.cfg.ResumeTimeout)
+			s.giveUpAt = s.h.clk.Now().Add(s.h.cfg.ResumeTimeout)
 		}
 		if neutral {
 			s.backoff.Reset()
@@ -166,7 +167,7 @@ func (s *session) run(src *source) EndReason {
 		}
 		s.stallResumedAt = time.Time{}
 		if end.resume == ResumeStall {
-			s.stallResumedAt = time.Now()
+			s.stallResumedAt = s.h.clk.Now()
 		}
 	}
 }
@@ -179,7 +180,7 @@ func (s *session) resumable(end attemptEnd) EndReason {
 			zap.String("path", s.client.URL.Path), zap.Stringer("why", end.resume), zap.Bool("initialPhase", s.fix.InInitialPhase()), zap.Error(end.err))
 		return EndNoResume
 	}
-	if !s.deadline.IsZero() && !time.Now().Before(s.deadline) {
+	if !s.deadline.IsZero() && !s.h.clk.Now().Before(s.deadline) {
 		return EndDeadline
 	}
 	return endNone
@@ -294,7 +295,7 @@ func (s *session) judgeStall(ev *stream.Event) {
 	case stream.Bookmark, stream.Error:
 		return
 	}
-	if time.Since(at) > stallBacklogWindow {
+	if s.h.clk.Since(at) > stallBacklogWindow {
 		return
 	}
 	s.h.deps.Metrics.StallsHung.Inc()
@@ -529,6 +530,7 @@ type attemptBody struct {
 	r     io.Reader
 	out   atomic.Pointer[batchWriter]
 	lease *upstream.Lease
+	clk   clock.PassiveClock // the watch's: its watchdog reads the waiting time back
 }
 
 func (f *attemptBody) Read(p []byte) (int, error) {
@@ -537,11 +539,11 @@ func (f *attemptBody) Read(p []byte) (int, error) {
 			return 0, err
 		}
 	}
-	f.lease.Waiting(time.Now().UnixNano())
+	f.lease.Waiting(f.clk.Now().UnixNano())
 	n, err := f.r.Read(p)
 	if n > 0 {
 		f.lease.Busy()
-		f.lease.Alive(time.Now().UnixNano())
+		f.lease.Alive()
 	}
 	return n, err
 }
@@ -589,7 +591,7 @@ func (s *session) classify(attemptCtx context.Context, err error) attemptEnd {
 	}
 	switch {
 	case errors.Is(err, io.EOF):
-		if !s.deadline.IsZero() && time.Until(s.deadline) < time.Second {
+		if !s.deadline.IsZero() && s.deadline.Sub(s.h.clk.Now()) < time.Second {
 			return attemptEnd{end: EndDeadline}
 		}
 		return attemptEnd{resume: ResumeEOF}
@@ -622,7 +624,7 @@ func (s *session) watchdog(ctx context.Context, at upstream.Attempt, silentSince
 	var (
 		mu      sync.Mutex
 		stopped bool
-		t       *time.Timer
+		t       clock.Timer
 	)
 	check := func() {
 		if ctx.Err() != nil {
@@ -631,7 +633,7 @@ func (s *session) watchdog(ctx context.Context, at upstream.Attempt, silentSince
 		var idle time.Duration // busy on the client: not waiting at all
 		since, waiting := at.Lease.WaitingSince()
 		if waiting {
-			idle = time.Since(since)
+			idle = s.h.clk.Since(since)
 		}
 		if idle < stall {
 			mu.Lock()
@@ -650,7 +652,7 @@ func (s *session) watchdog(ctx context.Context, at upstream.Attempt, silentSince
 		at.Cancel(errStalled)
 	}
 	mu.Lock()
-	t = time.AfterFunc(stall, check)
+	t = s.h.clk.AfterFunc(stall, check)
 	mu.Unlock()
 	return func() {
 		mu.Lock()
@@ -667,7 +669,7 @@ func (s *session) resume(end attemptEnd) (upstream.Attempt, EndReason) {
 	deadline := s.giveUpAt
 	if !end.progress && end.resume != ResumeMoved && end.resume != ResumeStall { // see run
 		wait := s.backoff.Next()
-		if time.Now().Add(wait).After(deadline) {
+		if s.h.clk.Now().Add(wait).After(deadline) {
 			return upstream.Attempt{}, s.giveUp(end)
 		}
 		if err := s.h.sleep(s.ctx, wait); err != nil {
@@ -695,7 +697,7 @@ func (s *session) resume(end attemptEnd) (upstream.Attempt, EndReason) {
 	format, ok := stream.FormatOf(resp.Header.Get("Content-Type"))
 	switch {
 	case resp.StatusCode == http.StatusOK && ok && format == s.format && identity(resp.Header):
-		gap := time.Since(s.brokeAt)
+		gap := s.h.clk.Since(s.brokeAt)
 		s.resumes++
 		s.backend = at.Backend
 		s.h.deps.Metrics.Resumes.WithLabelValues(end.resume.String()).Inc()
@@ -729,7 +731,7 @@ func (s *session) resume(end attemptEnd) (upstream.Attempt, EndReason) {
 func (s *session) giveUp(end attemptEnd) EndReason {
 	s.log.Warn("could not resume the upstream watch with progress in time; ending the client's stream cleanly",
 		zap.String("path", s.client.URL.Path), zap.String("fromRV", s.fix.LastDelivered()),
-		zap.Duration("after", time.Since(s.brokeAt)), zap.Int("failures", s.backoff.Failures()), zap.Error(end.err))
+		zap.Duration("after", s.h.clk.Since(s.brokeAt)), zap.Int("failures", s.backoff.Failures()), zap.Error(end.err))
 	return EndResumeTimeout
 }
 

@@ -531,7 +531,7 @@ func TestResumeWithoutProgressBacksOffAndGivesUp(t *testing.T) {
 		mu.Lock()
 		waits = append(waits, d)
 		mu.Unlock()
-		return sleepCtx(ctx, d)
+		return f.h.sleepCtx(ctx, d)
 	}
 	start := time.Now()
 	gs, err := f.watch(t, "resourceVersion=5")
@@ -575,7 +575,7 @@ func TestResumeAfterProgressIsImmediate(t *testing.T) {
 	f := newFixture(t, Config{}, up)
 	f.h.sleep = func(ctx context.Context, d time.Duration) error {
 		t.Errorf("waited %v between resumes that made progress", d)
-		return sleepCtx(ctx, d)
+		return f.h.sleepCtx(ctx, d)
 	}
 	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2")
 	expectStream(t, gs, err, "ADDED o1 11, ADDED o2 12, ADDED o3 13, ADDED o4 14, ADDED o5 15")
