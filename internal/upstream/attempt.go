@@ -26,6 +26,10 @@ const DefaultRetryBudget = 10 * time.Second
 // or refusing connections. The client is told to retry after a second (apistatus maps it).
 var ErrNoBackend = errors.New("every upstream apiserver is unavailable")
 
+// ErrDeadline is Do's failure when the wait before its first attempt (Plan.AfterFailure) would
+// pass Plan.Deadline: no attempt was made.
+var ErrDeadline = errors.New("the next attempt would start after the deadline")
+
 // AttempterOptions configure an Attempter. Every field's zero value is usable.
 type AttempterOptions struct {
 	// Budget bounds the time one request spends in retries; 0: DefaultRetryBudget. A negative
@@ -110,9 +114,15 @@ type Plan struct {
 	Avoid *Backend
 	// Deadline: no attempt starts after it. Zero: now + the budget.
 	Deadline time.Time
-	// Backoff paces the attempts; the caller may keep it across calls (a watch's resumes).
-	// Nil: a fresh RequestBackoff.
+	// Backoff paces the attempts; the caller may keep it across calls (a watch's resumes),
+	// and Reset it after progress, but only Do steps it (Next): the waits of all the calls
+	// made with it are one loop (docs/design.md section 5). Nil: a fresh RequestBackoff.
 	Backoff *Backoff
+	// AfterFailure: the caller's previous attempt with Backoff failed after Do had returned it
+	// (a watch resume that delivered nothing): Do waits Backoff's next delay before its first
+	// attempt too. When that wait would pass Deadline, Do makes no attempt and fails with
+	// ErrDeadline. Ignored with Target.
+	AfterFailure bool
 	// WaitForBackend waits for a usable backend until Deadline even when none was healthy a
 	// moment ago (a watch's resume: the client's stream is held open anyway). False: fail fast.
 	WaitForBackend bool
@@ -212,6 +222,15 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 			return Attempt{}, &Error{Backend: t, Err: fmt.Errorf("%w (%s is %s)", ErrNoBackend, t, t.State())}
 		}
 		return a.send(ctx, req, t, body, plan)
+	}
+	if plan.AfterFailure {
+		wait := bo.Next()
+		if now.Add(wait).After(deadline) {
+			return Attempt{}, fmt.Errorf("%w (it would wait %v)", ErrDeadline, wait.Round(time.Millisecond))
+		}
+		if err := a.sleep(ctx, wait); err != nil {
+			return Attempt{}, err
+		}
 	}
 	serve := plan.servable()
 	avoid := plan.Avoid

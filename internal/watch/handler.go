@@ -100,8 +100,6 @@ type Handler struct {
 	exempt map[string]bool
 	log    *zap.Logger
 	clk    clock.WithDelayedExecution // deps.Clock
-	// sleep waits between resumes without progress; tests may replace it.
-	sleep func(ctx context.Context, d time.Duration) error
 	// done is deps.Done as a context, so that each watch can register a callback with
 	// context.AfterFunc instead of running a goroutine to wait for it; nil when Done is nil.
 	done context.Context
@@ -136,7 +134,6 @@ func New(cfg Config, d Deps) (*Handler, error) {
 		d.Metrics.WatchMovesFailed.WithLabelValues(r.String())
 	}
 	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, clk: d.Clock}
-	h.sleep = h.sleepCtx
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
 	}
@@ -356,13 +353,12 @@ func relay(out *batchWriter, at upstream.Attempt) (slow bool) {
 	}
 }
 
-func (h *Handler) sleepCtx(ctx context.Context, d time.Duration) error {
-	t := h.clk.NewTimer(d)
-	defer t.Stop()
+// stopping reports whether Done is closed (shutdown), before the watch's context may say so.
+func (h *Handler) stopping() bool {
 	select {
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-t.C():
-		return nil
+	case <-h.deps.Done: // a nil Done never is
+		return true
+	default:
+		return false
 	}
 }

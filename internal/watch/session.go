@@ -664,18 +664,12 @@ func (s *session) watchdog(ctx context.Context, at upstream.Attempt, silentSince
 
 // resume opens the watch again from the resume point, through the Attempter (another backend
 // than the broken one when there is one), after a backoff when the last attempt made no
-// progress. It gives up at giveUpAt. It returns the new attempt, or the end reason.
+// progress: the Attempter waits it out (Plan.AfterFailure), with the watch's one backoff, the
+// same one that paces its retries, so every wait of the watch's resumes is stepped in one
+// place (docs/design.md section 5). It gives up at giveUpAt. It returns the new attempt, or
+// the end reason.
 func (s *session) resume(end attemptEnd) (upstream.Attempt, EndReason) {
-	deadline := s.giveUpAt
-	if !end.progress && end.resume != ResumeMoved && end.resume != ResumeStall { // see run
-		wait := s.backoff.Next()
-		if s.h.clk.Now().Add(wait).After(deadline) {
-			return upstream.Attempt{}, s.giveUp(end)
-		}
-		if err := s.h.sleep(s.ctx, wait); err != nil {
-			return upstream.Attempt{}, s.endFromContext()
-		}
-	}
+	failed := !end.progress && end.resume != ResumeMoved && end.resume != ResumeStall // see run
 	var avoid *upstream.Backend
 	if end.resume != ResumeEOF || !end.progress {
 		avoid = s.backend
@@ -684,13 +678,16 @@ func (s *session) resume(end attemptEnd) (upstream.Attempt, EndReason) {
 	from, _ := stream.ParseRV(fromRV)
 	s.nextSlot = &moveSlot{}
 	plan := s.plan(from, s.nextSlot)
-	plan.Avoid, plan.Deadline, plan.Backoff, plan.WaitForBackend = avoid, deadline, &s.backoff, true
+	plan.Avoid, plan.Deadline, plan.Backoff, plan.WaitForBackend = avoid, s.giveUpAt, &s.backoff, true
+	plan.AfterFailure = failed
 	at, err := s.h.deps.Attempts.Do(s.ctx, s.upstreamRequest(false), plan)
 	if err != nil {
-		if s.ctx.Err() != nil {
+		if s.ctx.Err() != nil || s.h.stopping() {
 			return upstream.Attempt{}, s.endFromContext()
 		}
-		end.err = err
+		if !errors.Is(err, upstream.ErrDeadline) { // else the break's own error says more
+			end.err = err
+		}
 		return upstream.Attempt{}, s.giveUp(end)
 	}
 	resp := at.Resp
@@ -753,7 +750,7 @@ func (s *session) endFromContext() EndReason {
 	switch cause := context.Cause(s.ctx); {
 	case s.client.Context().Err() != nil:
 		return EndClientGone
-	case errors.Is(cause, errShutdown):
+	case errors.Is(cause, errShutdown), s.h.stopping():
 		return EndShutdown
 	case errors.Is(cause, errClientDeadline):
 		return EndDeadline
