@@ -298,13 +298,16 @@ func TestGoneOnOneBackendResumesOnAnother(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := metrics.New(nil)
-	h, err := New(Config{}, Deps{Attempts: upstream.NewAttempter(pool, upstream.AttempterOptions{}), Metrics: m,
-		Memory: fix.NewDeleteMemory(0, 0, nil), Logger: log})
+	clk := newStepClock()
+	h, err := New(Config{}, Deps{Attempts: upstream.NewAttempter(pool, upstream.AttempterOptions{Clock: clk}), Metrics: m,
+		Memory: fix.NewDeleteMemory(0, 0, nil), Logger: log, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := &fixture{h: h, m: m, srv: httptest.NewServer(h)}
 	defer f.srv.Close()
+	clk.stepTimers(t)                                                                // a resume's backoff after b's 410
+	clk.stepWhen(t, func() bool { return f.passed("MODIFIED") == 1 }, 3*time.Second) // the client's deadline
 	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2")
 	expectStream(t, gs, err, "ADDED a 10, MODIFIED a 11")
 	if q := a.query(1); q.Get("resourceVersion") != "10" {

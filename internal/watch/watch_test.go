@@ -107,6 +107,7 @@ type fixture struct {
 	up    *upstreamScript
 	done  chan struct{}
 	upURL string
+	seen  atomic.Int32 // events the client of watch read
 }
 
 func newFixture(t *testing.T, cfg Config, up *upstreamScript) *fixture {
@@ -164,6 +165,40 @@ func (c *stepClock) NewTimer(d time.Duration) clock.Timer {
 	return t
 }
 
+// AfterFunc runs f on a goroutine of its own when d has passed, as time.AfterFunc does; the
+// FakeClock's own runs it inside Step, holding the clock's lock (a callback that reads the
+// clock or resets its timer, as the watchdog's does, would deadlock), and cannot fire a timer
+// reset after it fired (its channel is full).
+func (c *stepClock) AfterFunc(d time.Duration, f func()) clock.Timer {
+	a := &afterTimer{c: c, f: f}
+	a.t = c.FakeClock.AfterFunc(d, a.fire)
+	return a
+}
+
+type afterTimer struct {
+	c  *stepClock
+	f  func()
+	mu sync.Mutex
+	t  clock.Timer
+}
+
+func (a *afterTimer) fire()               { go a.f() }
+func (a *afterTimer) C() <-chan time.Time { return nil }
+
+func (a *afterTimer) Stop() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.t.Stop()
+}
+
+func (a *afterTimer) Reset(d time.Duration) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	active := a.t.Stop()
+	a.t = a.c.FakeClock.AfterFunc(d, a.fire)
+	return active
+}
+
 func (c *stepClock) timers() []time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -188,6 +223,40 @@ func (c *stepClock) stepTimers(t *testing.T) func() []time.Duration {
 		}
 	}()
 	return c.timers
+}
+
+// stepWhen passes d on c once cond holds (it fails the test if cond does not within 10 s).
+func (c *stepClock) stepWhen(t *testing.T, cond func() bool, d time.Duration) {
+	go func() {
+		if !testutil.Until(10*time.Second, cond) {
+			t.Error("the condition to pass the fake clock did not hold within 10s")
+			return
+		}
+		c.Step(d)
+	}()
+}
+
+// stepToStall passes the stall timeout on c, once the client has read its first events
+// (then the watch has flushed them and waits for its upstream), until the watchdog has found
+// n stalls. A step that comes while the watch is still busy with what it read finds no
+// silence and is taken again (at most 3 times).
+func (f *fixture) stepToStall(t *testing.T, c *stepClock, decided func() bool, stall time.Duration, n float64) {
+	go func() {
+		if !testutil.Until(10*time.Second, decided) {
+			t.Error("the watch did not deliver its first events within 10s")
+			return
+		}
+		stalls := func() bool { return promtest.ToFloat64(f.m.Stalls) >= n }
+		for i := 0; i < 3 && !stalls(); i++ {
+			c.Step(stall)
+			testutil.Until(time.Second, stalls)
+		}
+	}()
+}
+
+// passed counts the events of type typ the watch let through.
+func (f *fixture) passed(typ string) float64 {
+	return promtest.ToFloat64(f.m.WatchEvents.WithLabelValues("configmaps", typ, "passed"))
 }
 
 type got struct {
@@ -235,6 +304,7 @@ func (f *fixture) watchWith(t *testing.T, query string, h http.Header) ([]got, e
 			return out, err
 		}
 		out = append(out, got{ev.Type, ev.Object.Metadata.Name, ev.Object.Metadata.ResourceVersion, ev.Object.Code})
+		f.seen.Add(1)
 	}
 }
 
@@ -302,7 +372,9 @@ func TestResumeAfterEOFIsSeamless(t *testing.T) {
 		events(obj("ADDED", "a", "10"), obj("ADDED", "b", "11")),                                   // then EOF
 		thenHang(up, obj("ADDED", "b", "11"), obj("ADDED", "c", "12"), obj("MODIFIED", "a", "13")), // b replayed
 	}
-	f := newFixture(t, Config{}, up)
+	clk := newStepClock()
+	f := newFixtureClock(t, Config{}, up, clk)
+	clk.stepWhen(t, func() bool { return f.passed("ADDED") == 3 && f.passed("MODIFIED") == 1 }, 3*time.Second) // the client's deadline
 	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2")
 	expectStream(t, gs, err, "ADDED a 10, ADDED b 11, ADDED c 12, MODIFIED a 13")
 	q := up.query(1)
@@ -366,7 +438,10 @@ func testStallResumed(t *testing.T, stall, resume time.Duration) {
 			send(w, obj("ADDED", "b", "11"))
 		},
 	}
-	f := newFixture(t, Config{StallTimeout: stall, ResumeTimeout: resume}, up)
+	clk := newStepClock()
+	f := newFixtureClock(t, Config{StallTimeout: stall, ResumeTimeout: resume}, up, clk)
+	clk.stepTimers(t) // the retry's and resumes' waits
+	f.stepToStall(t, clk, func() bool { return f.seen.Load() == 1 }, stall, 1)
 	go func() { // the apiserver comes back after the stall was noticed
 		testutil.Until(10*time.Second, func() bool { return promtest.ToFloat64(f.m.Stalls) > 0 })
 		up.frozen.Store(false)
@@ -445,7 +520,10 @@ func TestQuietWatchOutlivesTheResumeTimeout(t *testing.T) {
 func TestSilentUpstreamIsResumedThoughItAnswersProbes(t *testing.T) {
 	up := &upstreamScript{}
 	up.steps = []func(http.ResponseWriter, *http.Request){thenHang(up, obj("ADDED", "a", "10")), events(obj("ADDED", "b", "11"))}
-	f := newFixture(t, Config{StallTimeout: 300 * time.Millisecond}, up)
+	clk := newStepClock()
+	f := newFixtureClock(t, Config{StallTimeout: 300 * time.Millisecond}, up, clk)
+	clk.stepTimers(t) // the waits of the resumes after b, which the deadline ends
+	f.stepToStall(t, clk, func() bool { return f.seen.Load() == 1 }, 300*time.Millisecond, 1)
 	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2")
 	expectStream(t, gs, err, "ADDED a 10, ADDED b 11")
 	if q := up.query(0); q.Get("allowWatchBookmarks") != "true" {
@@ -491,7 +569,9 @@ func TestHiddenBookmarkAdvancesResumePoint(t *testing.T) {
 		events(obj("ADDED", "a", "10"), `{"type":"BOOKMARK","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"resourceVersion":"15"}}}`+"\n"),
 		thenHang(up, obj("ADDED", "b", "16")),
 	}
-	f := newFixture(t, Config{}, up)
+	clk := newStepClock()
+	f := newFixtureClock(t, Config{}, up, clk)
+	clk.stepWhen(t, func() bool { return f.passed("ADDED") == 2 }, 3*time.Second) // the client's deadline
 	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2")
 	expectStream(t, gs, err, "ADDED a 10, ADDED b 16")
 	if q := up.query(0); q.Get("allowWatchBookmarks") != "true" {
