@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"k8s.io/utils/clock"
 )
 
 // DefaultRetryBudget bounds the retries of one request when AttempterOptions.Budget is zero.
@@ -24,6 +26,10 @@ const DefaultRetryBudget = 10 * time.Second
 // or refusing connections. The client is told to retry after a second (apistatus maps it).
 var ErrNoBackend = errors.New("every upstream apiserver is unavailable")
 
+// ErrDeadline is Do's failure when the wait before its first attempt (Plan.AfterFailure) would
+// pass Plan.Deadline: no attempt was made.
+var ErrDeadline = errors.New("the next attempt would start after the deadline")
+
 // AttempterOptions configure an Attempter. Every field's zero value is usable.
 type AttempterOptions struct {
 	// Budget bounds the time one request spends in retries; 0: DefaultRetryBudget. A negative
@@ -36,6 +42,10 @@ type AttempterOptions struct {
 	// once (shutdown: a request waiting out a Retry-After gets that answer, not a cut
 	// connection at the shutdown timeout). Nil: never.
 	Done <-chan struct{}
+	// Clock paces Do: its deadline, its backoff waits and its wait for a usable backend (the
+	// watch's loop, on the watch's clock). The Pool keeps its own (health, moves, lag), which is
+	// the real one. Nil: the real clock.
+	Clock clock.Clock
 }
 
 // Attempter is the one loop that sends a request upstream (issue #7): the first attempt of
@@ -69,16 +79,19 @@ func NewAttempter(pool *Pool, o AttempterOptions) *Attempter {
 	if o.Budget == 0 {
 		o.Budget = DefaultRetryBudget
 	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
 	a := &Attempter{pool: pool, opts: o}
 	a.sleep = func(ctx context.Context, d time.Duration) error {
-		t := time.NewTimer(d)
+		t := a.opts.Clock.NewTimer(d)
 		defer t.Stop()
 		select {
 		case <-ctx.Done():
 			return context.Cause(ctx)
 		case <-a.opts.Done:
 			return errStopping
-		case <-t.C:
+		case <-t.C():
 			return nil
 		}
 	}
@@ -101,9 +114,15 @@ type Plan struct {
 	Avoid *Backend
 	// Deadline: no attempt starts after it. Zero: now + the budget.
 	Deadline time.Time
-	// Backoff paces the attempts; the caller may keep it across calls (a watch's resumes).
-	// Nil: a fresh RequestBackoff.
+	// Backoff paces the attempts; the caller may keep it across calls (a watch's resumes),
+	// and Reset it after progress, but only Do steps it (Next): the waits of all the calls
+	// made with it are one loop (docs/design.md section 5). Nil: a fresh RequestBackoff.
 	Backoff *Backoff
+	// AfterFailure: the caller's previous attempt with Backoff failed after Do had returned it
+	// (a watch resume that delivered nothing): Do waits Backoff's next delay before its first
+	// attempt too. When that wait would pass Deadline, Do makes no attempt and fails with
+	// ErrDeadline. Ignored with Target.
+	AfterFailure bool
 	// WaitForBackend waits for a usable backend until Deadline even when none was healthy a
 	// moment ago (a watch's resume: the client's stream is held open anyway). False: fail fast.
 	WaitForBackend bool
@@ -185,7 +204,8 @@ func Name(err error) string {
 // wrapped, or the context's cause): never neither, never both. The request's body, if any, is
 // read at most by the attempts that reached an upstream.
 func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attempt, error) {
-	now := time.Now()
+	clk := a.opts.Clock
+	now := clk.Now()
 	deadline := plan.Deadline
 	if deadline.IsZero() {
 		deadline = now.Add(max(a.opts.Budget, 0))
@@ -202,6 +222,15 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 			return Attempt{}, &Error{Backend: t, Err: fmt.Errorf("%w (%s is %s)", ErrNoBackend, t, t.State())}
 		}
 		return a.send(ctx, req, t, body, plan)
+	}
+	if plan.AfterFailure {
+		wait := bo.Next()
+		if now.Add(wait).After(deadline) {
+			return Attempt{}, fmt.Errorf("%w (it would wait %v)", ErrDeadline, wait.Round(time.Millisecond))
+		}
+		if err := a.sleep(ctx, wait); err != nil {
+			return Attempt{}, err
+		}
 	}
 	serve := plan.servable()
 	avoid := plan.Avoid
@@ -243,7 +272,7 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 			return at, nil
 		}
 		wait = max(wait, bo.Next())
-		if ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
+		if ctx.Err() != nil || clk.Now().Add(wait).After(deadline) {
 			a.outcome(attempt+1, "exhausted")
 			if err != nil {
 				return Attempt{}, err
@@ -276,32 +305,37 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 // plan waits for backends, or a backend was healthy less than the budget ago (then it waits at
 // most until the budget after that moment); it always stops at deadline.
 func (a *Attempter) waitUsable(ctx context.Context, plan Plan, deadline time.Time) error {
-	until := deadline
+	clk := a.opts.Clock
 	noBackend := func() error { return fmt.Errorf("%w (%s)", ErrNoBackend, a.pool.describe()) }
+	// healthyUntil is on the Pool's clock (when a backend was last healthy), deadline on Do's.
+	var healthyUntil time.Time
 	if !plan.WaitForBackend {
 		since := a.pool.healthySince()
 		if since.IsZero() || a.opts.Budget <= 0 {
 			return noBackend()
 		}
-		until = minTime(until, since.Add(a.opts.Budget))
+		healthyUntil = since.Add(a.opts.Budget)
 	}
 	for {
 		changed := a.pool.changes()
 		if a.pool.pick(plan.Watch, nil) != nil {
 			return nil
 		}
-		left := time.Until(until)
+		left := deadline.Sub(clk.Now())
+		if !healthyUntil.IsZero() {
+			left = min(left, time.Until(healthyUntil))
+		}
 		if left <= 0 {
 			return noBackend()
 		}
-		t := time.NewTimer(left)
+		t := clk.NewTimer(left)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return context.Cause(ctx)
 		case <-changed:
 			t.Stop()
-		case <-t.C:
+		case <-t.C():
 			return noBackend()
 		}
 	}
@@ -556,11 +590,4 @@ func bufferBody(body io.ReadCloser) io.ReadCloser {
 	data, _ := io.ReadAll(io.LimitReader(body, 64<<10))
 	body.Close()
 	return io.NopCloser(bytes.NewReader(data))
-}
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
 }

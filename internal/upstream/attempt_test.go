@@ -480,3 +480,39 @@ func TestBadGatewayRetriedOnAnotherBackend(t *testing.T) {
 		t.Fatal("the 502 backend was never tried: the test proves nothing")
 	}
 }
+
+// A watch's resumes are one loop (docs/design.md section 5): a call of Do after the caller's
+// own attempt failed (Plan.AfterFailure) waits the caller's backoff first, and the retries
+// within it go on with the same backoff; a wait that would pass the deadline makes no attempt.
+func TestAfterFailureBacksOffBeforeTheFirstAttempt(t *testing.T) {
+	var n atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	var sl sleeps
+	a := attempter(newPool(t, PoolOptions{}, srv.URL), AttempterOptions{}, &sl)
+	bo := ResumeBackoff
+	req, _ := http.NewRequest("GET", "/api/v1/pods?watch=1", nil)
+	plan := Plan{Watch: true, Backoff: &bo, AfterFailure: true, Deadline: time.Now().Add(time.Minute)}
+	at, err := a.Do(context.Background(), req, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at.Resp.Body.Close()
+	at.Cancel(nil)
+	// 0.8 s (+-25%) before the first attempt, 1.6 s (+-25%) before the retry of its 503.
+	if n.Load() != 2 || len(sl.got) != 2 || sl.got[0] < 600*time.Millisecond || sl.got[0] > time.Second ||
+		sl.got[1] < 1200*time.Millisecond || bo.Failures() != 2 {
+		t.Fatalf("attempts %d, sleeps %v, failures %d: want 2 attempts after waits of ~0.8s and ~1.6s", n.Load(), sl.got, bo.Failures())
+	}
+
+	plan.Deadline = time.Now().Add(time.Second) // the next wait, 3.2 s (+-25%), passes it
+	if _, err := a.Do(context.Background(), req, plan); !errors.Is(err, ErrDeadline) || n.Load() != 2 || len(sl.got) != 2 {
+		t.Fatalf("got %v after %d attempts and sleeps %v: want ErrDeadline, no attempt, no wait", err, n.Load(), sl.got)
+	}
+}

@@ -131,13 +131,15 @@ func (l *Lease) SetMovable(ok bool) {
 	}
 }
 
-// Alive tells the lease that its upstream sent something at now (Unix ns): a sign of life of
-// its backend. The watch calls it per read from the upstream, not per event (a clock read and
-// a store to the backend's shared aliveAt per event were 3% of the CPU at saturation).
-func (l *Lease) Alive(now int64) { l.b.aliveAt.Store(now) }
+// Alive tells the lease that its upstream sent something just now: a sign of life of its
+// backend, on the Pool's clock (the health checker's). The watch calls it per read from the
+// upstream, not per event (a clock read and a store to the backend's shared aliveAt per event
+// were 3% of the CPU at saturation).
+func (l *Lease) Alive() { l.b.alive() }
 
 // Waiting tells the lease that its watch waits for its upstream's next bytes from now (Unix
-// ns) on: a read from the upstream is under way.
+// ns, on the watch's clock: only the watch's watchdog reads the time back, the Pool only
+// whether it waits) on: a read from the upstream is under way.
 func (l *Lease) Waiting(now int64) { l.waiting.Store(now) }
 
 // Busy tells the lease that its watch is not waiting for its upstream: it has bytes to deliver,
@@ -215,9 +217,10 @@ func (l *Lease) Cut(r MoveReason) {
 func (l *Lease) cut(r MoveReason) { l.cancel(&MoveError{From: l.b, Reason: r}) }
 
 // MoveFailed says the move asked of the lease could not be made (no target accepted its
-// resume point): the watch stays where it is, and is not asked to move again before until.
-func (l *Lease) MoveFailed(until time.Time) {
-	l.hold.Store(until.UnixNano())
+// resume point): the watch stays where it is, and is not asked to move again for hold (on the
+// Pool's clock).
+func (l *Lease) MoveFailed(hold time.Duration) {
+	l.hold.Store(time.Now().Add(hold).UnixNano())
 	if l.moved.CompareAndSwap(true, false) {
 		l.b.leases.moving.Add(-1)
 	}

@@ -82,7 +82,7 @@ func TestMoveHandlerAskedAndHeld(t *testing.T) {
 		t.Fatal("a move asked for is not in transit")
 	}
 	p.drain(p.Backends(), time.Now(), k) // asked once at a time
-	l.MoveFailed(time.Now().Add(time.Hour))
+	l.MoveFailed(time.Hour)
 	if a.leases.moving.Load() != 0 {
 		t.Fatal("a failed move is still in transit")
 	}

@@ -1,8 +1,9 @@
-// Package watch serves one client watch from top to bottom: it owns the upstream side (the
-// first attempt, and every resume after the upstream breaks, both through upstream.Attempter),
-// reads the upstream's events with internal/stream, lets internal/fix decide each one, and
-// writes the result into the one client response, flushed whenever it would wait for the
-// upstream (never with an event held back while it waits). How a client watch may
+// Package watch serves one client watch from top to bottom. Its feed (feed.go) is the upstream
+// side: the first attempt, and every resume after the upstream breaks and every move, all
+// through upstream.Attempter; it reads the upstream's events with internal/stream and hands
+// each to its subscriber (subscriber.go), the one client response, where internal/fix decides
+// it and the result is written, flushed whenever the feed would wait for the upstream (never
+// with an event held back while it waits). How a client watch may
 // end (docs/design.md section 5):
 //   - cleanly (the client re-watches from its last RV): shutdown, the client's timeoutSeconds,
 //     resume given up, garbage from upstream;
@@ -85,8 +86,11 @@ type Deps struct {
 	// OnBreak, if set, is told every upstream watch attempt that broke and is resumed, with
 	// its backend (still a member of the pool when told) and why (per-upstream metrics).
 	OnBreak func(b *upstream.Backend, r ResumeReason)
-	// Clock times a move's acceptance window and its fresh-resume-point probe (move.go);
-	// nil: the real clock.
+	// Clock is every watch's clock: the client's deadline, the stall watchdog, how long a
+	// resume takes and when it gives up, a move's acceptance window and its fresh-resume-point
+	// probe. Give Attempts the same one (upstream.AttempterOptions.Clock), which waits out the
+	// resume backoff. Write deadlines toward clients are the network's and stay on the real
+	// clock, as does what the Pool judges (health, lag). Nil: the real clock.
 	Clock clock.WithDelayedExecution
 }
 
@@ -96,8 +100,7 @@ type Handler struct {
 	deps   Deps
 	exempt map[string]bool
 	log    *zap.Logger
-	// sleep waits between resumes without progress; tests may replace it.
-	sleep func(ctx context.Context, d time.Duration) error
+	clk    clock.WithDelayedExecution // deps.Clock
 	// done is deps.Done as a context, so that each watch can register a callback with
 	// context.AfterFunc instead of running a goroutine to wait for it; nil when Done is nil.
 	done context.Context
@@ -131,7 +134,7 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	for _, r := range upstream.MoveReasons() { // every series from the start
 		d.Metrics.WatchMovesFailed.WithLabelValues(r.String())
 	}
-	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, sleep: sleepCtx}
+	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, clk: d.Clock}
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
 	}
@@ -146,7 +149,7 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	return h, nil
 }
 
-// Causes that end a watch's context; the session sorts endings by them.
+// Causes that end a watch's context; the feed sorts endings by them.
 var (
 	errShutdown       = errors.New("watchsan is shutting down")
 	errClientDeadline = errors.New("the client's timeoutSeconds passed")
@@ -218,11 +221,11 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 	var deadline time.Time
 	switch {
 	case p.timeout > 0:
-		deadline = time.Now().Add(p.timeout)
-		t := time.AfterFunc(p.timeout, func() { cancel(errClientDeadline) })
+		deadline = h.clk.Now().Add(p.timeout)
+		t := h.clk.AfterFunc(p.timeout, func() { cancel(errClientDeadline) })
 		defer t.Stop()
 	case p.timeout < 0:
-		deadline = time.Now() // over already: the first attempt is the only one
+		deadline = h.clk.Now() // over already: the first attempt is the only one
 	}
 	if h.done != nil {
 		// A callback, not a goroutine per watch: it runs once, at shutdown.
@@ -230,17 +233,16 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 		defer stop()
 	}
 
-	s := &session{
-		h: h, client: r, ctx: ctx, params: p, resource: resource, deadline: deadline, cred: cred,
-		// Lazy: the fields are encoded only if a line is written, which most watches never do.
-		log:          h.log.WithLazy(zap.String("remote", r.RemoteAddr), zap.String("requestID", requestID)),
-		upstreamSide: upstreamSide{backoff: upstream.ResumeBackoff, scope: progressScope(r), groupResource: info.GroupResource()},
-		clientSide:   clientSide{w: w, rc: http.NewResponseController(w)},
+	// Lazy: the fields are encoded only if a line is written, which most watches never do.
+	log := h.log.WithLazy(zap.String("remote", r.RemoteAddr), zap.String("requestID", requestID))
+	sub := newSubscriber(h, w, r, p, resource, log)
+	f := &feed{
+		h: h, client: r, ctx: ctx, cred: cred, log: log, sub: sub, deadline: deadline, timeout: p.timeout,
+		backoff: upstream.ResumeBackoff, scope: progressScope(r), groupResource: info.GroupResource(),
 	}
-	s.out = newBatchWriter(w, s.rc, h.cfg.WriteTimeout)
 	from, _ := stream.ParseRV(p.rv)
 	slot := &moveSlot{}
-	first, err := h.deps.Attempts.Do(ctx, s.upstreamRequest(true), s.plan(from, slot))
+	first, err := h.deps.Attempts.Do(ctx, f.requestFrom(true, ""), f.plan(from, slot))
 	if err != nil {
 		if r.Context().Err() != nil {
 			return
@@ -253,18 +255,18 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 		if errors.Is(err, upstream.ErrNoBackend) {
 			lvl = zapcore.DebugLevel // the outage is logged once, at its transition; not per request
 		}
-		if ce := s.log.Check(lvl, "upstream failed before the response started"); ce != nil {
+		if ce := log.Check(lvl, "upstream failed before the response started"); ce != nil {
 			ce.Write(zap.String("path", r.URL.Path), zap.Int32("code", st.Code), zap.Error(err))
 		}
 		apistatus.Write(w, st)
 		return
 	}
-	s.backend = first.Backend
+	f.backend = first.Backend
 	format, ok := stream.FormatOf(first.Resp.Header.Get("Content-Type"))
 	if first.Resp.StatusCode != http.StatusOK || !ok || !identity(first.Resp.Header) {
 		// Not a stream we can read (an error status, a content type we do not parse): relay.
-		if relay(&s.out, first) {
-			s.slowClient(slowRelayed)
+		if relay(&sub.out, first) {
+			sub.slowClient(slowRelayed)
 		}
 		return
 	}
@@ -272,29 +274,24 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 	if h.exempt[info.GroupResource()] {
 		mode = fix.PassAll
 	}
-	s.fix = fix.NewStream(fix.Options{
+	f.format = format
+	sub.start(format, first.Resp.Header, fix.NewStream(fix.Options{
 		Scope: scopeOf(r, cred), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
 		Mode: mode, Memory: h.deps.Memory,
-	})
-	s.format = format
-	copyHeader(w.Header(), first.Resp.Header)
-	w.Header().Del("Content-Length")
-	w.WriteHeader(http.StatusOK)
-	_ = s.out.flushClient() // an error is sticky: the pump's first read ends the watch with it
-	s.writer = stream.NewWriter(format, &s.out)
+	}))
 
 	m.OpenWatches.WithLabelValues(resource).Inc()
 	defer m.OpenWatches.WithLabelValues(resource).Dec()
-	reason := s.run(s.source(first, slot))
+	reason := f.run(f.source(first, slot))
 	m.StreamEnds.WithLabelValues(reason.String()).Inc()
 	if reason == EndSlowClient {
-		s.slowClient(slowEvents)
+		sub.slowClient(slowEvents)
 	}
-	if ce := s.log.Check(zapcore.DebugLevel, "watch ended"); ce != nil {
-		ce.Write(zap.String("path", r.URL.Path), zap.Stringer("reason", reason), zap.Uint64("events", s.events),
-			zap.Int("resumes", s.resumes), zap.String("lastRV", s.fix.LastDelivered()))
+	if ce := log.Check(zapcore.DebugLevel, "watch ended"); ce != nil {
+		ce.Write(zap.String("path", r.URL.Path), zap.Stringer("reason", reason), zap.Uint64("events", f.events),
+			zap.Int("resumes", f.resumes), zap.String("lastRV", sub.LastDelivered()))
 	}
-	s.logEnd(reason)
+	sub.logEnd(reason)
 }
 
 func identity(h http.Header) bool {
@@ -320,14 +317,6 @@ func copyHeader(dst, src http.Header) {
 	}
 }
 
-// slowClient counts and logs a watch cut because its client did not take a write within the
-// write timeout; what (SlowClientReasons) says what it was sent.
-func (s *session) slowClient(what string) {
-	s.h.deps.Metrics.SlowClients.WithLabelValues(what).Inc()
-	s.log.Info("a write to the client did not complete within the write timeout; its watch is cut and its upstream watch closed",
-		zap.String("path", s.client.URL.Path), zap.String("what", what), zap.Duration("writeTimeout", s.h.cfg.WriteTimeout))
-}
-
 // relay copies a response as it is, flushing each read, and ends the attempt. Each write has
 // out's timeout; it reports whether the client did not take one within it.
 func relay(out *batchWriter, at upstream.Attempt) (slow bool) {
@@ -351,13 +340,12 @@ func relay(out *batchWriter, at upstream.Attempt) (slow bool) {
 	}
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
+// stopping reports whether Done is closed (shutdown), before the watch's context may say so.
+func (h *Handler) stopping() bool {
 	select {
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-t.C:
-		return nil
+	case <-h.deps.Done: // a nil Done never is
+		return true
+	default:
+		return false
 	}
 }

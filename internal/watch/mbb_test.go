@@ -137,6 +137,15 @@ func collect(ch <-chan got, gs []got) []got {
 	return gs
 }
 
+// finish waits for the stream's last event, then passes the client's deadline (timeoutSeconds
+// 4, on the fake clock) and returns the whole stream: nothing may come after last.
+func (x *mbb) finish(t *testing.T, ch <-chan got, gs []got, last string) []got {
+	t.Helper()
+	waitGot(t, ch, &gs, last)
+	x.clk.Step(5 * time.Second)
+	return collect(ch, gs)
+}
+
 func waitGot(t *testing.T, ch <-chan got, gs *[]got, want string) {
 	t.Helper()
 	for g := range ch {
@@ -185,7 +194,11 @@ func TestMoveRefusedByTargetKeepsWatch(t *testing.T) {
 	waitGot(t, ch, &gs, "MODIFIED a 11")
 	b.frozen.Store(false)
 	x.removeA(t)
-	gs = collect(ch, gs)
+	// The move fails on its own goroutine, and a's next event does not wait for it.
+	if !testutil.Until(10*time.Second, func() bool { return promtest.ToFloat64(x.m.WatchMovesFailed.WithLabelValues("removed")) >= 1 }) {
+		t.Fatal("the move did not fail within 10s")
+	}
+	gs = x.finish(t, ch, gs, "MODIFIED a 12")
 	expectStream(t, gs, nil, "ADDED a 10, MODIFIED a 11, MODIFIED a 12")
 	if q := b.query(0); q.Get("resourceVersion") != "11" {
 		t.Fatalf("the move tried b from %q, want 11", q.Get("resourceVersion"))
@@ -254,7 +267,7 @@ func testMoveAccepted(t *testing.T, cfg Config) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the old attempt was not ended after the target accepted")
 	}
-	gs = collect(ch, gs)
+	gs = x.finish(t, ch, gs, "MODIFIED a 13")
 	expectStream(t, gs, nil, "ADDED a 10, MODIFIED a 11, MODIFIED a 12, MODIFIED a 13")
 	if q := b.query(0); q.Get("resourceVersion") != "11" {
 		t.Fatalf("moved to b from %q, want 11", q.Get("resourceVersion"))
@@ -285,13 +298,16 @@ func TestGoneOnOneBackendResumesOnAnother(t *testing.T) {
 		t.Fatal(err)
 	}
 	m := metrics.New(nil)
-	h, err := New(Config{}, Deps{Attempts: upstream.NewAttempter(pool, upstream.AttempterOptions{}), Metrics: m,
-		Memory: fix.NewDeleteMemory(0, 0, nil), Logger: log})
+	clk := newStepClock()
+	h, err := New(Config{}, Deps{Attempts: upstream.NewAttempter(pool, upstream.AttempterOptions{Clock: clk}), Metrics: m,
+		Memory: fix.NewDeleteMemory(0, 0, nil), Logger: log, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := &fixture{h: h, m: m, srv: httptest.NewServer(h)}
 	defer f.srv.Close()
+	clk.stepTimers(t)                                                                // a resume's backoff after b's 410
+	clk.stepWhen(t, func() bool { return f.passed("MODIFIED") == 1 }, 3*time.Second) // the client's deadline
 	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2")
 	expectStream(t, gs, err, "ADDED a 10, MODIFIED a 11")
 	if q := a.query(1); q.Get("resourceVersion") != "10" {
@@ -334,7 +350,7 @@ func TestQuietWatchMovesFromAFreshResumePoint(t *testing.T) {
 	waitGot(t, ch, &gs, "MODIFIED a 11")
 	b.frozen.Store(false)
 	x.removeA(t)
-	gs = collect(ch, gs)
+	gs = x.finish(t, ch, gs, "MODIFIED a 26")
 	expectStream(t, gs, nil, "ADDED a 10, MODIFIED a 11, BOOKMARK  25, MODIFIED a 26")
 	if q := a.query(1); q.Get("limit") != "1" || q.Get("watch") != "" || q.Has("resourceVersion") {
 		t.Fatalf("the probe's list was %v, want a consistent list with limit 1", q)
@@ -395,7 +411,7 @@ func TestDegradedBackendDrainsMakeBeforeBreak(t *testing.T) {
 	if onA != 1 {
 		t.Errorf("%d watches on the degraded backend while the target was asked, want 1 (break before make)", onA)
 	}
-	gs = collect(ch, gs)
+	gs = x.finish(t, ch, gs, "MODIFIED a 12")
 	expectStream(t, gs, nil, "ADDED a 10, MODIFIED a 11, MODIFIED a 12")
 	select {
 	case <-a.canceled:

@@ -22,7 +22,7 @@ import (
 // current attempt goes on feeding the client. Only once the target has accepted the resume
 // point (it answered 200 and its first frame is no ERROR, or it stayed silent for
 // acceptSilence after its headers: the watch cache sends a too-old resume point's ERROR at
-// once, section 10.1) does the current attempt end (Lease.Cut) and the session switch to the
+// once, section 10.1) does the current attempt end (Lease.Cut) and the feed switch to the
 // target; what the old attempt delivered meanwhile comes again from the target and is
 // skipped. A target that refuses (a 410 among them: the Pool learns its floor, section 10.2)
 // is left, the next is tried, and when none accepts, the watch stays where it is
@@ -51,7 +51,7 @@ var (
 	errNoTarget      = errors.New("no backend can serve the watch's resume point")
 )
 
-// source is one attempt as the pump reads it: its reader, and for a move's target the frame
+// source is one attempt as the feed receives it: its reader, and for a move's target the frame
 // read ahead while it was being accepted.
 type source struct {
 	at   upstream.Attempt
@@ -60,7 +60,7 @@ type source struct {
 	rd   *stream.Reader
 	// peek, when not nil, delivers the first frame (read by accept), then is done with.
 	peek chan peeked
-	// dedupe: a move's target, started at or below the resume point the session has when it
+	// dedupe: a move's target, started at or below the resume point the feed has when it
 	// switches; prefix, a bookmark from freshPoint to deliver first (nil: none).
 	dedupe bool
 	prefix *stream.Event
@@ -81,20 +81,20 @@ func (src *source) next() (*stream.Event, error) {
 	return src.rd.Next()
 }
 
-// source wraps an attempt for the pump.
-func (s *session) source(at upstream.Attempt, slot *moveSlot) *source {
-	body := &attemptBody{r: at.Resp.Body, lease: at.Lease}
-	return &source{at: at, slot: slot, body: body, rd: stream.NewReader(s.format, body, s.h.cfg.MaxFrameSize)}
+// source wraps an attempt for receive.
+func (f *feed) source(at upstream.Attempt, slot *moveSlot) *source {
+	body := &attemptBody{r: at.Resp.Body, sink: f.sub, lease: at.Lease, clk: f.h.clk}
+	return &source{at: at, slot: slot, body: body, rd: stream.NewReader(f.format, body, f.h.cfg.MaxFrameSize)}
 }
 
-// moveSlot is where a move leaves its accepted target for the session, once per attempt.
+// moveSlot is where a move leaves its accepted target for the feed, once per attempt.
 type moveSlot struct {
 	mu     sync.Mutex
 	closed bool
 	next   *source
 }
 
-// put leaves src for the session; false when the attempt has ended already (src is not taken).
+// put leaves src for the feed; false when the attempt has ended already (src is not taken).
 func (m *moveSlot) put(src *source) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -119,7 +119,7 @@ func (m *moveSlot) close() *source {
 }
 
 // tryMove is the Pool's request to move the watch of lease l (its own goroutine).
-func (s *session) tryMove(slot *moveSlot, l *upstream.Lease, r upstream.MoveReason) {
+func (f *feed) tryMove(slot *moveSlot, l *upstream.Lease, r upstream.MoveReason) {
 	from := l.Pos()
 	if !l.Movable() || from == 0 {
 		// Not movable unnoticed (initial phase, an opaque resume point): only the Pool's
@@ -127,17 +127,17 @@ func (s *session) tryMove(slot *moveSlot, l *upstream.Lease, r upstream.MoveReas
 		l.Cut(r)
 		return
 	}
-	src, err := s.moveTarget(l, r, from, nil)
+	src, err := f.moveTarget(l, r, from, nil)
 	if errors.Is(err, errNoTarget) {
-		if prefix, fresh := s.freshPoint(l, from); prefix != nil {
-			src, err = s.moveTarget(l, r, fresh, prefix)
+		if prefix, fresh := f.freshPoint(l, from); prefix != nil {
+			src, err = f.moveTarget(l, r, fresh, prefix)
 		}
 	}
 	if err != nil {
-		l.MoveFailed(time.Now().Add(moveHold))
-		s.h.deps.Metrics.WatchMovesFailed.WithLabelValues(r.String()).Inc()
-		s.log.Debug("watch not moved: no target accepted its resume point; it stays",
-			zap.String("path", s.client.URL.Path), zap.Stringer("upstream", l.Backend()), zap.Stringer("reason", r),
+		l.MoveFailed(moveHold)
+		f.h.deps.Metrics.WatchMovesFailed.WithLabelValues(r.String()).Inc()
+		f.log.Debug("watch not moved: no target accepted its resume point; it stays",
+			zap.String("path", f.client.URL.Path), zap.Stringer("upstream", l.Backend()), zap.Stringer("reason", r),
 			zap.Uint64("fromRV", from), zap.Error(err))
 		return
 	}
@@ -151,19 +151,19 @@ func (s *session) tryMove(slot *moveSlot, l *upstream.Lease, r upstream.MoveReas
 
 // moveTarget opens the watch from from on the first of the lease's move targets that accepts
 // it. errNoTarget: none can serve from (so a fresher resume point may help).
-func (s *session) moveTarget(l *upstream.Lease, r upstream.MoveReason, from uint64, prefix *stream.Event) (*source, error) {
-	targets, blocked := l.MoveTargets(r, s.groupResource, from)
+func (f *feed) moveTarget(l *upstream.Lease, r upstream.MoveReason, from uint64, prefix *stream.Event) (*source, error) {
+	targets, blocked := l.MoveTargets(r, f.groupResource, from)
 	var errs []error
 	for i, t := range targets {
 		if i == maxMoveTargets {
 			break
 		}
-		src, err := s.openOn(t, from)
+		src, err := f.openOn(t, from)
 		if err == nil {
 			src.dedupe, src.prefix = true, prefix
 			return src, nil
 		}
-		if !t.CanServe(s.groupResource, from) {
+		if !t.CanServe(f.groupResource, from) {
 			blocked = true
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", t, err))
@@ -178,19 +178,19 @@ func (s *session) moveTarget(l *upstream.Lease, r upstream.MoveReason, from uint
 }
 
 // openOn opens the watch from from on t and waits until t has accepted it.
-func (s *session) openOn(t *upstream.Backend, from uint64) (*source, error) {
-	ctx, cancel := context.WithCancelCause(s.ctx)
-	headers := s.h.deps.Clock.AfterFunc(acceptTimeout, func() { cancel(errAcceptTimeout) })
+func (f *feed) openOn(t *upstream.Backend, from uint64) (*source, error) {
+	ctx, cancel := context.WithCancelCause(f.ctx)
+	headers := f.h.clk.AfterFunc(acceptTimeout, func() { cancel(errAcceptTimeout) })
 	slot := &moveSlot{}
-	plan := s.plan(from, slot)
+	plan := f.plan(from, slot)
 	plan.Target = t
-	at, err := s.h.deps.Attempts.Do(ctx, s.requestFrom(false, fmt.Sprint(from)), plan)
+	at, err := f.h.deps.Attempts.Do(ctx, f.requestFrom(false, fmt.Sprint(from)), plan)
 	if err != nil {
 		headers.Stop()
 		cancel(nil)
 		return nil, err
 	}
-	src := s.source(at, slot)
+	src := f.source(at, slot)
 	inner := at.Cancel
 	src.at.Cancel = func(cause error) { inner(cause); cancel(cause) }
 	fail := func(err error) (*source, error) {
@@ -200,9 +200,9 @@ func (s *session) openOn(t *upstream.Backend, from uint64) (*source, error) {
 	}
 	resp := at.Resp
 	format, ok := stream.FormatOf(resp.Header.Get("Content-Type"))
-	if resp.StatusCode != http.StatusOK || !ok || format != s.format || !identity(resp.Header) {
+	if resp.StatusCode != http.StatusOK || !ok || format != f.format || !identity(resp.Header) {
 		if resp.StatusCode == http.StatusGone {
-			s.noteGone(t, readStatus(resp), from)
+			f.noteGone(t, readStatus(resp), from)
 		} else {
 			drain(resp)
 		}
@@ -216,7 +216,7 @@ func (s *session) openOn(t *upstream.Backend, from uint64) (*source, error) {
 		ev, err := src.rd.Next()
 		src.peek <- peeked{ev, err}
 	}()
-	silence := s.h.deps.Clock.NewTimer(acceptSilence)
+	silence := f.h.clk.NewTimer(acceptSilence)
 	defer silence.Stop()
 	select {
 	case p := <-src.peek:
@@ -224,13 +224,13 @@ func (s *session) openOn(t *upstream.Backend, from uint64) (*source, error) {
 			return fail(p.err)
 		}
 		if p.ev.Type == stream.Error {
-			st, _ := stream.DecodeStatus(s.format, p.ev)
+			st, _ := stream.DecodeStatus(f.format, p.ev)
 			if st != nil && st.Code == http.StatusGone {
-				s.noteGone(t, st, from)
+				f.noteGone(t, st, from)
 			}
 			return fail(errors.New("answered with an ERROR event"))
 		}
-		src.peek <- p // the pump's first frame
+		src.peek <- p // receive's first frame
 	case <-silence.C():
 	case <-ctx.Done():
 		return fail(context.Cause(ctx))
@@ -240,47 +240,47 @@ func (s *session) openOn(t *upstream.Backend, from uint64) (*source, error) {
 
 // noteGone records a 410's floor on b (docs/design.md section 10.2): the cacher names it;
 // without it, at least from is gone.
-func (s *session) noteGone(b *upstream.Backend, st *metav1.Status, from uint64) {
+func (f *feed) noteGone(b *upstream.Backend, st *metav1.Status, from uint64) {
 	floor := from + 1
 	if st != nil {
 		if n, ok := upstream.TooOldFloor(st.Message); ok {
 			floor = n
 		}
 	}
-	b.NoteTooOld(s.groupResource, floor)
+	b.NoteTooOld(f.groupResource, floor)
 }
 
 // goneHere handles an attempt whose first frame is an ERROR: a 410 where another backend may
 // still serve the resume point is no reason to end the client's stream (docs/design.md
 // section 10.1): the floor is noted and the watch resumes elsewhere. False: the ERROR is the
-// client's.
-func (s *session) goneHere(at upstream.Attempt, ev *stream.Event) (attemptEnd, bool) {
-	st, err := stream.DecodeStatus(s.format, ev)
-	if err != nil || st.Code != http.StatusGone || !s.movable() {
+// client'f.
+func (f *feed) goneHere(at upstream.Attempt, ev *stream.Event) (attemptEnd, bool) {
+	st, err := stream.DecodeStatus(f.format, ev)
+	if err != nil || st.Code != http.StatusGone || !f.movable() {
 		return attemptEnd{}, false
 	}
-	from, ok := stream.ParseRV(s.fix.LastDelivered())
+	from, ok := stream.ParseRV(f.sub.LastDelivered())
 	if !ok {
 		return attemptEnd{}, false
 	}
-	s.noteGone(at.Backend, st, from)
-	if !s.h.deps.Attempts.Servable(s.groupResource, from, at.Backend) {
+	f.noteGone(at.Backend, st, from)
+	if !f.h.deps.Attempts.Servable(f.groupResource, from, at.Backend) {
 		return attemptEnd{}, false
 	}
-	s.log.Info("upstream cannot serve the watch's resume point; resuming it where it can be served",
-		zap.String("path", s.client.URL.Path), zap.Stringer("upstream", at.Backend), zap.Uint64("fromRV", from), zap.String("message", st.Message))
+	f.log.Info("upstream cannot serve the watch's resume point; resuming it where it can be served",
+		zap.String("path", f.client.URL.Path), zap.Stringer("upstream", at.Backend), zap.Uint64("fromRV", from), zap.String("message", st.Message))
 	return attemptEnd{resume: ResumeGoneHere, err: errors.New(st.Message)}, true
 }
 
-// switchTo makes a move's accepted target the session's attempt.
-func (s *session) switchTo(src *source, end attemptEnd) {
-	s.resumes++
-	s.backend = src.at.Backend
-	gap := time.Since(s.brokeAt)
-	s.h.deps.Metrics.Resumes.WithLabelValues(ResumeMoved.String()).Inc()
-	s.h.deps.Metrics.ResumeSeconds.Observe(gap.Seconds())
-	s.log.Info("moved upstream watch (make-before-break)", zap.String("path", s.client.URL.Path),
-		zap.Stringer("movedBecause", src.reason), zap.Stringer("ended", end.resume), zap.String("lastRV", s.fix.LastDelivered()),
+// switchTo makes a move's accepted target the feed's attempt.
+func (f *feed) switchTo(src *source, end attemptEnd) {
+	f.resumes++
+	f.backend = src.at.Backend
+	gap := f.h.clk.Since(f.brokeAt)
+	f.h.deps.Metrics.Resumes.WithLabelValues(ResumeMoved.String()).Inc()
+	f.h.deps.Metrics.ResumeSeconds.Observe(gap.Seconds())
+	f.log.Info("moved upstream watch (make-before-break)", zap.String("path", f.client.URL.Path),
+		zap.Stringer("movedBecause", src.reason), zap.Stringer("ended", end.resume), zap.String("lastRV", f.sub.LastDelivered()),
 		zap.Stringer("upstream", src.at.Backend))
 }
 
@@ -288,49 +288,49 @@ func (s *session) switchTo(src *source, end attemptEnd) {
 // (docs/design.md section 10.3): a consistent list of the watch's scope (limit 1) makes its
 // watch cache catch up with etcd, and a watch of the same scope from from, with a deadline
 // 3 s away, gets a bookmark 2 s before it. A bookmark at B as its first frame says that the
-// scope has no event in (from, B]: B is a resume point of the session's watch too. It returns
+// scope has no event in (from, B]: B is a resume point of the feed's watch too. It returns
 // that bookmark and B, or nil when the backend offers none (or does not answer at all) (an event came first: the watch
 // will deliver it, and can move after).
-func (s *session) freshPoint(l *upstream.Lease, from uint64) (*stream.Event, uint64) {
+func (f *feed) freshPoint(l *upstream.Lease, from uint64) (*stream.Event, uint64) {
 	b := l.Backend()
 	if b.State() == upstream.Unhealthy { // it does not answer
 		return nil, 0
 	}
-	ctx, cancel := context.WithCancelCause(s.ctx)
+	ctx, cancel := context.WithCancelCause(f.ctx)
 	defer cancel(nil)
-	t := s.h.deps.Clock.AfterFunc(freshTimeout, func() { cancel(errAcceptTimeout) })
+	t := f.h.clk.AfterFunc(freshTimeout, func() { cancel(errAcceptTimeout) })
 	defer t.Stop()
 
-	q := s.client.URL.Query()
+	q := f.client.URL.Query()
 	list := url.Values{"limit": {"1"}}
 	for _, k := range []string{"labelSelector", "fieldSelector"} {
 		if v := q.Get(k); v != "" {
 			list.Set(k, v)
 		}
 	}
-	lr := s.requestFrom(true, "")
-	lr.URL = &url.URL{Path: strings.Replace(s.client.URL.Path, "/watch/", "/", 1), RawQuery: list.Encode()}
-	if at, err := s.h.deps.Attempts.Do(ctx, lr, upstream.Plan{Target: b, Credentials: s.cred}); err == nil {
+	lr := f.requestFrom(true, "")
+	lr.URL = &url.URL{Path: strings.Replace(f.client.URL.Path, "/watch/", "/", 1), RawQuery: list.Encode()}
+	if at, err := f.h.deps.Attempts.Do(ctx, lr, upstream.Plan{Target: b, Credentials: f.cred}); err == nil {
 		drain(at.Resp)
 		at.Cancel(nil)
 	}
 
-	wr := s.requestFrom(false, fmt.Sprint(from))
+	wr := f.requestFrom(false, fmt.Sprint(from))
 	wq := wr.URL.Query()
 	wq.Set("timeoutSeconds", freshWatchSeconds)
 	wr.URL.RawQuery = wq.Encode()
-	at, err := s.h.deps.Attempts.Do(ctx, wr, upstream.Plan{Target: b, Credentials: s.cred})
+	at, err := f.h.deps.Attempts.Do(ctx, wr, upstream.Plan{Target: b, Credentials: f.cred})
 	if err != nil {
 		return nil, 0
 	}
 	defer at.Cancel(nil)
 	defer at.Resp.Body.Close()
 	format, ok := stream.FormatOf(at.Resp.Header.Get("Content-Type"))
-	if at.Resp.StatusCode != http.StatusOK || !ok || format != s.format || !identity(at.Resp.Header) {
+	if at.Resp.StatusCode != http.StatusOK || !ok || format != f.format || !identity(at.Resp.Header) {
 		drain(at.Resp)
 		return nil, 0
 	}
-	ev, err := stream.NewReader(format, at.Resp.Body, s.h.cfg.MaxFrameSize).Next()
+	ev, err := stream.NewReader(format, at.Resp.Body, f.h.cfg.MaxFrameSize).Next()
 	if err != nil || ev.Type != stream.Bookmark {
 		return nil, 0
 	}
@@ -338,6 +338,6 @@ func (s *session) freshPoint(l *upstream.Lease, from uint64) (*stream.Event, uin
 	if !ok || n <= from {
 		return nil, 0
 	}
-	s.h.deps.Metrics.WatchFreshPoints.Inc()
+	f.h.deps.Metrics.WatchFreshPoints.Inc()
 	return ev.Clone(), n
 }

@@ -55,8 +55,9 @@ func TestMovedWatchResumesElsewhereSeamlessly(t *testing.T) {
 	defer func() { cancel(); <-poolDone }()
 	m := metrics.New(nil)
 	var broke []string
-	h, err := New(Config{}, Deps{Attempts: upstream.NewAttempter(pool, upstream.AttempterOptions{}), Metrics: m,
-		Memory: fix.NewDeleteMemory(0, 0, nil), Logger: log,
+	clk := newStepClock()
+	h, err := New(Config{}, Deps{Attempts: upstream.NewAttempter(pool, upstream.AttempterOptions{Clock: clk}), Metrics: m,
+		Memory: fix.NewDeleteMemory(0, 0, nil), Logger: log, Clock: clk,
 		OnBreak: func(b *upstream.Backend, r ResumeReason) { broke = append(broke, b.String()+" "+r.String()) }})
 	if err != nil {
 		t.Fatal(err)
@@ -64,6 +65,7 @@ func TestMovedWatchResumesElsewhereSeamlessly(t *testing.T) {
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	f := &fixture{h: h, m: m, srv: srv}
+	clk.stepWhen(t, func() bool { return f.passed("MODIFIED") == 2 }, 4*time.Second) // the client's deadline
 
 	go func() {
 		// The move waits for the two events to be decided (the resume point is 11 then), not for

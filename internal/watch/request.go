@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"time"
 
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -14,37 +13,37 @@ import (
 // keeps the client's parameters; a resume is a plain watch from the resume point (the initial
 // phase is over). Both ask for bookmarks (stall detection and resume points) and for identity
 // encoding (watchsan parses the stream). Forwarding headers are built as on every other path.
-func (s *session) upstreamRequest(first bool) *http.Request {
+func (f *feed) upstreamRequest(first bool) *http.Request {
 	rv := ""
 	if !first {
-		rv = s.fix.LastDelivered()
+		rv = f.sub.LastDelivered()
 	}
-	return s.requestFrom(first, rv)
+	return f.requestFrom(first, rv)
 }
 
 // requestFrom is upstreamRequest for a resume from rv (when not first); it reads only what
-// does not change during the session, so a move's goroutine may call it.
-func (s *session) requestFrom(first bool, rv string) *http.Request {
-	q := s.client.URL.Query()
+// does not change during the feed's life, so a move's goroutine may call it.
+func (f *feed) requestFrom(first bool, rv string) *http.Request {
+	q := f.client.URL.Query()
 	q.Set("allowWatchBookmarks", "true")
 	if !first {
 		q.Set("resourceVersion", rv)
 		q.Del("sendInitialEvents")
 		q.Del("resourceVersionMatch")
 	}
-	if !s.deadline.IsZero() && (!first || s.params.timeout > 0) { // a negative one goes as sent
-		left := time.Until(s.deadline).Seconds()
+	if !f.deadline.IsZero() && (!first || f.timeout > 0) { // a negative one goes as sent
+		left := f.deadline.Sub(f.h.clk.Now()).Seconds()
 		q.Set("timeoutSeconds", strconv.Itoa(max(1, int(left+0.999))))
 	}
-	out := s.client.Clone(s.ctx)
-	out.URL = &url.URL{Path: s.client.URL.Path, RawPath: s.client.URL.RawPath, RawQuery: q.Encode()}
+	out := f.client.Clone(f.ctx)
+	out.URL = &url.URL{Path: f.client.URL.Path, RawPath: f.client.URL.RawPath, RawQuery: q.Encode()}
 	out.RequestURI = ""
 	out.Host = ""
 	out.Body = nil
 	out.ContentLength = 0
-	out.Header = make(http.Header, len(s.client.Header))
-	copyHeader(out.Header, s.client.Header)
+	out.Header = make(http.Header, len(f.client.Header))
+	copyHeader(out.Header, f.client.Header)
 	out.Header.Del("Accept-Encoding")
-	upstream.SetForwarded(out, s.client)
+	upstream.SetForwarded(out, f.client)
 	return out
 }

@@ -16,6 +16,8 @@ import (
 
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
+	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/metrics"
@@ -105,9 +107,17 @@ type fixture struct {
 	up    *upstreamScript
 	done  chan struct{}
 	upURL string
+	seen  atomic.Int32 // events the client of watch read
 }
 
 func newFixture(t *testing.T, cfg Config, up *upstreamScript) *fixture {
+	t.Helper()
+	return newFixtureClock(t, cfg, up, nil)
+}
+
+// newFixtureClock is newFixture with clk as the watch's and its Attempter's clock (nil: the
+// real one).
+func newFixtureClock(t *testing.T, cfg Config, up *upstreamScript, clk *stepClock) *fixture {
 	t.Helper()
 	upSrv := httptest.NewServer(up)
 	t.Cleanup(upSrv.Close)
@@ -118,16 +128,135 @@ func newFixture(t *testing.T, cfg Config, up *upstreamScript) *fixture {
 		t.Fatal(err)
 	}
 	f := &fixture{up: up, done: make(chan struct{}), upURL: upSrv.URL, m: metrics.New(nil)}
-	f.h, err = New(cfg, Deps{
-		Attempts: upstream.NewAttempter(pool, upstream.AttempterOptions{}), Metrics: f.m,
-		Memory: fix.NewDeleteMemory(0, 0, nil), Done: f.done, Logger: log,
-	})
+	deps := Deps{Metrics: f.m, Memory: fix.NewDeleteMemory(0, 0, nil), Done: f.done, Logger: log}
+	var ao upstream.AttempterOptions
+	if clk != nil {
+		ao.Clock, deps.Clock = clk, clk
+	}
+	deps.Attempts = upstream.NewAttempter(pool, ao)
+	f.h, err = New(cfg, deps)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.srv = httptest.NewServer(f.h)
 	t.Cleanup(f.srv.Close)
 	return f
+}
+
+// stepClock is a fake clock that records the duration of every timer made on it (NewTimer:
+// the Attempter's waits; the watchdog and deadlines use AfterFunc).
+type stepClock struct {
+	*clocktesting.FakeClock
+	mu    sync.Mutex
+	made  []time.Duration
+	newed chan time.Duration
+}
+
+func newStepClock() *stepClock {
+	return &stepClock{FakeClock: clocktesting.NewFakeClock(time.Now()), newed: make(chan time.Duration, 100)}
+}
+
+func (c *stepClock) NewTimer(d time.Duration) clock.Timer {
+	t := c.FakeClock.NewTimer(d) // registered before it is told: a Step after it fires it
+	c.mu.Lock()
+	c.made = append(c.made, d)
+	c.mu.Unlock()
+	c.newed <- d
+	return t
+}
+
+// AfterFunc runs f on a goroutine of its own when d has passed, as time.AfterFunc does; the
+// FakeClock's own runs it inside Step, holding the clock's lock (a callback that reads the
+// clock or resets its timer, as the watchdog's does, would deadlock), and cannot fire a timer
+// reset after it fired (its channel is full).
+func (c *stepClock) AfterFunc(d time.Duration, f func()) clock.Timer {
+	a := &afterTimer{c: c, f: f}
+	a.t = c.FakeClock.AfterFunc(d, a.fire)
+	return a
+}
+
+type afterTimer struct {
+	c  *stepClock
+	f  func()
+	mu sync.Mutex
+	t  clock.Timer
+}
+
+func (a *afterTimer) fire()               { go a.f() }
+func (a *afterTimer) C() <-chan time.Time { return nil }
+
+func (a *afterTimer) Stop() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.t.Stop()
+}
+
+func (a *afterTimer) Reset(d time.Duration) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	active := a.t.Stop()
+	a.t = a.c.FakeClock.AfterFunc(d, a.fire)
+	return active
+}
+
+func (c *stepClock) timers() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]time.Duration(nil), c.made...)
+}
+
+// stepTimers passes each timer's duration as soon as the timer is made, until the test ends;
+// it returns the durations passed so far.
+func (c *stepClock) stepTimers(t *testing.T) func() []time.Duration {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	t.Cleanup(func() { close(stop); <-done })
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case d := <-c.newed:
+				c.Step(d)
+			}
+		}
+	}()
+	return c.timers
+}
+
+// stepWhen passes d on c once cond holds (it fails the test if cond does not within 10 s).
+func (c *stepClock) stepWhen(t *testing.T, cond func() bool, d time.Duration) {
+	go func() {
+		if !testutil.Until(10*time.Second, cond) {
+			t.Error("the condition to pass the fake clock did not hold within 10s")
+			return
+		}
+		c.Step(d)
+	}()
+}
+
+// stepToStall passes the stall timeout on c, once the client has read its first events
+// (then the watch has flushed them and waits for its upstream), until the watchdog has found
+// n stalls. A step that comes while the watch is still busy with what it read finds no
+// silence and is taken again (at most 3 times).
+func (f *fixture) stepToStall(t *testing.T, c *stepClock, decided func() bool, stall time.Duration, n float64) {
+	go func() {
+		if !testutil.Until(10*time.Second, decided) {
+			t.Error("the watch did not deliver its first events within 10s")
+			return
+		}
+		stalls := func() bool { return promtest.ToFloat64(f.m.Stalls) >= n }
+		for i := 0; i < 3 && !stalls(); i++ {
+			c.Step(stall)
+			testutil.Until(time.Second, stalls)
+		}
+	}()
+}
+
+// passed counts the events of type typ the watch let through.
+func (f *fixture) passed(typ string) float64 {
+	return promtest.ToFloat64(f.m.WatchEvents.WithLabelValues("configmaps", typ, "passed"))
 }
 
 type got struct {
@@ -175,6 +304,7 @@ func (f *fixture) watchWith(t *testing.T, query string, h http.Header) ([]got, e
 			return out, err
 		}
 		out = append(out, got{ev.Type, ev.Object.Metadata.Name, ev.Object.Metadata.ResourceVersion, ev.Object.Code})
+		f.seen.Add(1)
 	}
 }
 
@@ -242,7 +372,9 @@ func TestResumeAfterEOFIsSeamless(t *testing.T) {
 		events(obj("ADDED", "a", "10"), obj("ADDED", "b", "11")),                                   // then EOF
 		thenHang(up, obj("ADDED", "b", "11"), obj("ADDED", "c", "12"), obj("MODIFIED", "a", "13")), // b replayed
 	}
-	f := newFixture(t, Config{}, up)
+	clk := newStepClock()
+	f := newFixtureClock(t, Config{}, up, clk)
+	clk.stepWhen(t, func() bool { return f.passed("ADDED") == 3 && f.passed("MODIFIED") == 1 }, 3*time.Second) // the client's deadline
 	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2")
 	expectStream(t, gs, err, "ADDED a 10, ADDED b 11, ADDED c 12, MODIFIED a 13")
 	q := up.query(1)
@@ -306,7 +438,10 @@ func testStallResumed(t *testing.T, stall, resume time.Duration) {
 			send(w, obj("ADDED", "b", "11"))
 		},
 	}
-	f := newFixture(t, Config{StallTimeout: stall, ResumeTimeout: resume}, up)
+	clk := newStepClock()
+	f := newFixtureClock(t, Config{StallTimeout: stall, ResumeTimeout: resume}, up, clk)
+	clk.stepTimers(t) // the retry's and resumes' waits
+	f.stepToStall(t, clk, func() bool { return f.seen.Load() == 1 }, stall, 1)
 	go func() { // the apiserver comes back after the stall was noticed
 		testutil.Until(10*time.Second, func() bool { return promtest.ToFloat64(f.m.Stalls) > 0 })
 		up.frozen.Store(false)
@@ -385,7 +520,10 @@ func TestQuietWatchOutlivesTheResumeTimeout(t *testing.T) {
 func TestSilentUpstreamIsResumedThoughItAnswersProbes(t *testing.T) {
 	up := &upstreamScript{}
 	up.steps = []func(http.ResponseWriter, *http.Request){thenHang(up, obj("ADDED", "a", "10")), events(obj("ADDED", "b", "11"))}
-	f := newFixture(t, Config{StallTimeout: 300 * time.Millisecond}, up)
+	clk := newStepClock()
+	f := newFixtureClock(t, Config{StallTimeout: 300 * time.Millisecond}, up, clk)
+	clk.stepTimers(t) // the waits of the resumes after b, which the deadline ends
+	f.stepToStall(t, clk, func() bool { return f.seen.Load() == 1 }, 300*time.Millisecond, 1)
 	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2")
 	expectStream(t, gs, err, "ADDED a 10, ADDED b 11")
 	if q := up.query(0); q.Get("allowWatchBookmarks") != "true" {
@@ -431,7 +569,9 @@ func TestHiddenBookmarkAdvancesResumePoint(t *testing.T) {
 		events(obj("ADDED", "a", "10"), `{"type":"BOOKMARK","object":{"kind":"ConfigMap","apiVersion":"v1","metadata":{"resourceVersion":"15"}}}`+"\n"),
 		thenHang(up, obj("ADDED", "b", "16")),
 	}
-	f := newFixture(t, Config{}, up)
+	clk := newStepClock()
+	f := newFixtureClock(t, Config{}, up, clk)
+	clk.stepWhen(t, func() bool { return f.passed("ADDED") == 2 }, 3*time.Second) // the client's deadline
 	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2")
 	expectStream(t, gs, err, "ADDED a 10, ADDED b 16")
 	if q := up.query(0); q.Get("allowWatchBookmarks") != "true" {
@@ -518,45 +658,30 @@ func TestErrorEventOnResumeEndsStream(t *testing.T) {
 
 // An upstream that ends every watch at once (issue #7's resume storm: 15,209 requests in 10 s)
 // gets resumes paced by the reflector-like backoff, and the client's stream ends cleanly once
-// the resume timeout passes without progress.
+// the resume timeout passes without progress. On a fake clock: every wait is the Attempter's
+// (the one place the backoff is stepped), and passes when the test steps it.
 func TestResumeWithoutProgressBacksOffAndGivesUp(t *testing.T) {
 	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){
 		events(obj("ADDED", "a", "10")), // progress, then EOF
 		events(),                        // every resume: 200, no event, EOF
 	}}
-	f := newFixture(t, Config{ResumeTimeout: 3 * time.Second}, up)
-	var mu sync.Mutex
-	var waits []time.Duration
-	f.h.sleep = func(ctx context.Context, d time.Duration) error {
-		mu.Lock()
-		waits = append(waits, d)
-		mu.Unlock()
-		return sleepCtx(ctx, d)
-	}
-	start := time.Now()
+	clk := newStepClock()
+	f := newFixtureClock(t, Config{ResumeTimeout: 3 * time.Second}, up, clk)
+	waits := clk.stepTimers(t)
 	gs, err := f.watch(t, "resourceVersion=5")
-	took := time.Since(start)
 	expectStream(t, gs, err, "ADDED a 10")
 	if v := promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndResumeTimeout.String())); v != 1 {
 		t.Fatalf("ends{resume-timeout} = %v", v)
 	}
-	// 0 s: the first attempt; at once: a resume after progress; then waits of 0.8 s and 1.6 s
-	// (+-25%); the next, 3.2 s, would pass the 3 s timeout.
-	mu.Lock()
-	defer mu.Unlock()
-	if n := up.attempts(); n < 3 || n > 5 {
-		t.Fatalf("%d upstream attempts in %v, waits %v: want 3-5 (backed off, not a storm)", n, took, waits)
+	// The first attempt; at once a resume after progress; then waits of 0.8 s and 1.6 s (+-25%,
+	// together at most 3 s) before the next two; the next, 3.2 s (+-25%), would pass the 3 s
+	// resume timeout: no attempt, the stream ends.
+	w := waits()
+	if n := up.attempts(); n != 4 || len(w) != 2 {
+		t.Fatalf("%d upstream attempts, waits %v: want 4 attempts and 2 waits", n, w)
 	}
-	for i := 1; i < len(waits); i++ {
-		if waits[i] <= waits[i-1] {
-			t.Fatalf("waits %v do not grow", waits)
-		}
-	}
-	if len(waits) == 0 || waits[0] < 600*time.Millisecond {
-		t.Fatalf("waits %v: the first resume without progress must wait ~800ms", waits)
-	}
-	if took > 5*time.Second {
-		t.Fatalf("gave up after %v, want about the 3s resume timeout", took)
+	if w[0] < 600*time.Millisecond || w[0] > time.Second || w[1] < 1200*time.Millisecond || w[1] > 2*time.Second {
+		t.Fatalf("waits %v, want ~800ms then ~1.6s", w)
 	}
 }
 
@@ -572,13 +697,18 @@ func TestResumeAfterProgressIsImmediate(t *testing.T) {
 		}
 		send(w, obj("ADDED", fmt.Sprint("o", i), fmt.Sprint(10+i)))
 	}}}
-	f := newFixture(t, Config{}, up)
-	f.h.sleep = func(ctx context.Context, d time.Duration) error {
-		t.Errorf("waited %v between resumes that made progress", d)
-		return sleepCtx(ctx, d)
-	}
+	clk := newStepClock()
+	f := newFixtureClock(t, Config{}, up, clk)
+	go func() { // the client's deadline passes once the sixth attempt is open
+		if testutil.Until(10*time.Second, func() bool { return up.attempts() == 6 }) {
+			clk.Step(3 * time.Second)
+		}
+	}()
 	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2")
 	expectStream(t, gs, err, "ADDED o1 11, ADDED o2 12, ADDED o3 13, ADDED o4 14, ADDED o5 15")
+	if w := clk.timers(); len(w) != 0 {
+		t.Fatalf("waited %v between resumes that made progress", w)
+	}
 }
 
 // A negative timeoutSeconds is over before it starts: the apiserver ends such a watch at once,

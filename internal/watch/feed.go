@@ -1,0 +1,603 @@
+package watch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+
+	"github.com/watchsan/watchsan/internal/fix"
+	"github.com/watchsan/watchsan/internal/stream"
+	"github.com/watchsan/watchsan/internal/upstream"
+)
+
+// A watch is served by a feed and its subscriber. The feed is the upstream side: its attempts
+// through the Attempter (the first, every resume, every move), the lease of the current one,
+// the stall watchdog, how a break is classified and resumed, with the watch's one backoff
+// (stepped only by the Attempter, docs/design.md section 5), on the Handler's clock. A
+// subscriber (subscriber.go) is one client response: its policy (fix.Stream), its framing,
+// its batched writes. Today every feed has exactly one subscriber, the client whose request
+// opened it; the two meet only through sink.
+
+// sink is what a feed delivers to. Its contract, which a fan-out to several subscribers
+// (issue 15 item 2) must keep too:
+//   - The feed calls its methods from one goroutine at a time, the one that receives (run,
+//     receive), never concurrently; a move's goroutine calls none. A sink needs no lock for
+//     them.
+//   - For each upstream event, in the upstream's order, the feed calls decide, and unless the
+//     decision is a Drop, write with that decision. Neither waits for the upstream.
+//   - write and flush may block on a client, but each returns within that client's write
+//     timeout (--watch-write-timeout): a client that does not take it makes them fail, and
+//     broken says so from then on (EndSlowClient, or EndClientGone). Meanwhile the feed's
+//     lease is busy (upstream.Lease.Busy): time spent on a client is never the upstream's
+//     silence or lag.
+//   - The feed calls flush before every read from the upstream that may wait, so nothing a
+//     sink holds waits with it (docs/design.md section 5).
+//   - InInitialPhase, LastDelivered and HasResumePoint are the resume point, as fix.Stream
+//     keeps it: a feed resumes or moves from LastDelivered, and never in an initial phase.
+//   - relist ends the stream with the ERROR 410 given; nothing is written after it.
+//   - When the feed's context ends (the client left, its deadline, shutdown), the attempt's
+//     read returns and receive with it; run returns within one write timeout. Nothing of the
+//     sink's outlives the call that returns.
+type sink interface {
+	InInitialPhase() bool
+	LastDelivered() string
+	HasResumePoint() bool
+
+	decide(ev *stream.Event) fix.Decision
+	write(ev *stream.Event, d fix.Decision) error
+	flush() error
+	broken() (EndReason, error)
+	gone() bool
+	relist(st *metav1.Status)
+}
+
+// feed is the upstream side of one watch (see sink). Its goroutine is its caller's (run). The
+// others it starts all have a way out: the watchdog is a timer stopped with its attempt; a
+// move (tryMove, on the Pool's goroutine) ends with the feed's context or acceptTimeout, and
+// its first-frame reader with its attempt, which a refusal or the feed's end cancels.
+type feed struct {
+	h      *Handler
+	client *http.Request   // the watch's request: every attempt's path, query and headers
+	ctx    context.Context // ends with its client, its deadline, or shutdown (with a cause)
+	cred   upstream.Credentials
+	log    *zap.Logger
+	sub    sink
+	format stream.Format // the upstream's, the first answer's: every attempt must answer in it
+
+	// deadline is when the feed ends, its subscriber's timeoutSeconds (zero: none); timeout
+	// is that timeoutSeconds as the client gave it (negative: over, the first attempt goes as
+	// sent). A shared feed will outlive its subscribers' deadlines (issue 15 item 2).
+	deadline time.Time
+	timeout  time.Duration
+
+	// scope and groupResource tell the pool what the watch selects (lag detection) and of
+	// which resource it delivers resourceVersions (the high-water mark).
+	scope         string
+	groupResource string
+
+	backend *upstream.Backend
+	lease   *upstream.Lease // the current attempt's place on backend
+	// nextSlot is where a move of the attempt resume just opened leaves its target (move.go).
+	nextSlot *moveSlot
+
+	// backoff paces resumes that make no progress (the Attempter steps it). brokeAt is when the
+	// upstream last broke after progress (for a stall: when it went silent), giveUpAt when
+	// resuming without progress since then stops: ResumeTimeout after the break was found.
+	backoff  upstream.Backoff
+	brokeAt  time.Time
+	giveUpAt time.Time
+	resumes  int
+
+	// stallResumedAt is when the attempt after a stall started; zero once its first delivery
+	// has told whether the silent stream had hung (see judgeStall).
+	stallResumedAt time.Time
+
+	events   uint64 // upstream events handed to the sink
+	progress uint64 // events it did not drop (object events and bookmarks, shown or not)
+}
+
+// attemptEnd is how one upstream attempt ended.
+type attemptEnd struct {
+	end    EndReason    // not endNone: the client's stream ends now
+	resume ResumeReason // otherwise: why the upstream broke
+	err    error
+	// progress: the attempt delivered an event or a bookmark.
+	progress bool
+	// silentSince, for a stall, is when the upstream last sent anything: the client's gap
+	// began then, not when the stall was detected.
+	silentSince time.Time
+	// move, for ResumeMoved, is why the pool moved the watch.
+	move upstream.MoveReason
+}
+
+// plan is the Attempter's plan for an attempt of this watch starting from resourceVersion from.
+// Its moves are make-before-break (tryMove, docs/design.md section 10.1): an accepted target
+// is left in slot.
+func (f *feed) plan(from uint64, slot *moveSlot) upstream.Plan {
+	return upstream.Plan{Watch: true, Scope: f.scope, Resource: f.groupResource, From: from, Credentials: f.cred,
+		OnMove: func(l *upstream.Lease, r upstream.MoveReason) { f.tryMove(slot, l, r) }}
+}
+
+// movable says whether the watch can resume elsewhere without its client noticing.
+func (f *feed) movable() bool {
+	return !f.h.cfg.DisableResume && !f.sub.InInitialPhase() && f.sub.HasResumePoint()
+}
+
+// run receives the first attempt and every resume until the client's stream ends.
+func (f *feed) run(src *source) EndReason {
+	for {
+		at := src.at
+		end := f.receive(src)
+		// A move's target that accepted the watch meanwhile is where it goes on, whatever
+		// ended this attempt (the Cut, or a break that came first).
+		moved := src.slot.close()
+		if end.end == endNone {
+			end.end = f.resumable(end)
+			if end.end == endNone && f.h.deps.OnBreak != nil {
+				// Told while the attempt still holds its backend (a removed backend is not
+				// forgotten before its watches have left it).
+				f.h.deps.OnBreak(at.Backend, end.resume)
+			}
+			if end.resume != ResumeEOF && end.resume != ResumeMoved {
+				at.Backend.ReportFailure(end.err) // a reset or a silence may be the upstream's health
+			}
+		}
+		at.Cancel(nil)
+		if end.end != endNone {
+			if moved != nil {
+				moved.at.Cancel(nil)
+			}
+			return end.end
+		}
+		brokeAt := f.h.clk.Now()
+		if !end.silentSince.IsZero() {
+			brokeAt = end.silentSince
+		}
+		// Why: a resume that delivers nothing is a failure, whatever its status line said: an
+		// upstream that ends every watch at once would otherwise be asked again at once,
+		// forever (issue #7: 15,209 requests in 10 s from one client watch). A move is no
+		// failure: watchsan ended the attempt itself. Nor is a stall: the upstream accepted the
+		// attempt and it stayed open, silent, for the whole stall timeout, which is at most one
+		// request per stall timeout, and exactly what an apiserver sends a caught-up watch of a
+		// resource nothing changes (docs/design.md section 2). Counting it would end a healthy
+		// quiet watch's stream at its second stall.
+		neutral := end.progress || end.resume == ResumeMoved || end.resume == ResumeStall
+		if neutral || f.brokeAt.IsZero() {
+			f.brokeAt = brokeAt
+			f.giveUpAt = f.h.clk.Now().Add(f.h.cfg.ResumeTimeout)
+		}
+		if neutral {
+			f.backoff.Reset()
+		}
+		if moved != nil {
+			f.switchTo(moved, end)
+			src = moved
+		} else {
+			next, final := f.resume(end)
+			if final != endNone {
+				return final
+			}
+			src = f.source(next, f.nextSlot)
+		}
+		f.stallResumedAt = time.Time{}
+		if end.resume == ResumeStall {
+			f.stallResumedAt = f.h.clk.Now()
+		}
+	}
+}
+
+// resumable says how the client's stream ends after its upstream watch broke, or endNone
+// when the watch is resumed.
+func (f *feed) resumable(end attemptEnd) EndReason {
+	if f.h.cfg.DisableResume || f.sub.InInitialPhase() || f.sub.LastDelivered() == "" {
+		f.log.Info("upstream watch ended; ending the client's stream so it re-watches",
+			zap.String("path", f.client.URL.Path), zap.Stringer("why", end.resume), zap.Bool("initialPhase", f.sub.InInitialPhase()), zap.Error(end.err))
+		return EndNoResume
+	}
+	if !f.deadline.IsZero() && !f.h.clk.Now().Before(f.deadline) {
+		return EndDeadline
+	}
+	return endNone
+}
+
+// receive reads one attempt until it ends, handing each event to the sink, and says what
+// happened, which is what to do next, as client-go's RetryWatcher.doReceive does
+// (tools/watch/retrywatcher.go): end the client's stream (attemptEnd.end), or resume it, why,
+// and whether the attempt made progress (no backoff then). The caller ends the attempt.
+func (f *feed) receive(src *source) attemptEnd {
+	at := src.at
+	resp := at.Resp
+	attemptCtx := resp.Request.Context()
+	defer resp.Body.Close()
+	f.lease = at.Lease
+	f.lease.SetMovable(f.movable())
+	// Busy until a read from the upstream waits (attemptBody.Read): a move's target may first
+	// deliver what it read ahead, and the prefix.
+	f.lease.Busy()
+
+	src.body.live.Store(true)
+	var silentSince atomic.Int64 // when the upstream went silent, once the watchdog found it stalled
+	stopWatchdog := f.watchdog(attemptCtx, at, &silentSince)
+	defer stopWatchdog()
+
+	start := f.progress
+	// Events are batched and flushed only when the reader is about to wait for the upstream
+	// (flushBeforeRead), as the apiserver flushes only when no further event is queued: one
+	// write(2) per read instead of one per event, and no event ever waits unflushed for the
+	// network. What is still batched when the attempt ends goes out before the feed waits
+	// for anything else (a resume, the end of the stream).
+	defer f.sub.flush()
+	// A moved watch's target started from the resume point the move read, at most the one
+	// delivered now: what the old attempt delivered since comes again, in the same order (one
+	// etcd, one scope), and is skipped (docs/design.md section 10.1).
+	var skip uint64
+	if src.dedupe {
+		skip, _ = stream.ParseRV(f.sub.LastDelivered())
+		if p := src.prefix; p != nil {
+			if n, _ := stream.ParseRV(p.RV); n > skip {
+				f.events++
+				if werr := f.deliver(p); werr != nil {
+					return f.clientEnd()
+				}
+				skip = n
+			}
+		}
+	}
+	first := true
+	for {
+		ev, err := src.next()
+		if err != nil {
+			if e, _ := f.sub.broken(); e != endNone {
+				return f.clientEnd()
+			}
+			end := f.classify(attemptCtx, err)
+			end.progress = f.progress > start
+			if end.resume == ResumeStall {
+				end.silentSince = time.Unix(0, silentSince.Load())
+			}
+			return end
+		}
+		if skip > 0 {
+			if n, ok := stream.ParseRV(ev.RV); ok && n <= skip && ev.Type != stream.Error {
+				continue
+			}
+			skip = 0
+		}
+		if first && ev.Type == stream.Error {
+			if end, ok := f.goneHere(at, ev); ok {
+				return end
+			}
+		}
+		first = false
+		f.events++
+		if werr := f.deliver(ev); werr != nil {
+			return f.clientEnd()
+		}
+		f.lease.SetMovable(f.movable())
+		if ev.Type == stream.Error {
+			return f.endAfterError(ev)
+		}
+	}
+}
+
+// endAfterError ends the client's stream after the upstream's ERROR event, as the apiserver
+// ends its own: resuming would only fetch the same ERROR again (a 410 on a real apiserver comes
+// as HTTP 200 and an ERROR event, not as a 410 status).
+func (f *feed) endAfterError(ev *stream.Event) attemptEnd {
+	st, err := stream.DecodeStatus(f.format, ev)
+	if err == nil && st.Code == http.StatusGone {
+		f.h.deps.Metrics.RelistsForced.Inc()
+		f.log.Info("upstream said the watch's resourceVersion is gone; the client relists",
+			zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()), zap.String("message", st.Message))
+		return attemptEnd{end: EndRelist}
+	}
+	f.log.Info("upstream ended the watch with an ERROR event", zap.String("path", f.client.URL.Path), zap.Error(err))
+	return attemptEnd{end: EndUpstreamError}
+}
+
+// stallBacklogWindow is how soon after a stall's resume an object event counts as backlog the
+// silent stream held back: an apiserver writes the events after the resume point at once.
+const stallBacklogWindow = time.Second
+
+// judgeStall tells, from the first delivery after a stall's resume, whether the silent stream
+// had hung. A watch from the resume point gets at once every event after it: object events
+// at once mean the silent stream held them back (a hung apiserver or L7 hop). A bookmark, or
+// nothing for a while, means the watch was caught up and its resource unchanged, which an
+// apiserver also answers with silence (docs/design.md section 2).
+func (f *feed) judgeStall(ev *stream.Event) {
+	at := f.stallResumedAt
+	f.stallResumedAt = time.Time{}
+	switch ev.Type {
+	case stream.Bookmark, stream.Error:
+		return
+	}
+	if f.h.clk.Since(at) > stallBacklogWindow {
+		return
+	}
+	f.h.deps.Metrics.StallsHung.Inc()
+	f.log.Warn("the upstream watch had hung: its resume delivered at once events the silent stream had held back",
+		zap.String("path", f.client.URL.Path), zap.String("type", ev.Type), zap.String("rv", ev.RV))
+}
+
+// deliver hands one event to the sink: its policy decides, the lease learns how far the watch
+// got, and the sink writes it (or not).
+func (f *feed) deliver(ev *stream.Event) error {
+	if !f.stallResumedAt.IsZero() {
+		f.judgeStall(ev)
+	}
+	d := f.sub.decide(ev)
+	if d.Action == fix.Drop {
+		return nil
+	}
+	f.reportProgress(ev, d)
+	f.progress++
+	return f.sub.write(ev, d)
+}
+
+// clientEnd is how the stream ends after a write to the client failed.
+func (f *feed) clientEnd() attemptEnd {
+	e, err := f.sub.broken()
+	return attemptEnd{end: e, err: err}
+}
+
+// reportProgress tells the lease how far the watch got: its resume point, and (in the live
+// phase) the RV of an object event that every watch of its scope must deliver too.
+func (f *feed) reportProgress(ev *stream.Event, d fix.Decision) {
+	rv := ev.RV
+	if d.Action == fix.Rewrite {
+		rv = d.RV
+	}
+	n, ok := stream.ParseRV(rv)
+	switch {
+	case ev.Type == stream.Error || !ok:
+		return // no position; the read that brought it told the lease the backend is alive
+	case f.sub.InInitialPhase():
+		f.lease.Observed(n) // a real RV of the upstream's, for the high-water mark
+		return
+	}
+	var event uint64
+	if ev.Type != stream.Bookmark && d.Action == fix.Pass {
+		event = n
+	}
+	f.lease.Progress(n, event)
+}
+
+// attemptBody is an attempt's response body as its reader reads it. Once the attempt is the
+// feed's (receive), it flushes the sink's pending events before every read from the
+// upstream: a read is where the feed may wait for the network, and an event must not wait
+// with it. Before that (a move's target, read ahead while the old attempt still feeds the
+// client) it flushes nothing. It tells the lease when the watch waits for its upstream (from
+// after the flush: the time a write to the client takes is no silence of the upstream's, for
+// the watchdog and the mover) and when it is busy with what it read, and gives the backend a
+// sign of life: per read, not per event (a clock read per event was 3% of the CPU at
+// saturation).
+type attemptBody struct {
+	r     io.Reader
+	sink  sink
+	live  atomic.Bool // the feed's attempt now (receive): flush before reading
+	lease *upstream.Lease
+	clk   clock.PassiveClock // the watch's: its watchdog reads the waiting time back
+}
+
+func (f *attemptBody) Read(p []byte) (int, error) {
+	if f.live.Load() {
+		if err := f.sink.flush(); err != nil {
+			return 0, err
+		}
+	}
+	f.lease.Waiting(f.clk.Now().UnixNano())
+	n, err := f.r.Read(p)
+	if n > 0 {
+		f.lease.Busy()
+		f.lease.Alive()
+	}
+	return n, err
+}
+
+// classify sorts an attempt's ending: the context's cause first (client, deadline, shutdown,
+// stall), then the read error (clean EOF, a broken connection, garbage).
+func (f *feed) classify(attemptCtx context.Context, err error) attemptEnd {
+	if f.sub.gone() {
+		return attemptEnd{end: EndClientGone}
+	}
+	switch cause := context.Cause(attemptCtx); {
+	case errors.Is(cause, errShutdown):
+		return attemptEnd{end: EndShutdown}
+	case errors.Is(cause, errClientDeadline):
+		return attemptEnd{end: EndDeadline}
+	case errors.Is(cause, errStalled):
+		return attemptEnd{resume: ResumeStall, err: err}
+	}
+	var moved *upstream.MoveError
+	if errors.As(context.Cause(attemptCtx), &moved) {
+		return attemptEnd{resume: ResumeMoved, err: moved, move: moved.Reason}
+	}
+	switch {
+	case errors.Is(err, io.EOF):
+		if !f.deadline.IsZero() && f.deadline.Sub(f.h.clk.Now()) < time.Second {
+			return attemptEnd{end: EndDeadline}
+		}
+		return attemptEnd{resume: ResumeEOF}
+	case errors.Is(err, stream.ErrFrameTooLarge), errors.Is(err, stream.ErrMalformed):
+		f.log.Warn("garbage from upstream; ending the client's stream cleanly",
+			zap.String("path", f.client.URL.Path), zap.Stringer("upstream", f.backend), zap.Error(err))
+		return attemptEnd{end: EndMalformed, err: err}
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return attemptEnd{resume: ResumeTruncated, err: err}
+	default:
+		return attemptEnd{resume: ResumeReset, err: err}
+	}
+}
+
+// watchdog ends the attempt (cause errStalled) when the watch has waited for its upstream for
+// the stall timeout and the upstream sent nothing, not even a bookmark. watchsan always asks
+// for bookmarks, but an apiserver sends them only while the watch's resource changes
+// (docs/design.md section 2): a silence is a hung stream, or a watch of a resource nothing
+// changes, and it cannot tell which; the resume that follows does (judgeStall). It resumes
+// even if the upstream answers probes: the hop between may be what hangs. Resuming is
+// lossless, so a false alarm costs one request. Time the watch spends busy on its client
+// (the lease is not waiting) is nobody's silence: the client's write deadline bounds it
+// (issue 16: a client that stopped reading got a healthy upstream counted as stalled and
+// reported as failing). It is a timer, not a goroutine: the lease is checked lazily when it
+// fires (a busy watch never touches the timer), and it runs only until stop is called or the
+// attempt ends.
+// It stores when the silence began in silentSince before it ends the attempt.
+func (f *feed) watchdog(ctx context.Context, at upstream.Attempt, silentSince *atomic.Int64) (stop func()) {
+	stall := f.h.cfg.StallTimeout
+	var (
+		mu      sync.Mutex
+		stopped bool
+		t       clock.Timer
+	)
+	check := func() {
+		if ctx.Err() != nil {
+			return
+		}
+		var idle time.Duration // busy on the client: not waiting at all
+		since, waiting := at.Lease.WaitingSince()
+		if waiting {
+			idle = f.h.clk.Since(since)
+		}
+		if idle < stall {
+			mu.Lock()
+			if !stopped {
+				t.Reset(stall - idle)
+			}
+			mu.Unlock()
+			return
+		}
+		f.h.deps.Metrics.Stalls.Inc()
+		// Info, not a warning: a caught-up watch of a resource nothing changes is silent too
+		// (docs/design.md section 2), and this cannot tell the two apart.
+		f.log.Info("upstream watch silent: nothing, not even a bookmark, for the stall timeout (a hung path, or a resource nothing changes); resuming it",
+			zap.String("path", f.client.URL.Path), zap.Stringer("upstream", at.Backend), zap.Duration("silent", idle))
+		silentSince.Store(since.UnixNano())
+		at.Cancel(errStalled)
+	}
+	mu.Lock()
+	t = f.h.clk.AfterFunc(stall, check)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
+	}
+}
+
+// resume opens the watch again from the resume point, through the Attempter (another backend
+// than the broken one when there is one), after a backoff when the last attempt made no
+// progress: the Attempter waits it out (Plan.AfterFailure), with the watch's one backoff, the
+// same one that paces its retries, so every wait of the watch's resumes is stepped in one
+// place (docs/design.md section 5). It gives up at giveUpAt. It returns the new attempt, or
+// the end reason.
+func (f *feed) resume(end attemptEnd) (upstream.Attempt, EndReason) {
+	failed := !end.progress && end.resume != ResumeMoved && end.resume != ResumeStall // see run
+	var avoid *upstream.Backend
+	if end.resume != ResumeEOF || !end.progress {
+		avoid = f.backend
+	}
+	fromRV := f.sub.LastDelivered()
+	from, _ := stream.ParseRV(fromRV)
+	f.nextSlot = &moveSlot{}
+	plan := f.plan(from, f.nextSlot)
+	plan.Avoid, plan.Deadline, plan.Backoff, plan.WaitForBackend = avoid, f.giveUpAt, &f.backoff, true
+	plan.AfterFailure = failed
+	at, err := f.h.deps.Attempts.Do(f.ctx, f.upstreamRequest(false), plan)
+	if err != nil {
+		if f.ctx.Err() != nil || f.h.stopping() {
+			return upstream.Attempt{}, f.endFromContext()
+		}
+		if !errors.Is(err, upstream.ErrDeadline) { // else the break's own error says more
+			end.err = err
+		}
+		return upstream.Attempt{}, f.giveUp(end)
+	}
+	resp := at.Resp
+	format, ok := stream.FormatOf(resp.Header.Get("Content-Type"))
+	switch {
+	case resp.StatusCode == http.StatusOK && ok && format == f.format && identity(resp.Header):
+		gap := f.h.clk.Since(f.brokeAt)
+		f.resumes++
+		f.backend = at.Backend
+		f.h.deps.Metrics.Resumes.WithLabelValues(end.resume.String()).Inc()
+		f.h.deps.Metrics.ResumeSeconds.Observe(gap.Seconds())
+		fields := []zap.Field{zap.String("path", f.client.URL.Path), zap.Stringer("reason", end.resume),
+			zap.Bool("progress", end.progress), zap.String("fromRV", fromRV), zap.Duration("gap", gap), zap.Stringer("upstream", at.Backend),
+			zap.Int("failures", f.backoff.Failures())}
+		if end.resume == ResumeMoved {
+			fields = append(fields, zap.Stringer("movedBecause", end.move))
+		}
+		f.log.Info("resumed upstream watch", fields...)
+		return at, endNone
+	case resp.StatusCode == http.StatusGone:
+		st := readStatus(resp)
+		at.Cancel(nil)
+		return upstream.Attempt{}, f.forceRelist(st)
+	case resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests:
+		drain(resp) // the Attempter ran out of time retrying these
+		at.Cancel(nil)
+		end.err = errors.New("upstream answered " + resp.Status)
+		return upstream.Attempt{}, f.giveUp(end)
+	default:
+		f.log.Warn("upstream refused the resumed watch; ending the client's stream cleanly",
+			zap.String("path", f.client.URL.Path), zap.Int("code", resp.StatusCode), zap.Stringer("upstream", at.Backend))
+		drain(resp)
+		at.Cancel(nil)
+		return upstream.Attempt{}, EndResumeRefused
+	}
+}
+
+func (f *feed) giveUp(end attemptEnd) EndReason {
+	f.log.Warn("could not resume the upstream watch with progress in time; ending the client's stream cleanly",
+		zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()),
+		zap.Duration("after", f.h.clk.Since(f.brokeAt)), zap.Int("failures", f.backoff.Failures()), zap.Error(end.err))
+	return EndResumeTimeout
+}
+
+// forceRelist tells the client its resume point is gone: a well-formed ERROR 410 in its format.
+func (f *feed) forceRelist(st *metav1.Status) EndReason {
+	if st == nil || st.Code != http.StatusGone {
+		st = &metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
+			Code: http.StatusGone, Reason: metav1.StatusReasonExpired, Message: "too old resource version: " + f.sub.LastDelivered()}
+	}
+	f.sub.relist(st)
+	f.h.deps.Metrics.RelistsForced.Inc()
+	f.log.Info("resume point expired upstream; told the client to relist", zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()))
+	return EndRelist
+}
+
+func (f *feed) endFromContext() EndReason {
+	switch cause := context.Cause(f.ctx); {
+	case f.sub.gone():
+		return EndClientGone
+	case errors.Is(cause, errShutdown), f.h.stopping():
+		return EndShutdown
+	case errors.Is(cause, errClientDeadline):
+		return EndDeadline
+	}
+	return EndClientGone
+}
+
+func readStatus(resp *http.Response) *metav1.Status {
+	defer drain(resp)
+	var st metav1.Status
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&st); err != nil || st.Code == 0 {
+		return nil
+	}
+	return &st
+}
+
+func drain(resp *http.Response) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+}
