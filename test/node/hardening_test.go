@@ -268,8 +268,19 @@ func checkCgroup(t *testing.T, where string, pid int, res corev1.ResourceRequire
 // failed liveness probe: liveness is /healthz only, which an apiserver outage must not fail.
 func probeFailures(ctx context.Context, t *testing.T, cs kubernetes.Interface, pod *corev1.Pod, container string) map[string]int32 {
 	t.Helper()
+	out := probeEvents(ctx, t, cs, pod, container)
+	if n := out["Liveness"]; n > 0 {
+		t.Errorf("pod %s container %s: its liveness probe failed %d times", pod.Name, container, n)
+	}
+	return out
+}
+
+// probeEvents returns how many failed probes of each kind the kubelet reported for the
+// container (its Unhealthy events), and under "Killing" how often it said it would restart it.
+func probeEvents(ctx context.Context, t *testing.T, cs kubernetes.Interface, pod *corev1.Pod, container string) map[string]int32 {
+	t.Helper()
 	evs, err := cs.CoreV1().Events(pod.Namespace).List(ctx, metav1.ListOptions{
-		FieldSelector: "involvedObject.uid=" + string(pod.UID) + ",reason=Unhealthy",
+		FieldSelector: "involvedObject.uid=" + string(pod.UID),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -279,10 +290,14 @@ func probeFailures(ctx context.Context, t *testing.T, cs kubernetes.Interface, p
 		if !strings.Contains(e.InvolvedObject.FieldPath, "{"+container+"}") {
 			continue
 		}
-		kind, _, _ := strings.Cut(e.Message, " probe")
-		out[kind] += max(e.Count, 1)
-		if kind == "Liveness" {
-			t.Errorf("pod %s container %s: %s (%d times)", pod.Name, container, e.Message, max(e.Count, 1))
+		switch e.Reason {
+		case "Unhealthy":
+			kind, _, _ := strings.Cut(e.Message, " probe")
+			out[kind] += max(e.Count, 1)
+		case "Killing":
+			if strings.Contains(e.Message, "liveness") {
+				out["Killing"] += max(e.Count, 1)
+			}
 		}
 	}
 	return out
