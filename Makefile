@@ -43,12 +43,13 @@ test: cluster-bins
 	WATCHSAN_SOAK_SEED=$(TEST_SOAK_SEED) WATCHSAN_ISSUE20_ASSERT=$(ISSUE20_ASSERT) $(GOTESTSUM) --format testname -- -race -count=1 -timeout 40m ./test/e2e
 
 # The real node (issue 17, test/cluster/node and test/node): containerd, runc and the real
-# kubelet run deploy/'s sidecar and node-local watchsan from the image `make image` builds.
+# kubelet run deploy/'s sidecar, node-local and HA watchsan from the image `make image` builds,
+# and follow deploy/README.md's node-local steps as written.
 # Needs root on Linux and runc (.ci/run installs it); here a machine that cannot run a node
 # fails the tests instead of skipping them (WATCHSAN_REQUIRE_NODE=1). One package at a time
 # (-p 1): two kubelets would share the device manager's fixed socket. Without -race: the
-# harness is all this runs in-process, and the timings it reports are the kubelet's. About 2
-# minutes warm.
+# harness is all this runs in-process, and the timings it reports are the kubelet's. About 3
+# minutes warm (5 tests, 167 s here).
 test-node: cluster-bins
 	WATCHSAN_REQUIRE_NODE=1 $(GOTESTSUM) --format testname -- -p 1 -count=1 -timeout 20m ./test/cluster/node ./test/node
 
