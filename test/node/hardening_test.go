@@ -131,11 +131,12 @@ func checkRunning(ctx context.Context, t *testing.T, n *node.Node, pod *corev1.P
 			t.Errorf("%s: readOnlyRootFilesystem, but a file was created in its root", where)
 		case !errors.Is(err, syscall.EROFS):
 			t.Errorf("%s: a write into its root failed with %v, want EROFS", where, err)
+		default:
+			rofs = "read-only (EROFS)"
 		}
 		if opts := rootMountOptions(t, pid); !slices.Contains(opts, "ro") {
 			t.Errorf("%s: readOnlyRootFilesystem, but / is mounted %v", where, opts)
 		}
-		rofs = "read-only (EROFS)"
 	}
 	writable := 0
 	for _, m := range c.VolumeMounts {
