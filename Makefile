@@ -43,12 +43,13 @@ test: cluster-bins
 	WATCHSAN_SOAK_SEED=$(TEST_SOAK_SEED) WATCHSAN_ISSUE20_ASSERT=$(ISSUE20_ASSERT) $(GOTESTSUM) --format testname -- -race -count=1 -timeout 40m ./test/e2e
 
 # The real node (issue 17, test/cluster/node and test/node): containerd, runc and the real
-# kubelet run deploy/'s sidecar and node-local watchsan from the image `make image` builds.
+# kubelet run deploy/'s sidecar, node-local and HA watchsan from the image `make image` builds,
+# and follow deploy/README.md's node-local steps as written.
 # Needs root on Linux and runc (.ci/run installs it); here a machine that cannot run a node
 # fails the tests instead of skipping them (WATCHSAN_REQUIRE_NODE=1). One package at a time
 # (-p 1): two kubelets would share the device manager's fixed socket. Without -race: the
-# harness is all this runs in-process, and the timings it reports are the kubelet's. About 2
-# minutes warm.
+# harness is all this runs in-process, and the timings it reports are the kubelet's. About 3
+# minutes warm (5 tests, 167 s here).
 test-node: cluster-bins
 	WATCHSAN_REQUIRE_NODE=1 $(GOTESTSUM) --format testname -- -p 1 -count=1 -timeout 20m ./test/cluster/node ./test/node
 
@@ -110,10 +111,15 @@ bench-micro:
 	$(GO) test -run '^$$' -bench . -benchmem ./internal/stream ./internal/fix ./internal/bench
 
 # The container image, without a container engine: static binaries for IMAGE_PLATFORMS, then
-# hack/image writes an OCI image layout to bin/image (push it with `skopeo copy
-# oci:bin/image docker://...` or `crane push bin/image ...`) and bin/image.tar for `docker load`
-# (the first platform). The Dockerfile builds the same image where a container engine runs.
+# hack/image writes an OCI image layout to bin/image, tagged IMAGE:VERSION (the commit, while
+# the repository has no release tag; push it with `crane push bin/image REGISTRY/watchsan:TAG`
+# or `skopeo copy oci:bin/image docker://REGISTRY/watchsan:TAG`), and bin/image.tar for
+# `docker load`, `kind load image-archive` or `ctr images import` (the first platform), tagged
+# IMAGE:VERSION and IMAGE:IMAGE_DEV_TAG, the reference deploy/'s kustomizations name (see
+# deploy/README.md, "The image"). The Dockerfile builds the same image where a container engine
+# runs.
 IMAGE           ?= ghcr.io/watchsan/watchsan
+IMAGE_DEV_TAG   ?= dev
 IMAGE_PLATFORMS ?= linux/amd64 linux/arm64
 REVISION        ?= $(shell git rev-parse HEAD 2>/dev/null)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
@@ -125,6 +131,6 @@ image:
 	  CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -ldflags "$(LDFLAGS)" \
 	    -o bin/image-bin/$$os-$$arch/watchsan ./cmd/watchsan; \
 	done
-	$(GO) run ./hack/image --out bin/image --tarball bin/image.tar --ref $(IMAGE):$(VERSION) \
+	$(GO) run ./hack/image --out bin/image --tarball bin/image.tar --ref $(IMAGE):$(VERSION) --tarball-tag $(IMAGE_DEV_TAG) \
 	  --version $(VERSION) --revision $(REVISION) --created $(SOURCE_DATE_EPOCH) \
 	  $(foreach p,$(IMAGE_PLATFORMS),--binary $(p)=bin/image-bin/$(word 1,$(subst /, ,$(p)))-$(word 2,$(subst /, ,$(p)))/watchsan)

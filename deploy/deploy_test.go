@@ -752,6 +752,24 @@ func (d *dryRunner) resource(o *unstructured.Unstructured) (dynamic.ResourceInte
 	return d.dyn.Resource(m.Resource), nil
 }
 
+// newDryRunner is a dryRunner with the admin's identity on apiserver 0 of c.
+func newDryRunner(t *testing.T, c *cluster.Cluster) *dryRunner {
+	t.Helper()
+	d := &dryRunner{}
+	cfg := c.RESTConfig(0, c.AdminToken)
+	cfg.WarningHandler = d
+	var err error
+	if d.dyn, err = dynamic.NewForConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.mapper = restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	return d
+}
+
 // create creates o for real (dryRun false) or with dryRun=All, with strict field validation.
 func (d *dryRunner) create(ctx context.Context, o *unstructured.Unstructured, dryRun bool) error {
 	ri, err := d.resource(o)
@@ -778,18 +796,7 @@ func TestServerDryRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 
-	d := &dryRunner{}
-	cfg := c.RESTConfig(0, c.AdminToken)
-	cfg.WarningHandler = d
-	var err error
-	if d.dyn, err = dynamic.NewForConfig(cfg); err != nil {
-		t.Fatal(err)
-	}
-	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.mapper = restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	d := newDryRunner(t, c)
 
 	// The ServiceMonitor's CRD, as a cluster with the Prometheus Operator has it.
 	installCRD(ctx, t, d, "testdata/servicemonitor-crd.yaml")

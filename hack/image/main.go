@@ -78,6 +78,10 @@ type Options struct {
 	// Ref is the image's name with its tag, e.g. ghcr.io/watchsan/watchsan:v0.1.0. The tag is
 	// the layout's org.opencontainers.image.ref.name and the tarball's tag.
 	Ref string
+	// TarballTags are more tags, of Ref's repository, that the tarball's image also carries
+	// (`make image`: dev, the tag deploy/'s overlays name). The layout keeps one entry, Ref's,
+	// so that `crane push bin/image` and `skopeo copy oci:bin/image` find one image.
+	TarballTags []string
 	// Version and Revision are the version and revision labels (Revision may be empty).
 	Version, Revision string
 	// Source is the source label; "" means DefaultSource.
@@ -101,6 +105,7 @@ func main() {
 		tarPath  string
 		created  int64
 		binaries multiFlag
+		tags     multiFlag
 	)
 	flag.StringVar(&out, "out", "bin/image", "directory to write the OCI image layout to (replaced)")
 	flag.StringVar(&tarPath, "tarball", "", "also write a `docker load` tarball of the first platform's image here")
@@ -113,7 +118,9 @@ func main() {
 	flag.StringVar(&o.CACerts, "ca-certs", CACertsPath, "CA bundle to include at "+CACertsPath+" (\"\": none)")
 	flag.Int64Var(&created, "created", sourceDateEpoch(), "creation time, Unix seconds (default $SOURCE_DATE_EPOCH or 0)")
 	flag.Var(&binaries, "binary", "OS/ARCH[/VARIANT]=PATH of a static watchsan binary (repeatable)")
+	flag.Var(&tags, "tarball-tag", "another tag, of --ref's repository, for the tarball's image (repeatable)")
 	flag.Parse()
+	o.TarballTags = tags
 	o.Created = time.Unix(created, 0).UTC()
 	for _, b := range binaries {
 		plat, file, ok := strings.Cut(b, "=")
@@ -132,6 +139,9 @@ func main() {
 	fmt.Printf("wrote %s (OCI image layout) for %s", out, o.Ref)
 	if tarPath != "" {
 		fmt.Printf(", %s (docker load)", tarPath)
+		for _, t := range o.TarballTags {
+			fmt.Printf(" also tagged %s", t)
+		}
 	}
 	fmt.Println()
 }
@@ -160,6 +170,14 @@ func Write(dir, tarPath string, o Options) error {
 	}
 	if len(o.Binaries) == 0 {
 		return errors.New("no --binary given")
+	}
+	refs := map[string]name.Reference{tag.String(): tag}
+	for _, t := range o.TarballTags {
+		other, err := name.NewTag(tag.Repository.Name()+":"+t, name.StrictValidation)
+		if err != nil {
+			return fmt.Errorf("--tarball-tag %q: %w", t, err)
+		}
+		refs[other.String()] = other
 	}
 	var imgs []v1.Image
 	for _, b := range o.Binaries {
@@ -196,7 +214,11 @@ func Write(dir, tarPath string, o Options) error {
 		return fmt.Errorf("writing %s: %w", dir, err)
 	}
 	if tarPath != "" {
-		if err := tarball.WriteToFile(tarPath, tag, imgs[0]); err != nil {
+		refToImage := map[name.Reference]v1.Image{}
+		for _, r := range refs {
+			refToImage[r] = imgs[0]
+		}
+		if err := tarball.MultiRefWriteToFile(tarPath, refToImage); err != nil {
 			return fmt.Errorf("writing %s: %w", tarPath, err)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -124,6 +125,8 @@ func TestImageLayout(t *testing.T) {
 		Binaries: []Binary{{Platform: plat, Path: bin}},
 		Ref:      "ghcr.io/watchsan/watchsan:" + version,
 		Version:  version, Revision: "0123456789abcdef", Created: created, CACerts: ca,
+		// As `make image` does: the tag deploy/'s overlays name, on the tarball only.
+		TarballTags: []string{"dev"},
 	}
 	if err := Write(dir, tarPath, o); err != nil {
 		t.Fatal(err)
@@ -188,8 +191,9 @@ func TestImageLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(tm) != 1 || len(tm[0].RepoTags) != 1 || tm[0].RepoTags[0] != o.Ref {
-		t.Errorf("tarball manifest %+v, want one image tagged %s", tm, o.Ref)
+	wantTags := []string{"ghcr.io/watchsan/watchsan:dev", o.Ref}
+	if len(tm) != 1 || !slices.Equal(slices.Sorted(slices.Values(tm[0].RepoTags)), wantTags) {
+		t.Errorf("tarball manifest %+v, want one image tagged %v", tm, wantTags)
 	}
 	t.Logf("image %s: %s", o.Ref, desc.Digest)
 }

@@ -81,6 +81,11 @@ func TestNodeLocalKubelet(t *testing.T) {
 	mirror := "watchsan-node-local-" + n.Name
 	waitPodReadyIn(ctx, t, cs, nodeLocalNS, mirror)
 	adminURL := "http://127.0.0.1:" + strconv.Itoa(admin)
+	if p, err := cs.CoreV1().Pods(nodeLocalNS).Get(ctx, mirror, metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	} else {
+		t.Logf("running as the kubelet applied it: %s", checkRunning(ctx, t, n, p, "watchsan"))
+	}
 
 	// The kubelet through watchsan: same token, watchsan's serving certificate verified with
 	// the cluster CA, which signed it.

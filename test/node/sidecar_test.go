@@ -163,6 +163,15 @@ func TestSidecarForReal(t *testing.T) {
 		t.Errorf("the controller started (%s) before watchsan was ready (%s)", ctrlStart.Format(time.RFC3339Nano), wsReady.Format(time.RFC3339Nano))
 	}
 
+	// What the manifests promise, as the kubelet and runc applied it to both containers.
+	running, err := cs.CoreV1().Pods(sidecarNS).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"watchsan", "controller"} {
+		t.Logf("running as the kubelet applied it: %s", checkRunning(ctx, t, n, running, name))
+	}
+
 	// From here the deployment controller is the pod's, talking through watchsan.
 	if err := kcm.Restart(ctx, "--controllers=*,-deployment-controller"); err != nil {
 		t.Fatal(err)
@@ -217,6 +226,9 @@ func TestSidecarForReal(t *testing.T) {
 			t.Errorf("container %s restarted %d times through the apiserver's restart and freeze", st.Name, st.RestartCount)
 		}
 	}
+
+	// The probes the kubelet ran: liveness never failed through the restart and the freeze.
+	t.Logf("the kubelet's failed probes of watchsan (Unhealthy events): %v", probeFailures(ctx, t, cs, cur, "watchsan"))
 
 	// Deletion: the controller stops first, watchsan after it and after its shutdown delay,
 	// exit 0, all within the grace period.

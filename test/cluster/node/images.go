@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 
@@ -121,9 +122,13 @@ func same(a, b string) bool {
 	return err == nil && string(x) == string(y)
 }
 
+// WatchsanDevImage is the second tag `make image` gives the tarball's image, the reference
+// deploy/'s kustomizations name (the Makefile's IMAGE:IMAGE_DEV_TAG).
+const WatchsanDevImage = "ghcr.io/watchsan/watchsan:dev"
+
 // WatchsanImage runs the project's `make image` for this machine's platform and returns the
-// tarball it writes (bin/image.tar) and the image reference it is tagged with (the Makefile's
-// IMAGE:VERSION, the commit unless VERSION is set).
+// tarball it writes (bin/image.tar) and the image reference it is tagged with besides
+// WatchsanDevImage (the Makefile's IMAGE:VERSION, the commit unless VERSION is set).
 func WatchsanImage(ctx context.Context) (tarball, ref string, err error) {
 	imageMu.Lock()
 	defer imageMu.Unlock()
@@ -137,36 +142,47 @@ func WatchsanImage(ctx context.Context) (tarball, ref string, err error) {
 		return "", "", fmt.Errorf("make image: %w: %s", err, strings.TrimSpace(string(b)))
 	}
 	tarball = filepath.Join(root, "bin", "image.tar")
-	ref, err = tarballRef(tarball)
-	return tarball, ref, err
+	tags, err := tarballTags(tarball)
+	if err != nil {
+		return "", "", err
+	}
+	if !slices.Contains(tags, WatchsanDevImage) {
+		return "", "", fmt.Errorf("%s: tagged %v, not %s", tarball, tags, WatchsanDevImage)
+	}
+	for _, t := range tags {
+		if t != WatchsanDevImage {
+			return tarball, t, nil
+		}
+	}
+	return "", "", fmt.Errorf("%s: tagged only %s, not with its version", tarball, WatchsanDevImage)
 }
 
-// tarballRef reads the first tag of a `docker load` tarball's manifest.json.
-func tarballRef(path string) (string, error) {
+// tarballTags reads the tags of a `docker load` tarball's first image (manifest.json).
+func tarballTags(path string) ([]string, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	defer f.Close()
 	tr := tar.NewReader(f)
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			return "", fmt.Errorf("%s: no manifest.json", path)
+			return nil, fmt.Errorf("%s: no manifest.json", path)
 		}
 		if err != nil {
-			return "", fmt.Errorf("%s: %w", path, err)
+			return nil, fmt.Errorf("%s: %w", path, err)
 		}
 		if hdr.Name != "manifest.json" {
 			continue
 		}
 		var m []struct{ RepoTags []string }
 		if err := json.NewDecoder(tr).Decode(&m); err != nil {
-			return "", fmt.Errorf("%s: manifest.json: %w", path, err)
+			return nil, fmt.Errorf("%s: manifest.json: %w", path, err)
 		}
 		if len(m) == 0 || len(m[0].RepoTags) == 0 {
-			return "", fmt.Errorf("%s: manifest.json names no tag", path)
+			return nil, fmt.Errorf("%s: manifest.json names no tag", path)
 		}
-		return m[0].RepoTags[0], nil
+		return m[0].RepoTags, nil
 	}
 }

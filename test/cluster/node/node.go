@@ -575,3 +575,24 @@ func fileTail(path string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// ContainerPid returns the process id, in this machine's pid namespace, of a running
+// container's first process (its task in containerd), from the container's ID as the pod's
+// status gives it ("containerd://ID" or ID).
+func (n *Node) ContainerPid(ctx context.Context, containerID string) (int, error) {
+	id := strings.TrimPrefix(containerID, "containerd://")
+	out, err := n.Ctr(ctx, "tasks", "ls")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 3 && f[0] == id {
+			if f[2] != "RUNNING" {
+				return 0, fmt.Errorf("container %s is %s", id, f[2])
+			}
+			return strconv.Atoi(f[1])
+		}
+	}
+	return 0, fmt.Errorf("container %s: no task in containerd (ctr tasks ls:\n%s)", id, out)
+}
