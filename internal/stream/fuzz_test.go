@@ -55,10 +55,14 @@ func readAllErr(f Format, r io.Reader, maxFrame int) ([]*Event, error) {
 	return readAllPath(f, r, maxFrame, false)
 }
 
-// readAllPath is readAllErr with the JSON scanner's block path off when bytesOnly is set.
+// readAllPath is readAllErr with the JSON splitter's line path and the scanner's block path
+// off when bytesOnly is set: the exact scan's byte loop alone.
 func readAllPath(f Format, r io.Reader, maxFrame int, bytesOnly bool) ([]*Event, error) {
 	rd := NewReader(f, r, maxFrame)
 	rd.ps.js.bytesOnly, rd.ps.jsSkip.bytesOnly = bytesOnly, bytesOnly
+	if sp, ok := rd.split.(*jsonSplitter); ok {
+		sp.noLine = bytesOnly
+	}
 	var out []*Event
 	for {
 		ev, err := rd.Next()
