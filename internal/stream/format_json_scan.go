@@ -48,6 +48,10 @@ import (
 // either path stops in the same state (position, depth, string, escape), so a buffer may be
 // scanned in any number of calls and any mix of the two. The fuzzers hold both paths to the
 // same frames on arbitrary bytes, and to apimachinery's on the frames it decodes.
+//
+// The line path (runLine, used by jsonSplitter) is the block path over one line whose end
+// is known, with no state between calls; it either settles the line as the exact scan would
+// or leaves the frame to the exact scan (its comment has the argument).
 
 // jsonScan finds where a JSON object or array ends, resumably: run can be called again with a
 // longer buffer (same prefix) and continues where it stopped. It checks that brackets match
