@@ -14,8 +14,8 @@ import (
 // is the exact scan's, and each way of leaving a frame to the exact scan is taken.
 
 // readLines reads stream with the line path on, in reads of at most chunk bytes (0: whole),
-// and returns the events, the final error and the splitter's counters.
-func readLines(t *testing.T, stream []byte, chunk int) ([]*Event, error, jsonLineStats) {
+// and returns the events, the splitter's counters and the final error.
+func readLines(t *testing.T, stream []byte, chunk int) ([]*Event, jsonLineStats, error) {
 	t.Helper()
 	var src io.Reader = bytes.NewReader(stream)
 	if chunk > 0 {
@@ -26,7 +26,7 @@ func readLines(t *testing.T, stream []byte, chunk int) ([]*Event, error, jsonLin
 	for {
 		ev, err := rd.Next()
 		if err != nil {
-			return out, err, rd.split.(*jsonSplitter).stats
+			return out, rd.split.(*jsonSplitter).stats, err
 		}
 		out = append(out, ev.Clone())
 	}
@@ -109,7 +109,7 @@ func TestJSONLineFallbacks(t *testing.T) {
 			if c.stream == nil {
 				t.Fatal("no such stream")
 			}
-			got, err, st := readLines(t, c.stream, 0)
+			got, st, err := readLines(t, c.stream, 0)
 			if c.count(st) == 0 {
 				t.Errorf("counter not reached: %+v", st)
 			}
@@ -123,7 +123,7 @@ func TestJSONLineFallbacks(t *testing.T) {
 			}
 			// Cut into reads of every size up to a few blocks, and odd ones beyond.
 			for _, n := range []int{1, 7, 63, 64, 65, 200, 1000, 4097} {
-				parts, perr, _ := readLines(t, c.stream, n)
+				parts, _, perr := readLines(t, c.stream, n)
 				sameAsExact(t, c.stream, parts, perr)
 			}
 			t.Logf("%d events, %v; %+v", len(got), err, st)
