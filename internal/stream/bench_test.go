@@ -196,5 +196,18 @@ func BenchmarkJSONScan(b *testing.B) {
 				}
 			})
 		}
+		b.Run(sz.name+"/line", func(b *testing.B) {
+			s := &jsonScan{record: true}
+			b.SetBytes(int64(per))
+			b.ReportAllocs()
+			defer reportCPU(b, cpuNanos())
+			for range b.N {
+				s.reset(0)
+				nl := bytes.IndexByte(frame, '\n')
+				if s.runLine(frame[:nl]) != lineOK {
+					b.Fatal("line not settled")
+				}
+			}
+		})
 	}
 }

@@ -209,7 +209,7 @@ type cborSplitter struct{ scan *cborScan }
 
 func (s *cborSplitter) reset() { s.scan.reset(0) }
 
-func (s *cborSplitter) split(b []byte, max int) (int, error) {
+func (s *cborSplitter) split(b []byte, max int, _ arrival) (int, error) {
 	end := s.scan.run(b, max)
 	if s.scan.err != nil {
 		return 0, s.scan.err

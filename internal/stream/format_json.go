@@ -24,16 +24,75 @@ func b2i(b bool) int {
 	return 0
 }
 
-type jsonSplitter struct{ scan *jsonScan }
+// jsonSplitter finds a frame's end by the line fast path where it can (jsonScan.runLine: the
+// value that starts the buffer ends exactly before its first newline) and by the exact scan
+// otherwise. Both give the same frame on every input (format_json_scan.go), so which one
+// ran never changes what the Reader reads, only how fast.
+type jsonSplitter struct {
+	scan *jsonScan
+	// searched is how far the frame's bytes were searched for a newline without one.
+	searched int
+	// exact: the exact scan has begun on this frame (it is resumable; the line path is not),
+	// so it finishes it. noLine turns the line path off (tests compare the paths).
+	exact, noLine bool
+	// stats counts which path found each frame, and why the line path did not.
+	stats jsonLineStats
+}
+
+// jsonLineStats counts the splitter's frames by path: lines found by the fast path, and the
+// frames left to the exact scan, by the reason.
+type jsonLineStats struct {
+	lines int
+	// noNewline: no newline in the buffer within the frame limit and the frame could not wait
+	// for one (the stream ended, or the buffer reached the limit, or a quiet source with a
+	// '}' last: maybe a value without its newline). notClosed: the line does not end in '}'
+	// (a pretty-printed event's first line, whitespace before the newline). Then runLine's
+	// own reasons (jsonLineMiss).
+	noNewline, notClosed int
+	miss                 [lineMisses]int
+}
 
 func (s *jsonSplitter) reset() {
 	s.scan.record = true
 	s.scan.reset(0)
+	s.searched, s.exact = 0, false
 }
 
-func (s *jsonSplitter) split(b []byte, max int) (int, error) {
+func (s *jsonSplitter) split(b []byte, max int, next arrival) (int, error) {
 	if s.scan.pos == 0 && b[0] != '{' {
 		return 0, malformed("watch event is not a JSON object (starts with %q)", b[0])
+	}
+	if !s.exact && !s.noLine {
+		lim := min(len(b), max+1)
+		if s.searched < lim {
+			if nl := bytes.IndexByte(b[s.searched:lim], '\n'); nl >= 0 {
+				nl += s.searched
+				if b[nl-1] != '}' {
+					s.stats.notClosed++
+				} else if miss := s.scan.runLine(b[:nl]); miss == lineOK {
+					s.stats.lines++
+					return nl + 1, nil
+				} else {
+					s.stats.miss[miss]++
+					s.scan.reset(0)
+				}
+				s.exact = true
+			} else {
+				s.searched = lim
+			}
+		}
+		if !s.exact {
+			// No newline within the limit so far. Wait for one, except where waiting could
+			// hold back a whole value: when nothing more comes, when the frame cannot grow
+			// within the limit, or when the source is quiet and the buffer ends in '}' (maybe a
+			// value without a newline; a value followed on its line by part of another is
+			// held until that line's newline, in streams no apiserver writes).
+			if len(b) <= max && (next == arriveNow || next == arriveLater && !endsInBrace(b)) {
+				return 0, nil
+			}
+			s.stats.noNewline++
+			s.exact = true
+		}
 	}
 	// Never look past the limit, so that the outcome does not depend on how much a read
 	// brought in.
@@ -53,6 +112,15 @@ func (s *jsonSplitter) split(b []byte, max int) (int, error) {
 		end++
 	}
 	return end, nil
+}
+
+// endsInBrace reports whether b's last byte that is not JSON whitespace is '}'.
+func endsInBrace(b []byte) bool {
+	i := len(b) - 1
+	for i >= 0 && isJSONSpace(b[i]) {
+		i--
+	}
+	return i >= 0 && b[i] == '}'
 }
 
 // jsonParser walks one complete frame.

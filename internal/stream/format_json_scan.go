@@ -48,6 +48,10 @@ import (
 // either path stops in the same state (position, depth, string, escape), so a buffer may be
 // scanned in any number of calls and any mix of the two. The fuzzers hold both paths to the
 // same frames on arbitrary bytes, and to apimachinery's on the frames it decodes.
+//
+// The line path (runLine, used by jsonSplitter) is the block path over one line whose end
+// is known, with no state between calls; it either settles the line as the exact scan would
+// or leaves the frame to the exact scan (its comment has the argument).
 
 // jsonScan finds where a JSON object or array ends, resumably: run can be called again with a
 // longer buffer (same prefix) and continues where it stopped. It checks that brackets match
@@ -369,4 +373,121 @@ func jsonMasksGeneric(b []byte, out []jsonMasks) {
 		}
 		out[k] = m
 	}
+}
+
+// jsonLineMiss says why runLine did not settle a line (lineOK when it did).
+type jsonLineMiss int
+
+const (
+	lineOK jsonLineMiss = iota
+	// lineBackslash: a backslash outside a string (the block rule would be wrong for it).
+	lineBackslash
+	// lineEarly: the value ends before the line does (several values on the line, or bytes
+	// after the value).
+	lineEarly
+	// lineOpen: the value does not end within the line (it spans lines, or a raw newline is
+	// inside a string, or the line is truncated).
+	lineOpen
+	// lineDeep: nested deeper than the one-word bracket stack of the line path.
+	lineDeep
+	// lineBad: a closing bracket that matches no opening one; the exact scan says which.
+	lineBad
+	lineMisses
+)
+
+// lineDepth is the nesting the line path follows: its stack of bracket kinds is one word.
+const lineDepth = 63
+
+// runLine is the line fast path (docs/design.md section 3). line is a buffer's bytes up to its
+// first newline (not included) and s is freshly reset at 0. It returns lineOK when the value
+// that starts at line[0] ends exactly at line's last byte, having recorded the spans run
+// would record; anything else is a miss, and then s must be reset and the exact scan run on
+// the buffer.
+//
+// Why it is exact: on lineOK, the exact scan (run, on the whole buffer, however it arrives)
+// ends the frame at len(line) with the same spans, and on any other input the caller runs
+// the exact scan itself, so the frame is always the exact scan's. The line path is the block
+// path of runBlocks applied to the line: the same masks, the same escape and string
+// arithmetic, the same rule that a backslash outside a string is not decided here (a miss),
+// and the same push and pop of every bracket outside a string in order; it stops at the
+// first point the exact scan would stop (an end, or an error, which it leaves to the exact
+// scan to report). The last, partial block is copied into a block padded with spaces, which
+// are neither quotes, backslashes nor brackets; every mask bit of a real byte depends only on
+// the bytes at and before it (the escape carry and the prefix XOR run upwards), so padding
+// after the line changes nothing of the line's. So the value ends at line's last byte for
+// the line path exactly when it does for the exact scan, which then stops there, with what
+// follows (the newline) unread.
+//
+// What it gains over run: the line's end is known, so the masks of the whole line come in
+// full batches, the tail too, and there is no state to carry between calls; what it still
+// does is look at every byte: the newline an apiserver writes after each event proves
+// nothing about the bytes before it (see the comment at the top of this file).
+func (s *jsonScan) runLine(line []byte) jsonLineMiss {
+	n := len(line)
+	var masks [maskBatch]jsonMasks
+	var pad [blockSize]byte
+	// inStr is all ones while inside a string at a block's end; esc is 1 when the next
+	// block's first byte is escaped. objs is the stack of bracket kinds: bit d-1 is set when
+	// the container at depth d is an object.
+	var inStr, esc, objs uint64
+	depth, rec := 0, s.record
+	for base := 0; base < n; {
+		k := min((n-base)/blockSize, maskBatch)
+		if k > 0 {
+			jsonMasksOf(line[base:base+k*blockSize], masks[:k])
+		} else {
+			for j := copy(pad[:], line[base:]); j < blockSize; j++ {
+				pad[j] = ' '
+			}
+			jsonMasksOf(pad[:], masks[:1])
+			k = 1
+		}
+		for j := range k {
+			m := &masks[j]
+			e, next := escapedBits(m.bslash, esc)
+			in := prefixXor(m.quote&^e) ^ inStr
+			if m.bslash&^in != 0 {
+				return lineBackslash
+			}
+			inStr, esc = uint64(int64(in)>>63), next
+			for br := (m.open | m.close) &^ in; br != 0; br &= br - 1 {
+				i := base + bits.TrailingZeros64(br)
+				c := line[i]
+				// Bit 1 tells an opening bracket from a closing one, bit 5 '{' and '}' from '['
+				// and ']' (as in runBlocks). objs is a stack of kinds, the innermost in bit 0.
+				obj := uint64(c >> 5 & 1)
+				if c&2 != 0 {
+					if depth >= lineDepth {
+						return lineDeep
+					}
+					objs = objs<<1 | obj
+					depth++
+					if depth <= spanDepth && rec {
+						s.open[depth] = len(s.spans)
+						s.spans = append(s.spans, jsonSpan{start: i})
+					}
+					continue
+				}
+				if depth == 0 || objs&1 != obj {
+					return lineBad
+				}
+				objs >>= 1
+				if depth <= spanDepth {
+					if rec {
+						s.spans[s.open[depth]].end = i + 1
+					}
+					if depth == 1 {
+						if i != n-1 {
+							return lineEarly
+						}
+						s.pos = n
+						return lineOK
+					}
+				}
+				depth--
+			}
+			base += blockSize
+		}
+	}
+	return lineOpen
 }

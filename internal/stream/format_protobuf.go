@@ -27,7 +27,7 @@ type pbSplitter struct{}
 
 func (pbSplitter) reset() {}
 
-func (pbSplitter) split(b []byte, max int) (int, error) {
+func (pbSplitter) split(b []byte, max int, _ arrival) (int, error) {
 	if len(b) < 4 {
 		return 0, nil
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"unicode/utf8"
 
@@ -55,10 +56,14 @@ func readAllErr(f Format, r io.Reader, maxFrame int) ([]*Event, error) {
 	return readAllPath(f, r, maxFrame, false)
 }
 
-// readAllPath is readAllErr with the JSON scanner's block path off when bytesOnly is set.
+// readAllPath is readAllErr with the JSON splitter's line path and the scanner's block path
+// off when bytesOnly is set: the exact scan's byte loop alone.
 func readAllPath(f Format, r io.Reader, maxFrame int, bytesOnly bool) ([]*Event, error) {
 	rd := NewReader(f, r, maxFrame)
 	rd.ps.js.bytesOnly, rd.ps.jsSkip.bytesOnly = bytesOnly, bytesOnly
+	if sp, ok := rd.split.(*jsonSplitter); ok {
+		sp.noLine = bytesOnly
+	}
 	var out []*Event
 	for {
 		ev, err := rd.Next()
@@ -76,7 +81,12 @@ func validUTF8(e *Event) bool {
 
 func fuzzReader(f *testing.F, format Format) {
 	f.Add([]byte(nil), uint16(1), uint16(0))
-	f.Fuzz(func(t *testing.T, data []byte, split, maxFrame uint16) {
+	f.Fuzz(func(t *testing.T, data []byte, split, maxFrame uint16) { checkReader(t, format, data, split, maxFrame) })
+}
+
+// checkReader is fuzzReader's check of one input.
+func checkReader(t *testing.T, format Format, data []byte, split, maxFrame uint16) {
+	{
 		limit := int(maxFrame)
 		whole, werr := readAllErr(format, bytes.NewReader(data), limit)
 		parts, perr := readAllErr(format, newSplitReader(data, uint64(split), 1+int(split)%64), limit)
@@ -137,6 +147,71 @@ func fuzzReader(f *testing.F, format Format) {
 				t.Fatalf("event %d against the oracle: %v", i, err)
 			}
 		}
+	}
+}
+
+var (
+	jsonLinesOnce sync.Once
+	jsonLinesBase []byte
+)
+
+// FuzzReaderJSONLines is FuzzReaderJSON's check on the apiserver's own stream (small sample
+// events, one compact event per line) edited where the line path decides: a newline inserted
+// anywhere (inside a string: a raw newline; between tokens: a value spanning lines), a newline
+// removed (several values on a line), the stream cut (a truncated line), a space or a CR
+// before a newline, an event's line repeated without its newline, a newline after a '{' or
+// ',' (pretty-printed output). Each edit is three bytes of ops: what, and where (two bytes,
+// scaled to the stream).
+func FuzzReaderJSONLines(f *testing.F) {
+	f.Add([]byte{0, 0, 0}, uint16(1))
+	f.Add([]byte{1, 40, 0, 2, 200, 0}, uint16(9))
+	f.Add([]byte{3, 90, 0, 4, 10, 0, 5, 128, 0}, uint16(33))
+	f.Add([]byte{6, 60, 0, 0, 61, 0}, uint16(2))
+	f.Fuzz(func(t *testing.T, ops []byte, split uint16) {
+		jsonLinesOnce.Do(func() {
+			var small []testEvent
+			for _, e := range sampleEvents() {
+				if p, ok := e.obj.(interface{ Size() int }); !ok || p.Size() <= 2000 {
+					small = append(small, e)
+				}
+			}
+			jsonLinesBase = apiStream(t, JSON, small, false)
+		})
+		b := slices.Clone(jsonLinesBase)
+		for k := 0; k+2 < len(ops) && k < 3*12; k += 3 {
+			pos := (int(ops[k+1])<<8 | int(ops[k+2])) * (len(b) + 1) >> 16
+			next := func(c byte) int { // the first c at or after pos, or -1
+				if j := bytes.IndexByte(b[pos:], c); j >= 0 {
+					return pos + j
+				}
+				return -1
+			}
+			switch ops[k] % 7 {
+			case 0:
+				b = slices.Insert(b, pos, '\n')
+			case 1:
+				if j := next('\n'); j >= 0 {
+					b = slices.Delete(b, j, j+1)
+				}
+			case 2:
+				b = b[:pos]
+			case 3:
+				if j := next('\n'); j >= 0 {
+					b = slices.Insert(b, j, " \r"[ops[k]/7%2])
+				}
+			case 4:
+				start := bytes.LastIndexByte(b[:pos], '\n') + 1
+				if j := next('\n'); j >= 0 {
+					b = slices.Insert(b, j+1, slices.Clone(b[start:j])...)
+				}
+			case 5, 6:
+				c := "{,"[ops[k]%7-5]
+				if j := next(c); j >= 0 {
+					b = slices.Insert(b, j+1, '\n')
+				}
+			}
+		}
+		checkReader(t, JSON, b, split, 0)
 	})
 }
 

@@ -64,6 +64,40 @@ func checkScanPaths(t *testing.T, b []byte, cuts []int) {
 			t.Fatalf("cuts %v: byte loop cut up: %v\ninput %q", cs, sameScan(got, want), b)
 		}
 	}
+	checkLinePath(t, b, want)
+}
+
+// checkLinePath holds the line path to the exact scan on b (whose exact outcome is want): the
+// line is b up to its first newline. When the line path settles the line, the exact scan ends
+// the value at the line's end with the same spans; when it does not, the reason it gives is
+// true of the exact scan: the value ends before the line's end (early), not within the line
+// (open), at a bad bracket within it (bad); only a value with a backslash outside a string or
+// nested deeper than the line path follows may be left to the exact scan whatever it finds.
+func checkLinePath(t *testing.T, b []byte, want scanOutcome) {
+	t.Helper()
+	line := b
+	if nl := bytes.IndexByte(b, '\n'); nl >= 0 {
+		line = b[:nl]
+	}
+	s := &jsonScan{record: true}
+	s.reset(0)
+	miss := s.runLine(line)
+	var ok bool
+	switch miss {
+	case lineOK:
+		ok = want.err == "" && want.end == len(line) && slices.Equal(s.spans, want.spans)
+	case lineEarly:
+		ok = want.err == "" && want.end >= 0 && want.end < len(line)
+	case lineOpen:
+		ok = want.err != "" || want.end < 0 || want.end > len(line)
+	case lineBad:
+		ok = want.err != ""
+	case lineBackslash, lineDeep:
+		ok = true
+	}
+	if !ok {
+		t.Fatalf("line path: %d, spans %v; exact scan: %+v\ninput %q", miss, s.spans, want, b)
+	}
 }
 
 func TestJSONMasksKernel(t *testing.T) {
@@ -225,6 +259,14 @@ func hostileStreams(t *testing.T) map[string][]byte {
 		"garbage after the event":            nl(append(slices.Clone(cm), `x{"type":"ADDED"}`...), cm2),
 		"backslashes outside strings":        nl(bytes.Replace(cm, []byte(`"data":`), []byte(`"data":\\\\\\\\\`), 1), cm2),
 		"brackets and quotes in strings":     nl(bytes.Replace(cm, []byte(`"data":{`), []byte(`"data":{"q":"}]}]\"{[\\\\\"}}}{\"type\":\"X\"}",`), 1), cm2),
+		// The line path's own misses (TestJSONLineFallbacks).
+		"raw newline in a string after a brace":  nl(bytes.Replace(cm, []byte(`"data":{`), []byte("\"data\":{\"q\":\"{}\n}\",\"t\":\"}\n\","), 1), cm2),
+		"value goes on after a line ending in }": nl(bytes.Replace(cm, []byte(`}}}`), []byte("}}\n}"), 1), cm2),
+		"nested deeper than the line path":       nl(bytes.Replace(cm, []byte(`"data":{`), []byte(`"data":{"deep":`+strings.Repeat("[", 70)+strings.Repeat("]", 70)+`,`), 1), cm2),
+		"mismatched bracket":                     nl(cm2, bytes.Replace(cm, []byte(`"data":{`), []byte(`"data":{"m":[1},`), 1)),
+		"CRLF after each event":                  append(bytes.Join([][]byte{cm, cm2, cm}, []byte("\r\n")), "\r\n"...),
+		"no newline after the last event":        append(nl(cm), cm2...),
+		"escaped quote before the newline":       nl(bytes.Replace(cm, []byte(`}}}`), []byte(`,"z":"\\\"}}}`), 1), cm2),
 	}
 }
 

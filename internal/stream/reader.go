@@ -74,10 +74,24 @@ type Reader struct {
 type splitter interface {
 	// split returns the frame's length once b holds all of it; 0 while it needs more bytes;
 	// ErrFrameTooLarge as soon as the frame is known to exceed max; an ErrMalformed error
-	// when b cannot begin a frame.
-	split(b []byte, max int) (int, error)
+	// when b cannot begin a frame. next says when the bytes after b come: a splitter may wait
+	// for more (return 0) only where that cannot change the frame it finds, only delay it.
+	split(b []byte, max int, next arrival) (int, error)
 	reset()
 }
+
+// arrival says when the bytes after those buffered can come.
+type arrival int
+
+const (
+	// arriveNow: the last Read filled all it was offered, so more is likely there already.
+	arriveNow arrival = iota
+	// arriveLater: the last Read returned less than it was offered: the next may wait long
+	// (a quiet watch), so what is buffered should be delivered now if it is whole.
+	arriveLater
+	// arriveNever: the stream ended or failed; nothing more comes.
+	arriveNever
+)
 
 // NewReader returns a Reader of f-formatted watch events from r. maxFrame bounds one frame's
 // size in bytes (the protobuf length prefix and a JSON value's newline not counted); <=0 means
@@ -127,7 +141,14 @@ func (r *Reader) Next() (*Event, error) {
 			b = b[k:]
 		}
 		if len(b) > 0 {
-			n, err := r.split.split(b, r.max)
+			next := arriveNow
+			switch {
+			case r.rerr != nil:
+				next = arriveNever
+			case r.short:
+				next = arriveLater
+			}
+			n, err := r.split.split(b, r.max, next)
 			if err != nil {
 				return nil, r.fail(err)
 			}
