@@ -212,7 +212,9 @@ func TestHAFrontendForReal(t *testing.T) {
 	settle := func(what string) {
 		t.Helper()
 		mark := w.count()
-		if err := nodetest.Poll(ctx, func() error {
+		sctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+		defer cancel()
+		if err := nodetest.Poll(sctx, func() error {
 			for _, g := range group {
 				for _, inf := range g {
 					if got := inf.handled(); got < mark {
@@ -222,7 +224,13 @@ func TestHAFrontendForReal(t *testing.T) {
 			}
 			return nil
 		}); err != nil {
-			t.Fatalf("%s: %v", what, err)
+			var state []string
+			for _, g := range group {
+				for _, inf := range g {
+					state = append(state, inf.state())
+				}
+			}
+			t.Fatalf("%s: %v\n%s\nconnections %v, ready endpoints %v", what, err, strings.Join(state, "\n"), viaFrontend.perBackend(), eps.ready())
 		}
 	}
 	settle("before the disruptions")
@@ -811,13 +819,14 @@ type haInformer struct {
 	name     string
 	informer cache.SharedIndexInformer
 
-	mu     sync.Mutex
-	c      haCounts
-	synced bool
-	seen   map[string]map[string]bool // name -> seqs handed to the handlers
-	first  map[string]time.Time       // name@seq -> when it was first handed
-	n      int                        // distinct writes handed
-	at     []time.Time                // when each change (not a relist's unchanged object) arrived
+	mu      sync.Mutex
+	c       haCounts
+	synced  bool
+	lastErr string
+	seen    map[string]map[string]bool // name -> seqs handed to the handlers
+	first   map[string]time.Time       // name@seq -> when it was first handed
+	n       int                        // distinct writes handed
+	at      []time.Time                // when each change (not a relist's unchanged object) arrived
 }
 
 func startHAInformer(ctx context.Context, t *testing.T, name string, cfg *rest.Config, ns string) *haInformer {
@@ -839,6 +848,13 @@ func startHAInformer(ctx context.Context, t *testing.T, name string, cfg *rest.C
 	inf.informer = coreinformers.NewFilteredConfigMapInformer(cs, ns, 0, cache.Indexers{}, func(o *metav1.ListOptions) {
 		o.LabelSelector = "watchsan.test/ha=writer"
 	})
+	if err := inf.informer.SetWatchErrorHandlerWithContext(func(_ context.Context, _ *cache.Reflector, err error) {
+		inf.mu.Lock()
+		inf.lastErr = time.Now().Format("15:04:05.000") + " " + err.Error()
+		inf.mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
 	record := func(obj any, change bool) {
 		cm, ok := obj.(*corev1.ConfigMap)
 		if !ok {
@@ -891,6 +907,14 @@ func startHAInformer(ctx context.Context, t *testing.T, name string, cfg *rest.C
 		t.Fatalf("informer %s never synced: %v", name, err)
 	}
 	return inf
+}
+
+// state describes the informer for a failure: its counts, its last watch error, and the
+// resourceVersion its store is at.
+func (inf *haInformer) state() string {
+	inf.mu.Lock()
+	defer inf.mu.Unlock()
+	return fmt.Sprintf("%s: %d writes handed, %+v, last watch error %q, store at %s", inf.name, inf.n, inf.c, inf.lastErr, inf.informer.LastSyncResourceVersion())
 }
 
 func (inf *haInformer) counts() haCounts {
