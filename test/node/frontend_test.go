@@ -217,51 +217,12 @@ func renderFrontend(t *testing.T, image string, listen, admin, apiserverPort int
 		case "ConfigMap":
 			var cm corev1.ConfigMap
 			mustUnmarshal(t, data, &cm)
-			if cfgText, ok := cm.Data["config.yaml"]; ok {
-				var cfg map[string]any
-				if err := yaml.Unmarshal([]byte(cfgText), &cfg); err != nil {
-					t.Fatal(err)
-				}
-				cfg["listen"] = "127.0.0.1:" + strconv.Itoa(listen)
-				cfg["admin-listen"] = "127.0.0.1:" + strconv.Itoa(admin)
-				cfg["upstream"] = []any{"https://127.0.0.1:" + strconv.Itoa(apiserverPort)}
-				b, err := yaml.Marshal(cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
-				cm.Data["config.yaml"] = string(b)
-			}
+			patchFrontendConfig(t, &cm, listen, admin, []int{apiserverPort})
 			data = mustMarshal(t, &cm)
 		case "Deployment":
 			var d appsv1.Deployment
 			mustUnmarshal(t, data, &d)
-			one := int32(1)
-			d.Spec.Replicas = &one
-			spec := &d.Spec.Template.Spec
-			spec.HostNetwork = true
-			if len(spec.Containers) != 1 {
-				t.Fatalf("deploy/overlays/ha: %d containers, want 1", len(spec.Containers))
-			}
-			ct := &spec.Containers[0]
-			ct.Image = image
-			for i := range ct.Ports {
-				switch ct.Ports[i].Name {
-				case "https":
-					ct.Ports[i].ContainerPort = int32(listen)
-				case "admin":
-					ct.Ports[i].ContainerPort = int32(admin)
-				default:
-					t.Fatalf("deploy/overlays/ha: port %s unknown to the test", ct.Ports[i].Name)
-				}
-			}
-			for _, pr := range []*corev1.Probe{ct.StartupProbe, ct.ReadinessProbe, ct.LivenessProbe} {
-				if pr != nil && pr.HTTPGet != nil {
-					if pr.HTTPGet.Port != intstr.FromString("admin") {
-						t.Fatalf("deploy/overlays/ha: a probe goes to port %s, not admin", pr.HTTPGet.Port.String())
-					}
-					pr.HTTPGet.Host = "127.0.0.1"
-				}
-			}
+			patchFrontendDeployment(t, &d, image, listen, admin)
 			sawDeployment = true
 			data = mustMarshal(t, &d)
 		}
@@ -275,4 +236,64 @@ func renderFrontend(t *testing.T, image string, listen, admin, apiserverPort int
 		t.Fatal("deploy/overlays/ha renders no Deployment")
 	}
 	return out
+}
+
+// patchFrontendConfig points the frontend's config file (in its generated ConfigMap) at this
+// machine: its listeners on loopback at the given ports, the apiservers on loopback as its
+// upstreams.
+func patchFrontendConfig(t *testing.T, cm *corev1.ConfigMap, listen, admin int, apiserverPorts []int) {
+	t.Helper()
+	cfgText, ok := cm.Data["config.yaml"]
+	if !ok {
+		return
+	}
+	var cfg map[string]any
+	if err := yaml.Unmarshal([]byte(cfgText), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg["listen"] = "127.0.0.1:" + strconv.Itoa(listen)
+	cfg["admin-listen"] = "127.0.0.1:" + strconv.Itoa(admin)
+	var ups []any
+	for _, p := range apiserverPorts {
+		ups = append(ups, "https://127.0.0.1:"+strconv.Itoa(p))
+	}
+	cfg["upstream"] = ups
+	b, err := yaml.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm.Data["config.yaml"] = string(b)
+}
+
+// patchFrontendDeployment makes the frontend's Deployment run here: one replica, hostNetwork,
+// the given ports, the probes on 127.0.0.1, the image the test built.
+func patchFrontendDeployment(t *testing.T, d *appsv1.Deployment, image string, listen, admin int) {
+	t.Helper()
+	one := int32(1)
+	d.Spec.Replicas = &one
+	spec := &d.Spec.Template.Spec
+	spec.HostNetwork = true
+	if len(spec.Containers) != 1 {
+		t.Fatalf("deploy/overlays/ha: %d containers, want 1", len(spec.Containers))
+	}
+	ct := &spec.Containers[0]
+	ct.Image = image
+	for i := range ct.Ports {
+		switch ct.Ports[i].Name {
+		case "https":
+			ct.Ports[i].ContainerPort = int32(listen)
+		case "admin":
+			ct.Ports[i].ContainerPort = int32(admin)
+		default:
+			t.Fatalf("deploy/overlays/ha: port %s unknown to the test", ct.Ports[i].Name)
+		}
+	}
+	for _, pr := range []*corev1.Probe{ct.StartupProbe, ct.ReadinessProbe, ct.LivenessProbe} {
+		if pr != nil && pr.HTTPGet != nil {
+			if pr.HTTPGet.Port != intstr.FromString("admin") {
+				t.Fatalf("deploy/overlays/ha: a probe goes to port %s, not admin", pr.HTTPGet.Port.String())
+			}
+			pr.HTTPGet.Host = "127.0.0.1"
+		}
+	}
 }
