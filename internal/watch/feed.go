@@ -103,6 +103,11 @@ type feed struct {
 
 	events   uint64 // upstream events handed to the sink
 	progress uint64 // events it did not drop (object events and bookmarks, shown or not)
+
+	// cancel ends ctx; stopDeadline and stopShutdown (nil: none) stop what would (release).
+	cancel       context.CancelCauseFunc
+	stopDeadline clock.Timer
+	stopShutdown func() bool
 }
 
 // attemptEnd is how one upstream attempt ended.
