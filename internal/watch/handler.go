@@ -345,9 +345,13 @@ func identity(h http.Header) bool {
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
+// copyHeader copies src's headers into dst but the hop-by-hop ones. The values are src's,
+// shared, not copied (a watch's response holds its copy for the watch's life): nothing writes
+// a header's values in place, and each is capped at its length, so that an append to dst's
+// makes a slice of its own and never writes into src's.
 func copyHeader(dst, src http.Header) {
 	for k, vv := range src {
-		dst[k] = append([]string(nil), vv...)
+		dst[k] = vv[:len(vv):len(vv)]
 	}
 	for _, k := range hopHeaders {
 		dst.Del(k)
