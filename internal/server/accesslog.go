@@ -75,7 +75,6 @@ type instrumented struct {
 	rec   recorder
 	c     *classified
 	r     *http.Request // as the route got it
-	orig  *http.Request // as it came (the log's and the metrics')
 	body  *countingBody // nil: the request had no body
 }
 
