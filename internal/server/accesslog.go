@@ -58,59 +58,83 @@ func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 const statusClientClosed = 499
 
 // serveInstrumented serves r with next, then writes the access log line and the request
-// metrics. The log never carries a header value: tokens live there.
+// metrics. The log never carries a header value: tokens live there. What it keeps for the
+// end is one heap object (instrumented), so that its own frame stays small: a watch parks
+// its goroutine, this frame among its callers', for the watch's whole life
+// (watch.Handler.Serve).
 func (s *Server) serveInstrumented(w http.ResponseWriter, r *http.Request, c *classified, next route) {
-	start := time.Now()
+	in := s.instrument(w, r, c)
+	defer in.done()
+	next(&in.rec, in.r, c)
+}
+
+// instrumented is one request served by serveInstrumented: what its end counts and logs.
+type instrumented struct {
+	s     *Server
+	start time.Time
+	rec   recorder
+	c     *classified
+	r     *http.Request // as the route got it
+	body  *countingBody // nil: the request had no body
+}
+
+// instrument starts serving r: it counts it in flight, and wraps its body to count it.
+func (s *Server) instrument(w http.ResponseWriter, r *http.Request, c *classified) *instrumented {
+	in := &instrumented{s: s, start: time.Now(), rec: recorder{ResponseWriter: w}, c: c, r: r}
+	s.metrics.InFlight.Inc()
+	if r.Body != nil && r.Body != http.NoBody {
+		in.body = &countingBody{ReadCloser: r.Body}
+		in.r = r.WithContext(r.Context()) // a shallow copy: the incoming request stays as it came
+		in.r.Body = in.body
+	}
+	return in
+}
+
+// done writes the access log line and the request metrics once the route returned.
+func (in *instrumented) done() {
+	s, r, c, rec := in.s, in.r, in.c, &in.rec
+	if in.body != nil {
+		s.metrics.Bytes.WithLabelValues("client_to_upstream").Add(float64(in.body.n.Load()))
+	}
 	info := c.info
 	resource := info.FullResource()
-	rec := &recorder{ResponseWriter: w}
-	s.metrics.InFlight.Inc()
-	defer func() {
-		s.metrics.InFlight.Dec()
-		code := rec.code
-		switch {
-		case code == 0 && r.Context().Err() != nil:
-			code = statusClientClosed // no answer went out, and none will: the client left
-		case code == 0:
-			code = http.StatusOK // what net/http sends for a handler that wrote nothing
-		}
-		d := time.Since(start)
-		if (code >= 200 && code < 300 || code == http.StatusSwitchingProtocols) && c.ref == nil {
-			s.metrics.Seen(resource) // the upstream served it: a real resource
-		}
-		res, verb := s.metrics.Resource(resource), metrics.Verb(info.Verb)
-		s.metrics.Requests.WithLabelValues(verb, res, strconv.Itoa(code)).Inc()
-		if info.Verb != "watch" && code != http.StatusSwitchingProtocols {
-			s.metrics.RequestSeconds.WithLabelValues(verb, res).Observe(d.Seconds())
-		}
-		s.metrics.Bytes.WithLabelValues("upstream_to_client").Add(float64(rec.bytes))
-		if ce := s.accessLog.Check(zapcore.InfoLevel, "request"); ce != nil {
-			ce.Write(
-				zap.String("verb", info.Verb),
-				zap.String("resource", resource),
-				zap.String("namespace", info.Namespace),
-				zap.String("name", info.Name),
-				zap.String("path", r.URL.Path),
-				zap.Int("code", code),
-				zap.Duration("duration", d),
-				zap.Int64("bytes", rec.bytes),
-				zap.String("remote", r.RemoteAddr),
-				zap.String("requestID", c.id),
-				zap.String("route", c.route),
-				zap.String("userAgent", r.UserAgent()),
-				// the apiserver's id of the request in its audit log (every attempt's answer
-				// carries one; this is the one relayed)
-				zap.String("auditID", rec.Header().Get("Audit-Id")),
-			)
-		}
-	}()
-	if r.Body != nil && r.Body != http.NoBody {
-		body := &countingBody{ReadCloser: r.Body}
-		r = r.WithContext(r.Context()) // a shallow copy: the incoming request stays as it came
-		r.Body = body
-		defer func() { s.metrics.Bytes.WithLabelValues("client_to_upstream").Add(float64(body.n.Load())) }()
+	s.metrics.InFlight.Dec()
+	code := rec.code
+	switch {
+	case code == 0 && r.Context().Err() != nil:
+		code = statusClientClosed // no answer went out, and none will: the client left
+	case code == 0:
+		code = http.StatusOK // what net/http sends for a handler that wrote nothing
 	}
-	next(rec, r, c)
+	d := time.Since(in.start)
+	if (code >= 200 && code < 300 || code == http.StatusSwitchingProtocols) && c.ref == nil {
+		s.metrics.Seen(resource) // the upstream served it: a real resource
+	}
+	res, verb := s.metrics.Resource(resource), metrics.Verb(info.Verb)
+	s.metrics.Requests.WithLabelValues(verb, res, strconv.Itoa(code)).Inc()
+	if info.Verb != "watch" && code != http.StatusSwitchingProtocols {
+		s.metrics.RequestSeconds.WithLabelValues(verb, res).Observe(d.Seconds())
+	}
+	s.metrics.Bytes.WithLabelValues("upstream_to_client").Add(float64(rec.bytes))
+	if ce := s.accessLog.Check(zapcore.InfoLevel, "request"); ce != nil {
+		ce.Write(
+			zap.String("verb", info.Verb),
+			zap.String("resource", resource),
+			zap.String("namespace", info.Namespace),
+			zap.String("name", info.Name),
+			zap.String("path", r.URL.Path),
+			zap.Int("code", code),
+			zap.Duration("duration", d),
+			zap.Int64("bytes", rec.bytes),
+			zap.String("remote", r.RemoteAddr),
+			zap.String("requestID", c.id),
+			zap.String("route", c.route),
+			zap.String("userAgent", r.UserAgent()),
+			// the apiserver's id of the request in its audit log (every attempt's answer
+			// carries one; this is the one relayed)
+			zap.String("auditID", rec.Header().Get("Audit-Id")),
+		)
+	}
 }
 
 // countingBody counts the request body bytes read (by the proxy, towards the upstream).

@@ -23,21 +23,30 @@ import (
 func (s *Server) Handler() http.Handler {
 	table := s.routes()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		headersDone(r) // the per-source limit of connections sending headers (sources.go)
-		c := &classified{info: reqinfo.Parse(r), cred: upstream.Decide(r.Header, r.TLS, s.cfg.Lend, s.cfg.Identity), id: requestID(r)}
-		c.ref = s.guard.refuse(r, c.cred)
-		if c.ref != nil {
-			s.metrics.Refused.WithLabelValues(c.ref.reason).Inc()
-		}
-		w.Header()["X-Request-Id"] = []string{c.id} // a client can quote it; the logs carry it
-		// mux's matchers see only the request, so the classification rides in its context for
-		// them: set here, once, read by the matchers only; the route is handed it as a value.
-		r = r.WithContext(context.WithValue(r.Context(), classifiedKey{}, c))
-		var m mux.RouteMatch
-		table.Match(r, &m) // the last route matches every request
-		c.route = m.Route.GetName()
-		s.serveInstrumented(w, r, c, m.Handler.(route))
+		// What is decided before routing is a function of its own, returned before the route
+		// runs: a watch parks its goroutine for its whole life, and this frame with it
+		// (watch.Handler.Serve).
+		r, c, next := s.classify(w, r, table)
+		s.serveInstrumented(w, r, c, next)
 	})
+}
+
+// classify decides about r what Handler says, and picks its route from table.
+func (s *Server) classify(w http.ResponseWriter, r *http.Request, table *mux.Router) (*http.Request, *classified, route) {
+	headersDone(r) // the per-source limit of connections sending headers (sources.go)
+	c := &classified{info: reqinfo.Parse(r), cred: upstream.Decide(r.Header, r.TLS, s.cfg.Lend, s.cfg.Identity), id: requestID(r)}
+	c.ref = s.guard.refuse(r, c.cred)
+	if c.ref != nil {
+		s.metrics.Refused.WithLabelValues(c.ref.reason).Inc()
+	}
+	w.Header()["X-Request-Id"] = []string{c.id} // a client can quote it; the logs carry it
+	// mux's matchers see only the request, so the classification rides in its context for
+	// them: set here, once, read by the matchers only; the route is handed it as a value.
+	r = r.WithContext(context.WithValue(r.Context(), classifiedKey{}, c))
+	var m mux.RouteMatch
+	table.Match(r, &m) // the last route matches every request
+	c.route = m.Route.GetName()
+	return r, c, m.Handler.(route)
 }
 
 // route serves a request the main listener classified as c.
@@ -67,7 +76,7 @@ func (s *Server) routes() *mux.Router {
 		Name("refused").Handler(route(serveRefusal))
 	t.MatcherFunc(func(r *http.Request, _ *mux.RouteMatch) bool { return classifiedOf(r).info.IsWatch() }).
 		Name("watch").Handler(route(func(w http.ResponseWriter, r *http.Request, c *classified) {
-		s.watch.Serve(w, r, c.info, c.cred, c.id)
+		s.watch.Serve(w, r, &c.info, &c.cred, c.id)
 	}))
 	t.MatcherFunc(func(r *http.Request, _ *mux.RouteMatch) bool {
 		return s.cfg.TimeTravelGuard && r.Method == http.MethodGet && classifiedOf(r).info.Verb == "list"

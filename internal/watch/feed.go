@@ -103,6 +103,11 @@ type feed struct {
 
 	events   uint64 // upstream events handed to the sink
 	progress uint64 // events it did not drop (object events and bookmarks, shown or not)
+
+	// cancel ends ctx; stopDeadline and stopShutdown (nil: none) stop what would (release).
+	cancel       context.CancelCauseFunc
+	stopDeadline clock.Timer
+	stopShutdown func() bool
 }
 
 // attemptEnd is how one upstream attempt ended.
@@ -132,67 +137,80 @@ func (f *feed) movable() bool {
 	return !f.h.cfg.DisableResume && !f.sub.InInitialPhase() && f.sub.HasResumePoint()
 }
 
-// run receives the first attempt and every resume until the client's stream ends.
+// run receives the first attempt and every resume until the client's stream ends. What it
+// does between two attempts is next's: run's frame, and receive's, stay on the handler's
+// stack while the watch waits for its upstream (Handler.Serve), so they are kept small.
 func (f *feed) run(src *source) EndReason {
 	for {
-		at := src.at
-		end := f.receive(src)
-		// A move's target that accepted the watch meanwhile is where it goes on, whatever
-		// ended this attempt (the Cut, or a break that came first).
-		moved := src.slot.close()
-		if end.end == endNone {
-			end.end = f.resumable(end)
-			if end.end == endNone && f.h.deps.OnBreak != nil {
-				// Told while the attempt still holds its backend (a removed backend is not
-				// forgotten before its watches have left it).
-				f.h.deps.OnBreak(at.Backend, end.resume)
-			}
-			if end.resume != ResumeEOF && end.resume != ResumeMoved {
-				at.Backend.ReportFailure(end.err) // a reset or a silence may be the upstream's health
-			}
+		f.receive(src)
+		next, final := f.next(src)
+		if next == nil {
+			return final
 		}
-		at.Cancel(nil)
-		if end.end != endNone {
-			if moved != nil {
-				moved.at.Cancel(nil)
-			}
-			return end.end
+		src = next
+	}
+}
+
+// next is what follows the attempt src that ended (src.end says how): the source of the next
+// attempt (a move's accepted target, or a resume), or nil and how the client's stream ends.
+func (f *feed) next(src *source) (*source, EndReason) {
+	at, end := src.at, src.end
+	// A move's target that accepted the watch meanwhile is where it goes on, whatever
+	// ended this attempt (the Cut, or a break that came first).
+	moved := src.slot.close()
+	if end.end == endNone {
+		end.end = f.resumable(end)
+		if end.end == endNone && f.h.deps.OnBreak != nil {
+			// Told while the attempt still holds its backend (a removed backend is not
+			// forgotten before its watches have left it).
+			f.h.deps.OnBreak(at.Backend, end.resume)
 		}
-		brokeAt := f.h.clk.Now()
-		if !end.silentSince.IsZero() {
-			brokeAt = end.silentSince
-		}
-		// Why: a resume that delivers nothing is a failure, whatever its status line said: an
-		// upstream that ends every watch at once would otherwise be asked again at once,
-		// forever (issue #7: 15,209 requests in 10 s from one client watch). A move is no
-		// failure: watchsan ended the attempt itself. Nor is a stall: the upstream accepted the
-		// attempt and it stayed open, silent, for the whole stall timeout, which is at most one
-		// request per stall timeout, and exactly what an apiserver sends a caught-up watch of a
-		// resource nothing changes (docs/design.md section 2). Counting it would end a healthy
-		// quiet watch's stream at its second stall.
-		neutral := end.progress || end.resume == ResumeMoved || end.resume == ResumeStall
-		if neutral || f.brokeAt.IsZero() {
-			f.brokeAt = brokeAt
-			f.giveUpAt = f.h.clk.Now().Add(f.h.cfg.ResumeTimeout)
-		}
-		if neutral {
-			f.backoff.Reset()
-		}
-		if moved != nil {
-			f.switchTo(moved, end)
-			src = moved
-		} else {
-			next, final := f.resume(end)
-			if final != endNone {
-				return final
-			}
-			src = f.source(next, f.nextSlot)
-		}
-		f.stallResumedAt = time.Time{}
-		if end.resume == ResumeStall {
-			f.stallResumedAt = f.h.clk.Now()
+		if end.resume != ResumeEOF && end.resume != ResumeMoved {
+			at.Backend.ReportFailure(end.err) // a reset or a silence may be the upstream's health
 		}
 	}
+	at.Cancel(nil)
+	if end.end != endNone {
+		if moved != nil {
+			moved.at.Cancel(nil)
+		}
+		return nil, end.end
+	}
+	brokeAt := f.h.clk.Now()
+	if !end.silentSince.IsZero() {
+		brokeAt = end.silentSince
+	}
+	// Why: a resume that delivers nothing is a failure, whatever its status line said: an
+	// upstream that ends every watch at once would otherwise be asked again at once,
+	// forever (issue #7: 15,209 requests in 10 s from one client watch). A move is no
+	// failure: watchsan ended the attempt itself. Nor is a stall: the upstream accepted the
+	// attempt and it stayed open, silent, for the whole stall timeout, which is at most one
+	// request per stall timeout, and exactly what an apiserver sends a caught-up watch of a
+	// resource nothing changes (docs/design.md section 2). Counting it would end a healthy
+	// quiet watch's stream at its second stall.
+	neutral := end.progress || end.resume == ResumeMoved || end.resume == ResumeStall
+	if neutral || f.brokeAt.IsZero() {
+		f.brokeAt = brokeAt
+		f.giveUpAt = f.h.clk.Now().Add(f.h.cfg.ResumeTimeout)
+	}
+	if neutral {
+		f.backoff.Reset()
+	}
+	next := moved
+	if moved != nil {
+		f.switchTo(moved, end)
+	} else {
+		resumed, final := f.resume(end)
+		if final != endNone {
+			return nil, final
+		}
+		next = f.source(resumed, f.nextSlot)
+	}
+	f.stallResumedAt = time.Time{}
+	if end.resume == ResumeStall {
+		f.stallResumedAt = f.h.clk.Now()
+	}
+	return next, endNone
 }
 
 // resumable says how the client's stream ends after its upstream watch broke, or endNone
@@ -209,15 +227,22 @@ func (f *feed) resumable(end attemptEnd) EndReason {
 	return endNone
 }
 
-// receive reads one attempt until it ends, handing each event to the sink, and says what
-// happened, which is what to do next, as client-go's RetryWatcher.doReceive does
+// receive reads one attempt until it ends, handing each event to the sink, and leaves in
+// src.end what happened, which is what to do next, as client-go's RetryWatcher.doReceive does
 // (tools/watch/retrywatcher.go): end the client's stream (attemptEnd.end), or resume it, why,
 // and whether the attempt made progress (no backoff then). The caller ends the attempt.
-func (f *feed) receive(src *source) attemptEnd {
+func (f *feed) receive(src *source) {
+	defer f.received(src)
+	if f.receiving(src) {
+		f.pump(src)
+	}
+}
+
+// receiving makes src the feed's attempt: the lease told, the watchdog started, and for a
+// move's target the resume point to skip up to (src.skip; a prefix delivered first). False:
+// the attempt ended already (src.end says how).
+func (f *feed) receiving(src *source) bool {
 	at := src.at
-	resp := at.Resp
-	attemptCtx := resp.Request.Context()
-	defer resp.Body.Close()
 	f.lease = at.Lease
 	f.lease.SetMovable(f.movable())
 	// Busy until a read from the upstream waits (attemptBody.Read): a move's target may first
@@ -225,68 +250,86 @@ func (f *feed) receive(src *source) attemptEnd {
 	f.lease.Busy()
 
 	src.body.live.Store(true)
-	var silentSince atomic.Int64 // when the upstream went silent, once the watchdog found it stalled
-	stopWatchdog := f.watchdog(attemptCtx, at, &silentSince)
-	defer stopWatchdog()
-
-	start := f.progress
-	// Events are batched and flushed only when the reader is about to wait for the upstream
-	// (flushBeforeRead), as the apiserver flushes only when no further event is queued: one
-	// write(2) per read instead of one per event, and no event ever waits unflushed for the
-	// network. What is still batched when the attempt ends goes out before the feed waits
-	// for anything else (a resume, the end of the stream).
-	defer f.sub.flush()
+	src.stopWatchdog = f.watchdog(at.Resp.Request.Context(), at, &src.silentSince)
+	src.start = f.progress
 	// A moved watch's target started from the resume point the move read, at most the one
 	// delivered now: what the old attempt delivered since comes again, in the same order (one
 	// etcd, one scope), and is skipped (docs/design.md section 10.1).
-	var skip uint64
 	if src.dedupe {
-		skip, _ = stream.ParseRV(f.sub.LastDelivered())
+		src.skip, _ = stream.ParseRV(f.sub.LastDelivered())
 		if p := src.prefix; p != nil {
-			if n, _ := stream.ParseRV(p.RV); n > skip {
+			if n, _ := stream.ParseRV(p.RV); n > src.skip {
 				f.events++
 				if werr := f.deliver(p); werr != nil {
-					return f.clientEnd()
+					src.end = f.clientEnd()
+					return false
 				}
-				skip = n
+				src.skip = n
 			}
 		}
 	}
+	return true
+}
+
+// received is what receive does once its attempt ended, whatever ended it. Events are batched
+// and flushed only when the reader is about to wait for the upstream (flushBeforeRead), as the
+// apiserver flushes only when no further event is queued: one write(2) per read instead of one
+// per event, and no event ever waits unflushed for the network. What is still batched when
+// the attempt ends goes out before the feed waits for anything else (a resume, the end of the
+// stream).
+func (f *feed) received(src *source) {
+	_ = f.sub.flush()
+	if src.stopWatchdog != nil {
+		src.stopWatchdog()
+	}
+	_ = src.at.Resp.Body.Close()
+}
+
+// pump hands the attempt's events to the sink until it ends, and leaves in src.end how
+// (receive).
+func (f *feed) pump(src *source) {
 	first := true
 	for {
 		ev, err := src.next()
 		if err != nil {
-			if e, _ := f.sub.broken(); e != endNone {
-				return f.clientEnd()
-			}
-			end := f.classify(attemptCtx, err)
-			end.progress = f.progress > start
-			if end.resume == ResumeStall {
-				end.silentSince = time.Unix(0, silentSince.Load())
-			}
-			return end
+			f.readEnd(src, err)
+			return
 		}
-		if skip > 0 {
-			if n, ok := stream.ParseRV(ev.RV); ok && n <= skip && ev.Type != stream.Error {
+		if src.skip > 0 {
+			if n, ok := stream.ParseRV(ev.RV); ok && n <= src.skip && ev.Type != stream.Error {
 				continue
 			}
-			skip = 0
+			src.skip = 0
 		}
-		if first && ev.Type == stream.Error {
-			if end, ok := f.goneHere(at, ev); ok {
-				return end
-			}
+		if first && ev.Type == stream.Error && f.goneHere(src, ev) {
+			return
 		}
 		first = false
 		f.events++
 		if werr := f.deliver(ev); werr != nil {
-			return f.clientEnd()
+			src.end = f.clientEnd()
+			return
 		}
 		f.lease.SetMovable(f.movable())
 		if ev.Type == stream.Error {
-			return f.endAfterError(ev)
+			src.end = f.endAfterError(ev)
+			return
 		}
 	}
+}
+
+// readEnd leaves in src.end how the attempt src ended when a read from it failed with err.
+func (f *feed) readEnd(src *source, err error) {
+	if e, _ := f.sub.broken(); e != endNone {
+		src.end = f.clientEnd()
+		return
+	}
+	end := f.classify(src.at.Resp.Request.Context(), err)
+	end.progress = f.progress > src.start
+	if end.resume == ResumeStall {
+		end.silentSince = time.Unix(0, src.silentSince.Load())
+	}
+	src.end = end
 }
 
 // endAfterError ends the client's stream after the upstream's ERROR event, as the apiserver

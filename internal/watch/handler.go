@@ -201,51 +201,70 @@ func progressScope(r *http.Request) string {
 // ServeHTTP serves one watch request, classifying it first and sending it with what it
 // carries, never lent (as a request no guard decided on); its log lines carry no request id.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	h.Serve(w, r, reqinfo.Parse(r), upstream.Decide(r.Header, r.TLS, false, upstream.IdentityOff), "")
+	info, cred := reqinfo.Parse(r), upstream.Decide(r.Header, r.TLS, false, upstream.IdentityOff)
+	h.Serve(w, r, &info, &cred, "")
 }
 
 // Serve serves one watch request that info (reqinfo.Parse(r)) classifies, every attempt of it
 // with cred, whose credentials the server decided on the request as the client sent it
 // (upstream.Decide; the zero value: as ServeHTTP). Every line logged about it carries the
-// client's address and requestID, the id of its access log line.
-func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Info, cred upstream.Credentials, requestID string) {
+// client's address and requestID, the id of its access log line. Neither info nor cred is
+// kept: they are passed by reference only so that no frame below the watch's holds copies.
+//
+// Its goroutine spends the watch's life parked in a read from the upstream, every frame of
+// Serve and its callers kept on its stack all that time: the setup and the first attempt
+// (open) and what is done once the watch ended (ended) are functions of their own that have
+// returned (or not begun) while it waits, so that what stays is small. The runtime halves a
+// goroutine's stack at a GC only while it uses less than a quarter of it: the parked
+// handler's frames under 4 KiB are 8 KiB of stack per idle watch instead of 16
+// (docs/bench/NOTES.md, "Idle memory").
+func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred *upstream.Credentials, requestID string) {
+	f, sub, src := h.open(w, r, info, cred, requestID)
+	if f == nil {
+		return
+	}
+	defer f.release()
+	serve(f, sub, src)
+}
+
+// open sets a watch up and sends its first attempt: the feed and the attempt's source, or nil
+// when the request was answered (an error, or a response relayed as it came) and there is
+// nothing more to do. Unless it returns nil, the caller calls the feed's release when done.
+func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, credp *upstream.Credentials, requestID string) (*feed, *subscriber, *source) {
+	cred := *credp
 	if cred.Principal() == "" {
 		cred = upstream.Decide(r.Header, r.TLS, false, upstream.IdentityOff)
 	}
 	p := parseParams(r)
 	m := h.deps.Metrics
-	resource := m.Resource(info.FullResource())
 
 	ctx, cancel := context.WithCancelCause(r.Context())
-	defer cancel(nil)
-	var deadline time.Time
+	// Lazy: the fields are encoded only if a line is written, which most watches never do.
+	log := h.log.WithLazy(zap.String("remote", r.RemoteAddr), zap.String("requestID", requestID))
+	sub := newSubscriber(h, w, r, p, m.Resource(info.FullResource()), log)
+	f := &feed{
+		h: h, client: r, ctx: ctx, cancel: cancel, cred: cred, log: log, sub: sub, timeout: p.timeout,
+		backoff: upstream.ResumeBackoff, scope: progressScope(r), groupResource: info.GroupResource(),
+	}
 	switch {
 	case p.timeout > 0:
-		deadline = h.clk.Now().Add(p.timeout)
-		t := h.clk.AfterFunc(p.timeout, func() { cancel(errClientDeadline) })
-		defer t.Stop()
+		f.deadline = h.clk.Now().Add(p.timeout)
+		f.stopDeadline = h.clk.AfterFunc(p.timeout, func() { cancel(errClientDeadline) })
 	case p.timeout < 0:
-		deadline = h.clk.Now() // over already: the first attempt is the only one
+		f.deadline = h.clk.Now() // over already: the first attempt is the only one
 	}
 	if h.done != nil {
 		// A callback, not a goroutine per watch: it runs once, at shutdown.
-		stop := context.AfterFunc(h.done, func() { cancel(errShutdown) })
-		defer stop()
+		f.stopShutdown = context.AfterFunc(h.done, func() { cancel(errShutdown) })
 	}
 
-	// Lazy: the fields are encoded only if a line is written, which most watches never do.
-	log := h.log.WithLazy(zap.String("remote", r.RemoteAddr), zap.String("requestID", requestID))
-	sub := newSubscriber(h, w, r, p, resource, log)
-	f := &feed{
-		h: h, client: r, ctx: ctx, cred: cred, log: log, sub: sub, deadline: deadline, timeout: p.timeout,
-		backoff: upstream.ResumeBackoff, scope: progressScope(r), groupResource: info.GroupResource(),
-	}
 	from, _ := stream.ParseRV(p.rv)
 	slot := &moveSlot{}
 	first, err := h.deps.Attempts.Do(ctx, f.requestFrom(true, ""), f.plan(from, slot))
 	if err != nil {
+		defer f.release()
 		if r.Context().Err() != nil {
-			return
+			return nil, nil, nil
 		}
 		st := apistatus.ForUpstreamError(upstream.Name(err), err)
 		if errors.Is(context.Cause(ctx), errShutdown) {
@@ -259,16 +278,17 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 			ce.Write(zap.String("path", r.URL.Path), zap.Int32("code", st.Code), zap.Error(err))
 		}
 		apistatus.Write(w, st)
-		return
+		return nil, nil, nil
 	}
 	f.backend = first.Backend
 	format, ok := stream.FormatOf(first.Resp.Header.Get("Content-Type"))
 	if first.Resp.StatusCode != http.StatusOK || !ok || !identity(first.Resp.Header) {
 		// Not a stream we can read (an error status, a content type we do not parse): relay.
+		defer f.release()
 		if relay(&sub.out, first) {
 			sub.slowClient(slowRelayed)
 		}
-		return
+		return nil, nil, nil
 	}
 	mode := h.cfg.Mode
 	if h.exempt[info.GroupResource()] {
@@ -279,19 +299,41 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info reqinfo.Inf
 		Scope: scopeOf(r, cred), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
 		Mode: mode, Memory: h.deps.Memory,
 	}))
+	return f, sub, f.source(first, slot)
+}
 
-	m.OpenWatches.WithLabelValues(resource).Inc()
-	defer m.OpenWatches.WithLabelValues(resource).Dec()
-	reason := f.run(f.source(first, slot))
-	m.StreamEnds.WithLabelValues(reason.String()).Inc()
+// serve runs the feed f of the subscriber sub from its first attempt src until the client's
+// stream ends, counted as an open watch meanwhile.
+func serve(f *feed, sub *subscriber, src *source) {
+	open := f.h.deps.Metrics.OpenWatches.WithLabelValues(sub.resource)
+	open.Inc()
+	defer open.Dec()
+	ended(f, sub, f.run(src))
+}
+
+// ended counts and logs how the watch's stream ended.
+func ended(f *feed, sub *subscriber, reason EndReason) {
+	f.h.deps.Metrics.StreamEnds.WithLabelValues(reason.String()).Inc()
 	if reason == EndSlowClient {
 		sub.slowClient(slowEvents)
 	}
-	if ce := log.Check(zapcore.DebugLevel, "watch ended"); ce != nil {
-		ce.Write(zap.String("path", r.URL.Path), zap.Stringer("reason", reason), zap.Uint64("events", f.events),
+	if ce := f.log.Check(zapcore.DebugLevel, "watch ended"); ce != nil {
+		ce.Write(zap.String("path", f.client.URL.Path), zap.Stringer("reason", reason), zap.Uint64("events", f.events),
 			zap.Int("resumes", f.resumes), zap.String("lastRV", sub.LastDelivered()))
 	}
 	sub.logEnd(reason)
+}
+
+// release stops what open started for the watch's life: its deadline's timer, its callback
+// at shutdown, its context.
+func (f *feed) release() {
+	if f.stopDeadline != nil {
+		f.stopDeadline.Stop()
+	}
+	if f.stopShutdown != nil {
+		f.stopShutdown()
+	}
+	f.cancel(nil)
 }
 
 func identity(h http.Header) bool {
@@ -303,9 +345,13 @@ func identity(h http.Header) bool {
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
+// copyHeader copies src's headers into dst but the hop-by-hop ones. The values are src's,
+// shared, not copied (a watch's response holds its copy for the watch's life): nothing writes
+// a header's values in place, and each is capped at its length, so that an append to dst's
+// makes a slice of its own and never writes into src's.
 func copyHeader(dst, src http.Header) {
 	for k, vv := range src {
-		dst[k] = append([]string(nil), vv...)
+		dst[k] = vv[:len(vv):len(vv)]
 	}
 	for _, k := range hopHeaders {
 		dst.Del(k)

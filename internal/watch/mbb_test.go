@@ -69,7 +69,8 @@ func newMBB(t *testing.T, cfg Config, a, b *upstreamScript) *mbb {
 		t.Fatal(err)
 	}
 	x.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		h.Serve(w, r, reqinfo.Parse(r), upstream.Decide(r.Header, r.TLS, true, upstream.IdentityOff), "")
+		info, cred := reqinfo.Parse(r), upstream.Decide(r.Header, r.TLS, true, upstream.IdentityOff)
+		h.Serve(w, r, &info, &cred, "")
 	}))
 	t.Cleanup(x.srv.Close)
 	return x

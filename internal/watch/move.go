@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -65,6 +66,15 @@ type source struct {
 	dedupe bool
 	prefix *stream.Event
 	reason upstream.MoveReason
+
+	// Once the feed receives it (receive): the watchdog's stop, when the upstream went silent
+	// once the watchdog found it stalled, the feed's progress count when it began, the
+	// resume point a move's target skips up to, and how it ended.
+	stopWatchdog func()
+	silentSince  atomic.Int64
+	start        uint64
+	skip         uint64
+	end          attemptEnd
 }
 
 type peeked struct {
@@ -252,24 +262,26 @@ func (f *feed) noteGone(b *upstream.Backend, st *metav1.Status, from uint64) {
 
 // goneHere handles an attempt whose first frame is an ERROR: a 410 where another backend may
 // still serve the resume point is no reason to end the client's stream (docs/design.md
-// section 10.1): the floor is noted and the watch resumes elsewhere. False: the ERROR is the
-// client'f.
-func (f *feed) goneHere(at upstream.Attempt, ev *stream.Event) (attemptEnd, bool) {
+// section 10.1): the floor is noted and the watch resumes elsewhere (true, src.end says so).
+// False: the ERROR is the client's.
+func (f *feed) goneHere(src *source, ev *stream.Event) bool {
+	at := src.at
 	st, err := stream.DecodeStatus(f.format, ev)
 	if err != nil || st.Code != http.StatusGone || !f.movable() {
-		return attemptEnd{}, false
+		return false
 	}
 	from, ok := stream.ParseRV(f.sub.LastDelivered())
 	if !ok {
-		return attemptEnd{}, false
+		return false
 	}
 	f.noteGone(at.Backend, st, from)
 	if !f.h.deps.Attempts.Servable(f.groupResource, from, at.Backend) {
-		return attemptEnd{}, false
+		return false
 	}
 	f.log.Info("upstream cannot serve the watch's resume point; resuming it where it can be served",
 		zap.String("path", f.client.URL.Path), zap.Stringer("upstream", at.Backend), zap.Uint64("fromRV", from), zap.String("message", st.Message))
-	return attemptEnd{resume: ResumeGoneHere, err: errors.New(st.Message)}, true
+	src.end = attemptEnd{resume: ResumeGoneHere, err: errors.New(st.Message)}
+	return true
 }
 
 // switchTo makes a move's accepted target the feed's attempt.

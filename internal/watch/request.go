@@ -35,7 +35,9 @@ func (f *feed) requestFrom(first bool, rv string) *http.Request {
 		left := f.deadline.Sub(f.h.clk.Now()).Seconds()
 		q.Set("timeoutSeconds", strconv.Itoa(max(1, int(left+0.999))))
 	}
-	out := f.client.Clone(f.ctx)
+	// A shallow copy, not a Clone: its URL and Header are replaced, and the Attempter clones
+	// the template anyway for each backend it sends it to, so a deep copy here was garbage.
+	out := f.client.WithContext(f.ctx)
 	out.URL = &url.URL{Path: f.client.URL.Path, RawPath: f.client.URL.RawPath, RawQuery: q.Encode()}
 	out.RequestURI = ""
 	out.Host = ""

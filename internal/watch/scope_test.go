@@ -55,7 +55,8 @@ func TestDeleteMemoryScopedByIdentity(t *testing.T) {
 		if _, ok := cred.Asserted(); !ok {
 			t.Errorf("decided %s, want asserted", cred)
 		}
-		h.Serve(w, r, reqinfo.Parse(r), cred, "")
+		info := reqinfo.Parse(r)
+		h.Serve(w, r, &info, &cred, "")
 	}))
 	defer srv.Close()
 	watchAs := func(user, rv string) ([]got, error) {
