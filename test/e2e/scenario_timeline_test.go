@@ -67,11 +67,8 @@ func (e *scenarioEnv) timeline(ph *scenarioPhase, events []auditv1.Event) string
 			var m struct {
 				TS                                       string
 				Msg, Upstream, Verb, Resource, UserAgent string
-				Code, RequestsCut                        int
-				Duration                                 float64
-				Watches                                  int
-				Error                                    string
-				SilentFor                                float64
+				Code, RequestsCut, Watches               int
+				Duration, SilentFor, Error               string // durations as Go prints them
 			}
 			if json.Unmarshal([]byte(line), &m) != nil {
 				continue
@@ -82,12 +79,15 @@ func (e *scenarioEnv) timeline(ph *scenarioPhase, events []auditv1.Event) string
 			}
 			switch {
 			case strings.HasPrefix(m.Msg, "upstream unhealthy"):
-				es = append(es, timelineEntry{at, fmt.Sprintf("watchsan: %s unhealthy (silent for %.2fs, %d requests cut, %d watches): %s",
+				es = append(es, timelineEntry{at, fmt.Sprintf("watchsan: %s unhealthy (silent for %s, %d requests cut, %d watches): %s",
 					m.Upstream, m.SilentFor, m.RequestsCut, m.Watches, m.Error)})
-			case strings.HasPrefix(m.Msg, "upstream healthy"), strings.HasPrefix(m.Msg, "upstream degraded"):
+			case strings.HasPrefix(m.Msg, "upstream healthy"), strings.HasPrefix(m.Msg, "upstream degraded"), strings.HasPrefix(m.Msg, "upstream lagging"):
 				es = append(es, timelineEntry{at, fmt.Sprintf("watchsan: %s %s", m.Upstream, strings.SplitN(m.Msg, ":", 2)[0])})
-			case m.Msg == "request" && m.Verb != "watch" && (m.Code >= 500 || m.Duration >= 0.5):
-				d := time.Duration(m.Duration * float64(time.Second))
+			case m.Msg == "request" && m.Verb != "watch":
+				d, _ := time.ParseDuration(m.Duration)
+				if m.Code < 500 && d < 500*time.Millisecond {
+					continue
+				}
 				es = append(es, timelineEntry{at.Add(-d), fmt.Sprintf("watchsan: %s %s (%s) answered %d after %.2fs",
 					m.Verb, m.Resource, shortUA(m.UserAgent), m.Code, d.Seconds())})
 			}
