@@ -353,14 +353,11 @@ func (a *Attempter) send(ctx context.Context, req *http.Request, b *Backend, bod
 	if body != nil {
 		out.Body, out.GetBody = body.open()
 	}
-	var done func()
-	if !plan.Watch {
-		done = b.waiting.wait(cancelCtx) // cut at once if b is found unhealthy meanwhile (frozen.go)
-	}
+	// A short request is cut at once if b is found unhealthy meanwhile; any attempt that waits
+	// with nothing from b asks for a check of b (frozen.go).
+	done := b.await(cancelCtx, !plan.Watch)
 	resp, err := b.Send(out, plan.Credentials)
-	if done != nil {
-		done()
-	}
+	done()
 	if err != nil && errors.Is(context.Cause(actx), ErrFrozen) && ctx.Err() == nil {
 		err = fmt.Errorf("%w: %w", ErrFrozen, err)
 	}

@@ -177,6 +177,7 @@ func (p *Pool) newBackend(u *url.URL, late bool) (*Backend, error) {
 			pingDial = func(err error) { onDial(ConnHealth, err) }
 		}
 		b.ping = newPinger(addr, t.tls, 0, to.KeepAlive, pingDial)
+		b.spare = newPinger(addr, t.tls, 0, to.KeepAlive, pingDial)
 		b.pingable.Store(true)
 	}
 	return b, nil
@@ -489,6 +490,7 @@ func (p *Pool) forget(b *Backend) {
 	b.t.closeIdle()
 	if b.ping != nil {
 		b.ping.Close()
+		b.spare.Close()
 	}
 	p.log.Info("upstream forgotten: drained", zap.Stringer("upstream", b))
 	if p.opts.OnForget != nil {
@@ -513,6 +515,7 @@ func (p *Pool) Run(ctx context.Context) {
 	for _, b := range p.Backends() {
 		if b.ping != nil {
 			b.ping.Close()
+			b.spare.Close()
 		}
 	}
 }
