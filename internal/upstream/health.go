@@ -14,7 +14,8 @@ import (
 //   - Does the process answer at all? An HTTP/2 PING on a connection of the health checker's
 //     own (ping.go), answered by the server's connection reader: a frozen (SIGSTOP) or dead
 //     apiserver does not answer within PingTimeout; a slow one (etcd slow, CPU starved by a
-//     handler) still does. A ping that times out is tried once more on a fresh connection
+//     handler) still does. A ping not answered within half of PingTimeout is tried on a fresh
+//     connection too, each connection given the whole PingTimeout (Pool.ping, section 10.9),
 //     before the verdict, and anything else that came from the backend meanwhile (an event, a
 //     response) counts as an answer: a loaded machine does not make a live backend dead.
 //   - Is it ready? Its /readyz, bounded by ProbeTimeout, one at a time and off the ping's

@@ -17,7 +17,9 @@ import (
 // Defaults of PoolOptions.
 const (
 	// DefaultHealthInterval is the period of a backend's liveness ping and /readyz probe. A
-	// frozen or dead apiserver is found within about an interval and two ping timeouts.
+	// frozen or dead apiserver is found within about an interval and one and a half ping
+	// timeouts, or a quarter and one and a half ping timeouts after a request began to wait
+	// on it (docs/design.md section 10.9).
 	DefaultHealthInterval = time.Second
 	// DefaultProbeTimeout bounds one /readyz probe. It is longer than a ping's: /readyz waits on
 	// etcd (up to its own 2 s check timeout), and a slow /readyz of a live apiserver makes it
