@@ -44,6 +44,10 @@ const (
 	// timeoutSeconds: the apiserver sends a bookmark 2 s before a watch's deadline (section 2).
 	freshTimeout      = 6 * time.Second
 	freshWatchSeconds = "3"
+	// freshAgent starts the User-Agent of the fresh-resume-point probe's list and watch,
+	// followed by the client's in parentheses: they go with the client's credentials, and an
+	// audit log tells them from the client's own lists and watches by it.
+	freshAgent = "watchsan-fresh-resume-point"
 )
 
 var (
@@ -308,7 +312,9 @@ func (s *session) freshPoint(l *upstream.Lease, from uint64) (*stream.Event, uin
 			list.Set(k, v)
 		}
 	}
+	agent := freshAgent + " (for " + s.client.UserAgent() + ")"
 	lr := s.requestFrom(true, "")
+	lr.Header.Set("User-Agent", agent)
 	lr.URL = &url.URL{Path: strings.Replace(s.client.URL.Path, "/watch/", "/", 1), RawQuery: list.Encode()}
 	if at, err := s.h.deps.Attempts.Do(ctx, lr, upstream.Plan{Target: b, Credentials: s.cred}); err == nil {
 		drain(at.Resp)
@@ -316,6 +322,7 @@ func (s *session) freshPoint(l *upstream.Lease, from uint64) (*stream.Event, uin
 	}
 
 	wr := s.requestFrom(false, fmt.Sprint(from))
+	wr.Header.Set("User-Agent", agent)
 	wq := wr.URL.Query()
 	wq.Set("timeoutSeconds", freshWatchSeconds)
 	wr.URL.RawQuery = wq.Encode()
