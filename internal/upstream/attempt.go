@@ -221,13 +221,14 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 		at, err := a.send(ctx, req, b, body, plan)
 		wait, retry := retryable(ctx, idempotent, body, at.Resp, err, plan.RetryTooLarge)
 		if err != nil && errors.Is(err, ErrFrozen) {
-			// Section 10.8: at once, elsewhere, when a repeat is safe; else the client's 503.
+			// Section 10.8: elsewhere, after the backoff's next delay (the first: about 100 ms),
+			// when a repeat is safe; else the client's 503. The backoff goes on: a request cut
+			// again on the backend it went to next waits longer, as after any failure.
 			unread := body != nil && body.read.Load() == 0 // sent without its body: not processable
 			if !retry && !unread && !safeToRepeat(req.Method, req.Header, body.whole()) {
 				return Attempt{}, err
 			}
 			retry, wait = true, 0
-			bo.Reset()
 		}
 		if retry && plan.RetryTooLarge && at.Resp != nil && at.Resp.StatusCode == http.StatusGatewayTimeout {
 			a.pool.markLagging(b, time.Now(), "it answered 504 to a list at watchsan's high-water resourceVersion")
