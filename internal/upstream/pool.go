@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"k8s.io/utils/clock"
 )
 
 // Defaults of PoolOptions.
@@ -92,6 +93,9 @@ type PoolOptions struct {
 	// OnAdd and OnForget, if set, are told when a backend joins the pool after NewPool and
 	// when a removed one is forgotten (metric series are created and deleted with them).
 	OnAdd, OnForget func(b *Backend)
+	// Clock times the hold of a watch whose move failed (Lease.MoveFailed); nil: the real
+	// clock.
+	Clock clock.PassiveClock
 }
 
 // Pool is the set of backends, their health and their load. Short requests go to the
@@ -137,6 +141,9 @@ func NewPool(urls []*url.URL, o PoolOptions) (*Pool, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
 	}
 	p := &Pool{opts: o, log: o.Logger.Named("upstream"), changed: make(chan struct{}), wake: make(chan struct{}, 1)}
 	var bs []*Backend

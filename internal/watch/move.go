@@ -138,7 +138,7 @@ func (s *session) tryMove(slot *moveSlot, l *upstream.Lease, r upstream.MoveReas
 		}
 	}
 	if err != nil {
-		l.MoveFailed(time.Now().Add(moveHold))
+		l.MoveFailed(moveHold)
 		s.h.deps.Metrics.WatchMovesFailed.WithLabelValues(r.String()).Inc()
 		s.log.Debug("watch not moved: no target accepted its resume point; it stays",
 			zap.String("path", s.client.URL.Path), zap.Stringer("upstream", l.Backend()), zap.Stringer("reason", r),
