@@ -35,7 +35,10 @@ func New(code int32, reason metav1.StatusReason, msg string) *metav1.Status {
 //   - the upstream refused or reset the connection, or is not reachable: 503 ServiceUnavailable
 //     (the client's retry logic treats it as "try again");
 //   - its upstream was declared unhealthy while it waited, and it was not safe to repeat
-//     (upstream.ErrFrozen): 503 with Retry-After 1, saying it may have been processed;
+//     (upstream.ErrFrozen): 503 with Retry-After 0, saying it may have been processed: a
+//     client that repeats it (client-go does) may do so at once, since watchsan sends nothing
+//     to a backend found unhealthy and waiting would only add to the request's time
+//     (docs/design.md section 10.8);
 //   - a timeout (dial, TLS handshake, response headers): 504 Timeout;
 //   - anything else (bad TLS, protocol garbage): 502 with reason InternalError.
 func ForUpstreamError(name string, err error) *metav1.Status {
@@ -50,7 +53,7 @@ func ForUpstreamError(name string, err error) *metav1.Status {
 		// docs/design.md section 10.8: it was not safe to repeat; the client decides.
 		st := New(http.StatusServiceUnavailable, metav1.StatusReasonServiceUnavailable,
 			fmt.Sprintf("watchsan: upstream %s stopped answering while this request was in flight; it may have been processed (a create may have happened): check before you retry", name))
-		st.Details = &metav1.StatusDetails{RetryAfterSeconds: 1}
+		st.Details = &metav1.StatusDetails{RetryAfterSeconds: 0} // Write sends Retry-After: 0
 		return st
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
 		return New(http.StatusGatewayTimeout, metav1.StatusReasonTimeout,
@@ -65,7 +68,9 @@ func ForUpstreamError(name string, err error) *metav1.Status {
 	}
 }
 
-// Write sends st as the whole response. The caller must not have written anything yet.
+// Write sends st as the whole response. The caller must not have written anything yet. A
+// status with Details carries Retry-After: Details.RetryAfterSeconds, 0 included (retry at
+// once; the JSON omits a zero retryAfterSeconds, the header says it).
 func Write(w http.ResponseWriter, st *metav1.Status) {
 	body, err := json.Marshal(st)
 	if err != nil { // a Status always marshals; keep the client informed regardless
@@ -75,7 +80,7 @@ func Write(w http.ResponseWriter, st *metav1.Status) {
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)+1))
 	h.Set("X-Content-Type-Options", "nosniff")
-	if st.Details != nil && st.Details.RetryAfterSeconds > 0 {
+	if st.Details != nil && st.Details.RetryAfterSeconds >= 0 {
 		h.Set("Retry-After", strconv.Itoa(int(st.Details.RetryAfterSeconds)))
 	}
 	w.WriteHeader(int(st.Code))

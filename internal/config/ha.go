@@ -67,7 +67,7 @@ func defaultHA() HA {
 
 func (h *HA) flags(fs *pflag.FlagSet, group func(title string)) {
 	group("Upstream connections and health")
-	fs.DurationVar(&h.HealthPingTimeout, "health-ping-timeout", h.HealthPingTimeout, "how long an upstream may take to answer the HTTP/2 PING that shows it is alive (tried twice before it counts as down)")
+	fs.DurationVar(&h.HealthPingTimeout, "health-ping-timeout", h.HealthPingTimeout, "how long an upstream may take to answer the HTTP/2 PING that shows it is alive (from half of it, on a fresh connection too; found down 1.5 timeouts after the first PING)")
 	fs.DurationVar(&h.HealthProbeInterval, "health-probe-interval", h.HealthProbeInterval, "the least time between /readyz probes of a healthy upstream (one that is not healthy is probed every --health-interval); pings go every --health-interval")
 	fs.DurationVar(&h.HealthProbeTimeout, "health-probe-timeout", h.HealthProbeTimeout, "how long an upstream's /readyz may take (an upstream alive but slower than this is degraded, not down)")
 	fs.StringVar(&h.ProbeKubeconfig, "probe-kubeconfig", h.ProbeKubeconfig, "kubeconfig whose user (its current context's) the /readyz probes go as, on connections of their own; any authenticated user may read /readyz, so give one without other permissions. With an identity a 401 or 403 means not ready (a restarting apiserver answers so until its authorizer has synced). Default: the kubeconfig's identity when it is lent or impersonates (--identity-forwarding=impersonate), else none, and then a 401 or 403 proves only that the upstream is alive")

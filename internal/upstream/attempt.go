@@ -250,13 +250,14 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 		at, err := a.send(ctx, req, b, body, plan)
 		wait, retry := retryable(ctx, idempotent, body, at.Resp, err, plan.RetryTooLarge)
 		if err != nil && errors.Is(err, ErrFrozen) {
-			// Section 10.8: at once, elsewhere, when a repeat is safe; else the client's 503.
+			// Section 10.8: elsewhere, after the backoff's next delay (the first: about 100 ms),
+			// when a repeat is safe; else the client's 503. The backoff goes on: a request cut
+			// again on the backend it went to next waits longer, as after any failure.
 			unread := body != nil && body.read.Load() == 0 // sent without its body: not processable
 			if !retry && !unread && !safeToRepeat(req.Method, req.Header, body.whole()) {
 				return Attempt{}, err
 			}
 			retry, wait = true, 0
-			bo.Reset()
 		}
 		if retry && plan.RetryTooLarge && at.Resp != nil && at.Resp.StatusCode == http.StatusGatewayTimeout {
 			a.pool.markLagging(b, time.Now(), "it answered 504 to a list at watchsan's high-water resourceVersion")
@@ -387,14 +388,11 @@ func (a *Attempter) send(ctx context.Context, req *http.Request, b *Backend, bod
 	if body != nil {
 		out.Body, out.GetBody = body.open()
 	}
-	var done func()
-	if !plan.Watch {
-		done = b.waiting.wait(cancelCtx) // cut at once if b is found unhealthy meanwhile (frozen.go)
-	}
+	// A short request is cut at once if b is found unhealthy meanwhile; any attempt that waits
+	// with nothing from b asks for a check of b (frozen.go).
+	done := b.await(cancelCtx, !plan.Watch)
 	resp, err := b.Send(out, plan.Credentials)
-	if done != nil {
-		done()
-	}
+	done()
 	if err != nil && errors.Is(context.Cause(actx), ErrFrozen) && ctx.Err() == nil {
 		err = fmt.Errorf("%w: %w", ErrFrozen, err)
 	}

@@ -60,6 +60,9 @@ type Backend struct {
 	t    *transports
 	pool *Pool
 	ping *pinger // nil: not https; its probes alone tell whether it answers
+	// spare pings on a fresh connection when ping's has no answer soon (Pool.ping); set with
+	// ping.
+	spare *pinger
 	// pingable: ping is set and the backend speaks HTTP/2 (cleared on the first answer
 	// without it).
 	pingable atomic.Bool

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Nothing waits on a frozen backend (issue 20 item 3, docs/design.md section 10.8). A short
@@ -58,6 +59,29 @@ func (w *waiters) cutAll() int {
 		x.cancel(ErrFrozen)
 	}
 	return len(cut)
+}
+
+// await registers an attempt on b until done is called: while it waits for its response
+// headers, a short request's attempt (cut true) is cut at once if b is found unhealthy
+// meanwhile; and any attempt that has waited a quarter of the ping timeout while nothing at
+// all came from b asks for a check of b now (Pool.recheck: at most one per health interval),
+// rather than at the check's next tick: a request waiting on a frozen backend starts its
+// detection (docs/design.md section 10.9).
+func (b *Backend) await(cancel context.CancelCauseFunc, cut bool) (done func()) {
+	sent := time.Now().UnixNano()
+	early := time.AfterFunc(b.pool.opts.PingTimeout/4, func() {
+		if b.aliveAt.Load() < sent {
+			b.pool.recheck(b)
+		}
+	})
+	if !cut {
+		return func() { early.Stop() }
+	}
+	unregister := b.waiting.wait(cancel)
+	return func() {
+		early.Stop()
+		unregister()
+	}
 }
 
 // safeToRepeat says whether a request that may have been processed can be sent again: a read

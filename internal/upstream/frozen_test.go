@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/watchsan/watchsan/internal/testutil"
 )
 
 // Issue 20 item 3: a request waiting on a backend that is declared unhealthy is cut at once:
@@ -98,5 +100,67 @@ func TestFrozenBackendCutsWaitingRequests(t *testing.T) {
 				t.Fatalf("answered %v after the verdict, want at once", took)
 			}
 		})
+	}
+}
+
+// A request cut on one frozen backend and then on the next backs off as after any failure:
+// the second wait is a second delay of the backoff (it is not started over at each cut).
+func TestFrozenCutsBackOff(t *testing.T) {
+	release := make(chan struct{})
+	var arrived [2]atomic.Int32
+	hang := func(i int) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			arrived[i].Add(1)
+			<-release
+		})
+	}
+	f1, f2 := httptest.NewServer(hang(0)), httptest.NewServer(hang(1))
+	defer f1.Close()
+	defer f2.Close()
+	defer close(release)
+	good := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	defer good.Close()
+	p := newPool(t, PoolOptions{}, f1.URL, f2.URL, good.URL)
+	frozen, gb := p.Backends()[:2], p.Backends()[2]
+	p.setState(gb, Degraded, errors.New("/readyz did not pass")) // tried last: the frozen ones first
+	sl := &sleeps{}
+	a := attempter(p, AttempterOptions{}, sl)
+	req, _ := http.NewRequest(http.MethodGet, "/api/v1/namespaces/d/configmaps", nil)
+	out := make(chan error, 1)
+	go func() {
+		at, err := a.Do(req.Context(), req, Plan{Credentials: Decide(req.Header, nil, false, IdentityOff)})
+		if err == nil {
+			at.Cancel(nil)
+			if at.Backend != gb {
+				err = errors.New("answered by " + at.Backend.String())
+			}
+		}
+		out <- err
+	}()
+	for cut := 0; cut < 2; cut++ {
+		var on *Backend
+		testutil.Eventually(t, 5*time.Second, "the request waiting on a frozen backend", func() bool {
+			for i, b := range frozen {
+				if arrived[i].Load() > 0 && b.State() != Unhealthy {
+					on = b
+				}
+			}
+			return on != nil
+		})
+		p.setState(on, Unhealthy, errors.New("no answer to HTTP/2 PING"))
+	}
+	select {
+	case err := <-out:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("not answered after both cuts")
+	}
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	first := time.Duration(float64(RequestBackoff.Initial) * (1 + RequestBackoff.Jitter)) // the longest first delay
+	if len(sl.got) != 2 || sl.got[0] > first || sl.got[1] <= first {
+		t.Fatalf("waits %v before the retries, want two, the second past the longest first delay %v", sl.got, first)
 	}
 }

@@ -14,7 +14,8 @@ import (
 //   - Does the process answer at all? An HTTP/2 PING on a connection of the health checker's
 //     own (ping.go), answered by the server's connection reader: a frozen (SIGSTOP) or dead
 //     apiserver does not answer within PingTimeout; a slow one (etcd slow, CPU starved by a
-//     handler) still does. A ping that times out is tried once more on a fresh connection
+//     handler) still does. A ping not answered within half of PingTimeout is tried on a fresh
+//     connection too, each connection given the whole PingTimeout (Pool.ping, section 10.9),
 //     before the verdict, and anything else that came from the backend meanwhile (an event, a
 //     response) counts as an answer: a loaded machine does not make a live backend dead.
 //   - Is it ready? Its /readyz, bounded by ProbeTimeout, one at a time and off the ping's
@@ -107,7 +108,7 @@ func (p *Pool) check(ctx context.Context, b *Backend) {
 		}()
 	}
 	start := time.Now().UnixNano()
-	err := b.ping.ping(ctx, p.opts.PingTimeout)
+	err := p.ping(ctx, b, start)
 	if ctx.Err() != nil {
 		return
 	}
@@ -115,16 +116,6 @@ func (p *Pool) check(ctx context.Context, b *Backend) {
 		p.log.Info("upstream does not speak HTTP/2; judged by its /readyz alone", zap.Stringer("upstream", b))
 		b.pingable.Store(false)
 		return
-	}
-	if err != nil {
-		b.pingFailed.Store(true)
-	}
-	if err != nil && !IsDialError(err) && b.aliveAt.Load() <= start {
-		// No answer, and nothing else from it meanwhile: once more, on a fresh connection.
-		err = b.ping.ping(ctx, p.opts.PingTimeout)
-		if ctx.Err() != nil {
-			return
-		}
 	}
 	switch {
 	case err == nil:
@@ -142,6 +133,62 @@ func (p *Pool) check(ctx context.Context, b *Backend) {
 		b.liveness.Store(livenessDead)
 	}
 	p.judge(b, err)
+}
+
+// ping asks whether b answers at all (docs/design.md section 10.9): a PING on the kept
+// connection and, when that has no answer within half the ping timeout (or fails before its
+// time), one more on a fresh connection of its own; the first ACK wins. Each connection gets
+// the whole ping timeout to answer, so a backend that answers neither within it, and sent
+// nothing else since start, is found dead one and a half ping timeouts after the first PING
+// (the two were tried one after the other before: two timeouts). A refused dial, or a backend
+// without HTTP/2, is the answer at once; so is anything the backend sent since start, which
+// proves it alive whatever the ping says.
+func (p *Pool) ping(ctx context.Context, b *Backend, start int64) error {
+	timeout := p.opts.PingTimeout
+	first := make(chan error, 1)
+	p.loops.Add(1)
+	go func() { // ends within timeout; may outlive ping when the fresh connection answers first
+		defer p.loops.Done()
+		err := b.ping.ping(ctx, timeout)
+		if err != nil {
+			b.pingFailed.Store(true)
+		}
+		first <- err
+	}()
+	half := time.NewTimer(timeout / 2)
+	defer half.Stop()
+	select {
+	case err := <-first:
+		if err == nil || IsDialError(err) || errors.Is(err, errNoH2) || ctx.Err() != nil || b.aliveAt.Load() > start {
+			return err
+		}
+		return b.spare.once(ctx, timeout) // it failed before its time (a GOAWAY, a reset)
+	case <-half.C:
+	}
+	if b.aliveAt.Load() > start {
+		return <-first // it sent something meanwhile: alive, whatever this ping says
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	second := make(chan error, 1)
+	go func() { second <- b.spare.once(sctx, timeout) }()
+	var err error
+	for range 2 {
+		select {
+		case err = <-first:
+			first = nil
+		case err = <-second:
+			second = nil
+		}
+		if err == nil {
+			break
+		}
+	}
+	if second != nil {
+		cancel()
+		<-second
+	}
+	return err
 }
 
 // probe asks /readyz once and records the verdict.

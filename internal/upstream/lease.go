@@ -192,7 +192,7 @@ func (l *Lease) Pos() uint64 { return l.pos.Load() }
 // the watch, or gives up (MoveFailed); any other lease's attempt ends now with a MoveError.
 // False if it had ended, is being moved, or is held after a failed move.
 func (l *Lease) move(r MoveReason) bool {
-	if l.done.Load() || time.Now().UnixNano() < l.hold.Load() || !l.moved.CompareAndSwap(false, true) {
+	if l.done.Load() || l.held(l.b.pool.opts.Clock.Now()) || !l.moved.CompareAndSwap(false, true) {
 		return false
 	}
 	l.b.leases.moving.Add(1)
@@ -217,10 +217,10 @@ func (l *Lease) Cut(r MoveReason) {
 func (l *Lease) cut(r MoveReason) { l.cancel(&MoveError{From: l.b, Reason: r}) }
 
 // MoveFailed says the move asked of the lease could not be made (no target accepted its
-// resume point): the watch stays where it is, and is not asked to move again for hold (on the
-// Pool's clock).
+// resume point): the watch stays where it is, and is not asked to move again for hold (on
+// the Pool's clock, PoolOptions.Clock).
 func (l *Lease) MoveFailed(hold time.Duration) {
-	l.hold.Store(time.Now().Add(hold).UnixNano())
+	l.hold.Store(l.b.pool.opts.Clock.Now().Add(hold).UnixNano())
 	if l.moved.CompareAndSwap(true, false) {
 		l.b.leases.moving.Add(-1)
 	}

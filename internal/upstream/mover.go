@@ -136,7 +136,7 @@ func (p *Pool) drain(bs []*Backend, now time.Time, k *bucket) {
 // It returns how many moved.
 func (p *Pool) moveMovable(b *Backend, r MoveReason, k *bucket, limit int) int {
 	n := 0
-	now := time.Now()
+	now := p.opts.Clock.Now()
 	for _, l := range b.leases.snapshot() {
 		if limit >= 0 && n >= limit {
 			break

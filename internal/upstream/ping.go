@@ -65,6 +65,13 @@ func (p *pinger) ping(ctx context.Context, timeout time.Duration) error {
 	return nil
 }
 
+// once pings on a fresh connection, closed after the answer (the spare of Pool.ping).
+func (p *pinger) once(ctx context.Context, timeout time.Duration) error {
+	defer p.Close()
+	p.Close()
+	return p.ping(ctx, timeout)
+}
+
 func (p *pinger) dial(ctx context.Context) error {
 	d := &tls.Dialer{NetDialer: p.dialer, Config: p.tls}
 	c, err := d.DialContext(ctx, "tcp", p.addr)

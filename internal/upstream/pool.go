@@ -12,12 +12,15 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"k8s.io/utils/clock"
 )
 
 // Defaults of PoolOptions.
 const (
 	// DefaultHealthInterval is the period of a backend's liveness ping and /readyz probe. A
-	// frozen or dead apiserver is found within about an interval and two ping timeouts.
+	// frozen or dead apiserver is found within about an interval and one and a half ping
+	// timeouts, or a quarter and one and a half ping timeouts after a request began to wait
+	// on it (docs/design.md section 10.9).
 	DefaultHealthInterval = time.Second
 	// DefaultProbeTimeout bounds one /readyz probe. It is longer than a ping's: /readyz waits on
 	// etcd (up to its own 2 s check timeout), and a slow /readyz of a live apiserver makes it
@@ -90,6 +93,9 @@ type PoolOptions struct {
 	// OnAdd and OnForget, if set, are told when a backend joins the pool after NewPool and
 	// when a removed one is forgotten (metric series are created and deleted with them).
 	OnAdd, OnForget func(b *Backend)
+	// Clock times the hold of a watch whose move failed (Lease.MoveFailed); nil: the real
+	// clock.
+	Clock clock.PassiveClock
 }
 
 // Pool is the set of backends, their health and their load. Short requests go to the
@@ -136,6 +142,9 @@ func NewPool(urls []*url.URL, o PoolOptions) (*Pool, error) {
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
 	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
 	p := &Pool{opts: o, log: o.Logger.Named("upstream"), changed: make(chan struct{}), wake: make(chan struct{}, 1)}
 	var bs []*Backend
 	seen := map[string]bool{}
@@ -177,6 +186,7 @@ func (p *Pool) newBackend(u *url.URL, late bool) (*Backend, error) {
 			pingDial = func(err error) { onDial(ConnHealth, err) }
 		}
 		b.ping = newPinger(addr, t.tls, 0, to.KeepAlive, pingDial)
+		b.spare = newPinger(addr, t.tls, 0, to.KeepAlive, pingDial)
 		b.pingable.Store(true)
 	}
 	return b, nil
@@ -489,6 +499,7 @@ func (p *Pool) forget(b *Backend) {
 	b.t.closeIdle()
 	if b.ping != nil {
 		b.ping.Close()
+		b.spare.Close()
 	}
 	p.log.Info("upstream forgotten: drained", zap.Stringer("upstream", b))
 	if p.opts.OnForget != nil {
@@ -513,6 +524,7 @@ func (p *Pool) Run(ctx context.Context) {
 	for _, b := range p.Backends() {
 		if b.ping != nil {
 			b.ping.Close()
+			b.spare.Close()
 		}
 	}
 }

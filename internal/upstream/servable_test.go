@@ -4,6 +4,8 @@ import (
 	"net/url"
 	"testing"
 	"time"
+
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 func TestTooOldFloor(t *testing.T) {
@@ -57,9 +59,11 @@ func TestPickServesTheResumePoint(t *testing.T) {
 }
 
 // Issue 20 item 1: a lease with a move handler is asked, not cut; a failed move holds it
-// for the time its owner says, and the mover does not ask again meanwhile.
+// for the time its owner says, on the Pool's clock, and the mover does not ask again
+// meanwhile.
 func TestMoveHandlerAskedAndHeld(t *testing.T) {
-	p, err := NewPool([]*url.URL{{Scheme: "http", Host: "a"}, {Scheme: "http", Host: "b"}}, PoolOptions{})
+	clk := clocktesting.NewFakePassiveClock(time.Now())
+	p, err := NewPool([]*url.URL{{Scheme: "http", Host: "a"}, {Scheme: "http", Host: "b"}}, PoolOptions{Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,11 +90,22 @@ func TestMoveHandlerAskedAndHeld(t *testing.T) {
 	if a.leases.moving.Load() != 0 {
 		t.Fatal("a failed move is still in transit")
 	}
+	clk.SetTime(clk.Now().Add(59 * time.Minute))
 	p.drain(p.Backends(), time.Now(), k)
 	select {
 	case r := <-asked:
 		t.Fatalf("asked again (%v) while held", r)
 	default:
+	}
+	clk.SetTime(clk.Now().Add(2 * time.Minute))
+	p.drain(p.Backends(), time.Now(), k)
+	select {
+	case r := <-asked:
+		if r != MoveDegraded {
+			t.Fatalf("asked again for %v, want degraded", r)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("not asked again once the hold was over")
 	}
 	l.Cut(MoveDegraded)
 	if !cut {

@@ -367,6 +367,19 @@ func TestQuietWatchMovesFromAFreshResumePoint(t *testing.T) {
 	}
 	a.lentEverywhere(t, "a") // the fresh point's list and watch included
 	b.lentEverywhere(t, "b")
+	// The probe says what it is in the audit log; the watch and its move are the client's.
+	a.mu.Lock()
+	agents := append([]string(nil), a.agents...)
+	a.mu.Unlock()
+	client := "Go-http-client/1.1"
+	for i, want := range []string{client, freshAgent + " (for " + client + ")", freshAgent + " (for " + client + ")"} {
+		if agents[i] != want {
+			t.Errorf("a's request %d (%v) went as User-Agent %q, want %q", i, a.query(i), agents[i], want)
+		}
+	}
+	if ua := b.agent(1); ua != client {
+		t.Errorf("the moved watch went as User-Agent %q, want the client's %q", ua, client)
+	}
 	if v := promtest.ToFloat64(x.m.RelistsForced); v != 0 {
 		t.Fatalf("relists forced = %v, want 0", v)
 	}

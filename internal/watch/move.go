@@ -45,6 +45,10 @@ const (
 	// timeoutSeconds: the apiserver sends a bookmark 2 s before a watch's deadline (section 2).
 	freshTimeout      = 6 * time.Second
 	freshWatchSeconds = "3"
+	// freshAgent starts the User-Agent of the fresh-resume-point probe's list and watch,
+	// followed by the client's in parentheses: they go with the client's credentials, and an
+	// audit log tells them from the client's own lists and watches by it.
+	freshAgent = "watchsan-fresh-resume-point"
 )
 
 var (
@@ -320,7 +324,9 @@ func (f *feed) freshPoint(l *upstream.Lease, from uint64) (*stream.Event, uint64
 			list.Set(k, v)
 		}
 	}
+	agent := freshAgent + " (for " + f.client.UserAgent() + ")"
 	lr := f.requestFrom(true, "")
+	lr.Header.Set("User-Agent", agent)
 	lr.URL = &url.URL{Path: strings.Replace(f.client.URL.Path, "/watch/", "/", 1), RawQuery: list.Encode()}
 	if at, err := f.h.deps.Attempts.Do(ctx, lr, upstream.Plan{Target: b, Credentials: f.cred}); err == nil {
 		drain(at.Resp)
@@ -328,6 +334,7 @@ func (f *feed) freshPoint(l *upstream.Lease, from uint64) (*stream.Event, uint64
 	}
 
 	wr := f.requestFrom(false, fmt.Sprint(from))
+	wr.Header.Set("User-Agent", agent)
 	wq := wr.URL.Query()
 	wq.Set("timeoutSeconds", freshWatchSeconds)
 	wr.URL.RawQuery = wq.Encode()

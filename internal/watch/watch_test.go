@@ -31,6 +31,7 @@ type upstreamScript struct {
 	mu       sync.Mutex
 	queries  []url.Values
 	auth     []string // each request's Authorization, as queries
+	agents   []string // each request's User-Agent, as queries
 	steps    []func(w http.ResponseWriter, r *http.Request)
 	frozen   atomic.Bool
 	canceled chan struct{}
@@ -49,6 +50,7 @@ func (u *upstreamScript) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	i := len(u.queries)
 	u.queries = append(u.queries, r.URL.Query())
 	u.auth = append(u.auth, r.Header.Get("Authorization"))
+	u.agents = append(u.agents, r.UserAgent())
 	step := u.steps[min(i, len(u.steps)-1)]
 	u.mu.Unlock()
 	step(w, r)
@@ -61,6 +63,15 @@ func (u *upstreamScript) query(i int) url.Values {
 		return nil
 	}
 	return u.queries[i]
+}
+
+func (u *upstreamScript) agent(i int) string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if i >= len(u.agents) {
+		return ""
+	}
+	return u.agents[i]
 }
 
 func (u *upstreamScript) attempts() int {

@@ -94,7 +94,7 @@ func TestFrozenAPIServerRequestsAnswered(t *testing.T) {
 	if err := a0.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	// The bound: detection (a health interval and two ping timeouts, 3 s by default) plus one
+	// The bound: detection (a health interval and 1.5 ping timeouts, 2.5 s by default) plus one
 	// attempt, with slack for -race on a busy machine (haFreezeBound).
 	var slowGets, frozenPosts, unsentPosts int
 	for _, a := range answers {

@@ -112,7 +112,7 @@ func TestHAQuietWatchesMove(t *testing.T) {
 		p.Metric("watchsan_watch_resumes_total", nil), resumeSummary(p))
 	// Asserted always (issue 20 items 1 and 2 landed: make-before-break moves, servable
 	// floors, fresh resume points; docs/design.md section 10); the scenario's own "Done when"
-	// conditions still wait for WATCHSAN_ISSUE20_ASSERT=1.
+	// conditions with WATCHSAN_ISSUE20_ASSERT=1 (the Makefile's default).
 	if q.watching != quietWatches {
 		t.Errorf("issue 20: %d of %d quiet watches still watching %v after the killed apiserver returned, want all (%v)",
 			q.watching, quietWatches, quietAfter, q)

@@ -33,9 +33,9 @@ import (
 )
 
 // haFreezeBound bounds the worst delay of an event while the apiserver serving its watch is
-// frozen, with the default settings: a ping interval and two ping timeouts (3 s) to find it,
-// plus the resume, plus slack for -race on a busy 2-core machine.
-const haFreezeBound = 5 * time.Second
+// frozen, with the default settings: a ping interval and 1.5 ping timeouts (2.5 s) to find it
+// (docs/design.md section 10.9), plus the resume, plus slack for -race on a busy 2-core machine.
+const haFreezeBound = 4 * time.Second
 
 // haEnv is one watchsan in front of a cluster's apiservers, configured through a file that the
 // test rewrites (live membership), with informers through it and a writer.
@@ -527,7 +527,7 @@ func TestHADiscovery(t *testing.T) {
 
 // TestHAFreezeFoundByPings: the freeze of TestHAFrontend with lag detection off, so only the
 // health checker's pings can find it (as in a quiet cluster, where no watch is behind any
-// other): found and every watch moved within a health interval and two ping timeouts (3 s)
+// other): found and every watch moved within a health interval and 1.5 ping timeouts (2.5 s)
 // plus slack.
 func TestHAFreezeFoundByPings(t *testing.T) {
 	c := newCluster(t, cluster.Options{APIServers: 2})

@@ -44,7 +44,7 @@ import (
 )
 
 // Timeouts every resilience test gives watchsan, short for speed. resProbeTimeout is what a
-// health verdict may take beyond the stall timeout (a health interval, two ping timeouts, a
+// health verdict may take beyond the stall timeout (a health interval, 1.5 ping timeouts, a
 // /readyz probe).
 const (
 	resStallTimeout = 3 * time.Second

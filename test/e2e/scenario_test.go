@@ -30,8 +30,9 @@ package e2e
 // It prints the table of issue 20; WATCHSAN_SCENARIO_REPORT=path also writes it to a file. The
 // issue's "Done when" assertions (no 502; no forced relist in the phases where two apiservers
 // could serve every resume point throughout; the controller manager's watch-lists during the
-// rolling restart at most direct's; every phase converged within 4 s) only log what they would
-// fail until WATCHSAN_ISSUE20_ASSERT=1 (see issue20Check).
+// rolling restart at most direct's; every phase converged within 4 s) fail the test with
+// WATCHSAN_ISSUE20_ASSERT=1, as make scenario and make test set it by default
+// (ISSUE20_ASSERT ?= 1); without it they only log what they would fail (see issue20Check).
 
 import (
 	"context"
@@ -87,10 +88,9 @@ const (
 )
 
 // issue20Asserts reports whether issue 20's "Done when" assertions fail the test
-// (WATCHSAN_ISSUE20_ASSERT=1). They fail on main until the fixes of issue 20 land; until
-// then the scenario measures and logs what the assertions would say (TestHAQuietWatchesMove
-// asserts its own always). The lead turns them on by setting the variable (Makefile, .ci/run) once the fixes
-// are in.
+// (WATCHSAN_ISSUE20_ASSERT=1, the Makefile's default since the fixes of issue 20 landed);
+// without it the scenario measures and logs what the assertions would say
+// (TestHAQuietWatchesMove asserts its own always).
 func issue20Asserts() bool { return os.Getenv("WATCHSAN_ISSUE20_ASSERT") == "1" }
 
 // issue20Check is one of issue 20's "Done when" conditions: an error when it does not hold
@@ -137,6 +137,10 @@ type scenarioPhase struct {
 	relistsForced, streamsEndedRelist, answered502 float64
 	moves                                          map[string]float64
 	heldBefore                                     float64 // watchsan's watches on apiserver 0 at the start
+	// For the timeline (scenario_timeline_test.go): the faults, and when each scale was
+	// answered.
+	marks    []timelineEntry
+	scaledAt []time.Time
 }
 
 // scenarioRun is one mode's run.
@@ -247,6 +251,7 @@ type scenarioEnv struct {
 	mu       sync.Mutex
 	restarts map[string]int64 // components started again, by name
 	result   *scenarioRun
+	cur      *scenarioPhase // the phase running
 }
 
 // newScenario starts the cluster, the mode's frontend and the components, and waits until the
@@ -467,6 +472,7 @@ func (e *scenarioEnv) run() *scenarioRun {
 	a0 := e.c.APIServers[0]
 	e.phase("sigkill", func(scale func() <-chan time.Duration) time.Duration {
 		e.down[0].Store(true)
+		e.mark("SIGKILL apiserver-0")
 		if err := a0.Kill(); err != nil {
 			t.Fatal(err)
 		}
@@ -474,17 +480,20 @@ func (e *scenarioEnv) run() *scenarioRun {
 		if err := a0.Restart(ctxT(t, 2*time.Minute)); err != nil {
 			t.Fatal(err)
 		}
+		e.mark("apiserver-0 restarted")
 		e.down[0].Store(false)
 		return <-conv
 	})
 	e.phase("sigstop", func(scale func() <-chan time.Duration) time.Duration {
 		e.down[0].Store(true)
+		e.mark("SIGSTOP apiserver-0")
 		if err := a0.Signal(syscall.SIGSTOP); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = a0.Signal(syscall.SIGCONT) })
 		conv := scale()
 		time.Sleep(scenarioFreeze) // the fault's length, not a wait for something
+		e.mark("SIGCONT apiserver-0")
 		if err := a0.Signal(syscall.SIGCONT); err != nil {
 			t.Fatal(err)
 		}
@@ -499,6 +508,7 @@ func (e *scenarioEnv) run() *scenarioRun {
 		var worst time.Duration
 		for i, a := range e.c.APIServers {
 			e.down[i].Store(true)
+			e.mark(fmt.Sprintf("SIGTERM apiserver-%d", i))
 			if err := a.Signal(syscall.SIGTERM); err != nil {
 				t.Fatal(err)
 			}
@@ -506,9 +516,11 @@ func (e *scenarioEnv) run() *scenarioRun {
 			if err := a.Wait(ctxT(t, 30*time.Second)); err != nil {
 				t.Logf("scenario %s: apiserver-%d still draining 30s after SIGTERM: killed", e.mode, i)
 			}
+			e.mark(fmt.Sprintf("apiserver-%d exited", i))
 			if err := a.Restart(ctxT(t, 2*time.Minute)); err != nil {
 				t.Fatal(err)
 			}
+			e.mark(fmt.Sprintf("apiserver-%d restarted", i))
 			e.down[i].Store(false)
 			if d := <-conv; d < 0 || worst < 0 {
 				worst = -1
@@ -518,7 +530,12 @@ func (e *scenarioEnv) run() *scenarioRun {
 		}
 		return worst
 	})
-	e.countRequests()
+	events := e.countRequests()
+	for _, ph := range e.result.phases {
+		if tl := e.timeline(ph, events); tl != "" {
+			t.Log(tl)
+		}
+	}
 	if e.p != nil {
 		for _, line := range strings.Split(e.p.Log(), "\n") {
 			var m struct {
@@ -545,6 +562,7 @@ func (e *scenarioEnv) run() *scenarioRun {
 func (e *scenarioEnv) phase(name string, fault func(scale func() <-chan time.Duration) time.Duration) {
 	t := e.t
 	ph := &scenarioPhase{name: name, start: time.Now()}
+	e.cur = ph
 	restartsBefore := e.restartCounts()
 	var before map[string]float64
 	if e.p != nil {
@@ -627,6 +645,9 @@ func (e *scenarioEnv) scale() <-chan time.Duration {
 		return err == nil
 	})
 	at := time.Now()
+	if e.cur != nil {
+		e.cur.scaledAt = append(e.cur.scaledAt, at)
+	}
 	out := make(chan time.Duration, 1)
 	go func() {
 		ok := testutil.UntilEvery(scenarioGiveUp, 100*time.Millisecond, func() bool { return e.converged(want) })
@@ -695,7 +716,7 @@ func (e *scenarioEnv) settle() {
 
 // countRequests reads the audit logs and counts every client's lists, watch-lists and watches
 // per phase.
-func (e *scenarioEnv) countRequests() {
+func (e *scenarioEnv) countRequests() []auditv1.Event {
 	var events []auditv1.Event
 	for _, a := range e.c.APIServers {
 		evs, err := cluster.ReadAuditLog(a.AuditLog)
@@ -727,6 +748,7 @@ func (e *scenarioEnv) countRequests() {
 	if seen == 0 {
 		e.t.Fatalf("the audit logs (%d events) hold no list or watch of the components: the count is broken", len(events))
 	}
+	return events
 }
 
 // auditClient is the component that sent a request, by its user agent ("" for the test's own
