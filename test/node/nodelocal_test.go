@@ -36,10 +36,12 @@ const leaseDuration = 40 * time.Second
 
 // TestNodeLocalKubelet runs deploy/overlays/node-local's watchsan as a static pod (the
 // DaemonSet's pod, its ConfigMap and Secrets as files: a static pod may not reference API
-// objects) and points the node's own kubelet at it, as OpenYurt's yurthub is used. Through two
-// apiserver restarts the node stays Ready and its lease keeps being renewed through watchsan;
-// then watchsan itself is stopped and started again from its manifest (an upgrade of a static
-// pod), and the test measures how long the kubelet goes without renewing its lease.
+// objects) and points the node's own kubelet at it, as OpenYurt's yurthub is used, and a
+// DaemonSet's pod (cmwatch, an informer) too. Through two apiserver restarts the node stays
+// Ready, its lease keeps being renewed and the informer keeps seeing a ConfigMap's updates
+// through watchsan; then watchsan itself is stopped and started again from its manifest, and
+// upgraded (its static pod's spec changed), and the test measures how long the kubelet goes
+// without renewing its lease and the informer without seeing updates.
 func TestNodeLocalKubelet(t *testing.T) {
 	nodetest.Skip(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)

@@ -47,9 +47,10 @@ const (
 // TestSidecarForReal applies deploy/overlays/sidecar to a real node with
 // kube-controller-manager as the controller (its deployment controller only, its kubeconfig
 // the overlay's, pointing at the sidecar), patched only where this machine needs it (below),
-// and shows: the sidecar is ready before the controller starts (native sidecar order); the
-// controller, through watchsan, scales a Deployment after the apiserver restarted and after it
-// was frozen; deleting the pod stops the controller first and watchsan after it, which exits 0
+// and shows: the kubelet holds the controller back while watchsan is not ready (its upstream,
+// a second apiserver, frozen), and starts it only after watchsan's /readyz turned 200 (native
+// sidecar order); the controller, through watchsan, scales a Deployment after watchsan's
+// upstream restarted and after it was frozen; deleting the pod stops the controller first and watchsan after it, which exits 0
 // once its --shutdown-delay is over, all within the grace period.
 func TestSidecarForReal(t *testing.T) {
 	nodetest.Skip(t)
