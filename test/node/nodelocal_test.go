@@ -36,10 +36,12 @@ const leaseDuration = 40 * time.Second
 
 // TestNodeLocalKubelet runs deploy/overlays/node-local's watchsan as a static pod (the
 // DaemonSet's pod, its ConfigMap and Secrets as files: a static pod may not reference API
-// objects) and points the node's own kubelet at it, as OpenYurt's yurthub is used. Through two
-// apiserver restarts the node stays Ready and its lease keeps being renewed through watchsan;
-// then watchsan itself is stopped and started again from its manifest (an upgrade of a static
-// pod), and the test measures how long the kubelet goes without renewing its lease.
+// objects) and points the node's own kubelet at it, as OpenYurt's yurthub is used, and a
+// DaemonSet's pod (cmwatch, an informer) too. Through two apiserver restarts the node stays
+// Ready, its lease keeps being renewed and the informer keeps seeing a ConfigMap's updates
+// through watchsan; then watchsan itself is stopped and started again from its manifest, and
+// upgraded (its static pod's spec changed), and the test measures how long the kubelet goes
+// without renewing its lease and the informer without seeing updates.
 func TestNodeLocalKubelet(t *testing.T) {
 	nodetest.Skip(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
@@ -62,8 +64,10 @@ func TestNodeLocalKubelet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := n.Import(ctx, wsTar); err != nil {
-		t.Fatal(err)
+	for _, tar := range []string{wsTar, buildCmwatch(ctx, t)} {
+		if err := n.Import(ctx, tar); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ports, err := node.FreePorts(2)
 	if err != nil {
@@ -102,6 +106,24 @@ func TestNodeLocalKubelet(t *testing.T) {
 	}
 	waitReplicas(ctx, t, cs, "web", 1)
 
+	// A DaemonSet's pod as the node's other client: an informer on default's ConfigMaps
+	// through watchsan, while the test writes ConfigMap tick every 250 ms at the apiserver.
+	cmw := startCmwatch(ctx, t, cs, listen)
+	cmLogs := newPodLogs(n, cmw)
+	if err := nodetest.Poll(ctx, func() error {
+		want := "synced via https://127.0.0.1:" + strconv.Itoa(listen)
+		if _, ok := findLine(cmLogs.read(t, "watch"), want); !ok {
+			return fmt.Errorf("cmwatch has not logged %q", want)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	tk := startTicks(ctx, t, cs, cmLogs)
+	defer tk.stop()
+	t.Logf("the DaemonSet's watcher (pod %s) synced through watchsan; a tick shown %.0fms after it was sent",
+		cmw.Name, tk.waitCaughtUp(ctx, t, 30*time.Second).Seconds()*1000)
+
 	mon := watchNode(ctx, t, cs, n.Name)
 	// The kubelet renews its lease every 10 s (a quarter of its 40 s duration): wait for one
 	// renewal through watchsan before the restarts.
@@ -126,8 +148,11 @@ func TestNodeLocalKubelet(t *testing.T) {
 		}
 		tUp := time.Now()
 		renewed := mon.waitRenewal(ctx, t, tUp)
-		t.Logf("apiserver restart %d: down %.1fs; the kubelet's lease renewed through watchsan %.1fs after the apiserver was ready again",
-			i, tUp.Sub(tDown).Seconds(), renewed.Sub(tUp).Seconds())
+		caught := tk.waitCaughtUp(ctx, t, time.Minute)
+		worst, at := tk.maxDelay(t, tDown, time.Now())
+		t.Logf("apiserver restart %d: down %.1fs; the kubelet's lease renewed through watchsan %.1fs after the apiserver was ready again; "+
+			"the DaemonSet's watcher caught up (last tick shown %.1fs after sent), its longest tick delay %.1fs (tick %d)",
+			i, tUp.Sub(tDown).Seconds(), renewed.Sub(tUp).Seconds(), caught.Seconds(), worst.Seconds(), at)
 		if d := renewed.Sub(tUp); d > leaseDuration {
 			t.Errorf("apiserver restart %d: the lease was renewed only %.1fs after the apiserver was back, past its %s duration", i, d.Seconds(), leaseDuration)
 		}
@@ -156,11 +181,60 @@ func TestNodeLocalKubelet(t *testing.T) {
 	}
 	tBack := time.Now()
 	renewed := mon.waitRenewal(ctx, t, tBack)
-	t.Logf("watchsan restarted as a static pod: stopped %.1fs after its manifest went, ready again %.1fs after it came back; the lease renewed %.1fs after that",
-		tStopped.Sub(tStop).Seconds(), tBack.Sub(tStopped).Seconds(), renewed.Sub(tBack).Seconds())
-
+	tk.waitCaughtUp(ctx, t, time.Minute)
+	worst, _ := tk.maxDelay(t, tStop, time.Now())
+	t.Logf("watchsan restarted as a static pod: stopped %.1fs after its manifest went, ready again %.1fs after it came back; the lease renewed %.1fs after that; "+
+		"the DaemonSet's watcher's longest tick delay %.1fs",
+		tStopped.Sub(tStop).Seconds(), tBack.Sub(tStopped).Seconds(), renewed.Sub(tBack).Seconds(), worst.Seconds())
 	if d := renewed.Sub(tBack); d > leaseDuration {
 		t.Errorf("the lease was renewed only %.1fs after watchsan was back, past its %s duration", d.Seconds(), leaseDuration)
+	}
+
+	// watchsan upgraded: its static pod's spec changed (an annotation and an argument), which
+	// the kubelet carries out as a new pod replacing the old. The lease and the DaemonSet's
+	// watch go without service from the old pod's stop until the new one serves.
+	upgraded := upgradeManifest(t, manifest)
+	startBefore := watchsanStart(ctx, adminURL)
+	if startBefore == 0 {
+		t.Fatal("watchsan's process_start_time_seconds is unreadable before the upgrade")
+	}
+	renewedBefore := mon.lastRenewal()
+	tUpgrade := time.Now()
+	if err := os.WriteFile(manifestPath, upgraded, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var tOldGone time.Time
+	uctx, ucancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer ucancel()
+	if err := nodetest.Poll(uctx, func() error {
+		st := watchsanStart(uctx, adminURL)
+		if st == 0 && tOldGone.IsZero() {
+			tOldGone = time.Now()
+		}
+		if st == 0 || st == startBefore {
+			return fmt.Errorf("watchsan not replaced yet (start time %v)", st)
+		}
+		return httpOK(uctx, adminURL+"/readyz")
+	}); err != nil {
+		t.Fatalf("the upgraded watchsan never served: %v", err)
+	}
+	tUpgraded := time.Now()
+	renewed = mon.waitRenewal(ctx, t, tUpgraded)
+	tk.waitCaughtUp(ctx, t, time.Minute)
+	worst, at := tk.maxDelay(t, tUpgrade, time.Now())
+	leaseGap := renewed.Sub(renewedBefore)
+	t.Logf("watchsan upgraded (static pod spec changed): the old one stopped answering %.1fs after the new manifest, the new one ready %.1fs after it "+
+		"(%.1fs without watchsan); the lease's renewals around it %.1fs apart, the next %.1fs after the new one was ready; the DaemonSet's watcher's longest tick delay %.1fs (tick %d)",
+		tOldGone.Sub(tUpgrade).Seconds(), tUpgraded.Sub(tUpgrade).Seconds(), tUpgraded.Sub(tOldGone).Seconds(),
+		leaseGap.Seconds(), renewed.Sub(tUpgraded).Seconds(), worst.Seconds(), at)
+	if tOldGone.IsZero() {
+		t.Error("the test never saw the old watchsan stop: the upgrade replaced nothing it could see")
+	}
+	if leaseGap > leaseDuration {
+		t.Errorf("the lease went %.1fs without a renewal through the upgrade, past its %s duration", leaseGap.Seconds(), leaseDuration)
+	}
+	if p, err := cs.CoreV1().Pods(nodeLocalNS).Get(ctx, mirror, metav1.GetOptions{}); err == nil && p.Annotations[revisionAnnotation] != "2" {
+		t.Logf("the mirror pod does not show the upgrade yet (annotations %v)", p.Annotations)
 	}
 	waitReplicas(ctx, t, cs, "web", 1)
 	gap, notReady := mon.stop()
@@ -171,7 +245,7 @@ func TestNodeLocalKubelet(t *testing.T) {
 	if notReady > 0 {
 		t.Errorf("the Node went NotReady %d times", notReady)
 	}
-	web, err := cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=web"})
+	web, err := cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app in (web," + cmwatchName + ")"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,6 +256,29 @@ func TestNodeLocalKubelet(t *testing.T) {
 			}
 		}
 	}
+}
+
+const revisionAnnotation = "watchsan.test/revision"
+
+// upgradeManifest is the static pod's manifest with a new revision: an annotation and an
+// argument (--log-level set to the default it has anyway) changed, as a rollout changes a
+// pod spec.
+func upgradeManifest(t *testing.T, manifest []byte) []byte {
+	t.Helper()
+	var p corev1.Pod
+	if err := yaml.Unmarshal(manifest, &p); err != nil {
+		t.Fatal(err)
+	}
+	if p.Annotations == nil {
+		p.Annotations = map[string]string{}
+	}
+	p.Annotations[revisionAnnotation] = "2"
+	p.Spec.Containers[0].Args = append(p.Spec.Containers[0].Args, "--log-level=info")
+	b, err := yaml.Marshal(&p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 type nodeLocalPatch struct {
@@ -400,6 +497,16 @@ func (m *nodeMonitor) waitRenewal(ctx context.Context, t *testing.T, since time.
 	return at
 }
 
+// lastRenewal is the latest renewal seen so far.
+func (m *nodeMonitor) lastRenewal() time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.renewals) == 0 {
+		return time.Time{}
+	}
+	return m.renewals[len(m.renewals)-1]
+}
+
 // stop ends the monitor and returns the longest gap between renewals and how often the Node
 // went NotReady.
 func (m *nodeMonitor) stop() (time.Duration, int) {
@@ -422,18 +529,29 @@ func requestCount(ctx context.Context, t *testing.T, adminURL string) float64 {
 // metric sums a metric's samples from watchsan's /metrics.
 func metric(ctx context.Context, t *testing.T, adminURL, name string) float64 {
 	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, adminURL+"/metrics", nil)
+	v, err := metricErr(ctx, adminURL, name)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return v
+}
+
+func metricErr(ctx context.Context, adminURL, name string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, adminURL+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
 	resp, err := probeClient.Do(req)
 	if err != nil {
-		t.Fatalf("watchsan /metrics: %v", err)
+		return 0, fmt.Errorf("watchsan /metrics: %w", err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatal(err)
+		return 0, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("watchsan /metrics: %s", resp.Status)
 	}
 	var sum float64
 	for _, line := range strings.Split(string(b), "\n") {
@@ -446,5 +564,5 @@ func metric(ctx context.Context, t *testing.T, adminURL, name string) float64 {
 			sum += v
 		}
 	}
-	return sum
+	return sum, nil
 }

@@ -47,9 +47,10 @@ const (
 // TestSidecarForReal applies deploy/overlays/sidecar to a real node with
 // kube-controller-manager as the controller (its deployment controller only, its kubeconfig
 // the overlay's, pointing at the sidecar), patched only where this machine needs it (below),
-// and shows: the sidecar is ready before the controller starts (native sidecar order); the
-// controller, through watchsan, scales a Deployment after the apiserver restarted and after it
-// was frozen; deleting the pod stops the controller first and watchsan after it, which exits 0
+// and shows: the kubelet holds the controller back while watchsan is not ready (its upstream,
+// a second apiserver, frozen), and starts it only after watchsan's /readyz turned 200 (native
+// sidecar order); the controller, through watchsan, scales a Deployment after watchsan's
+// upstream restarted and after it was frozen; deleting the pod stops the controller first and watchsan after it, which exits 0
 // once its --shutdown-delay is over, all within the grace period.
 func TestSidecarForReal(t *testing.T) {
 	nodetest.Skip(t)
@@ -57,7 +58,10 @@ func TestSidecarForReal(t *testing.T) {
 	defer cancel()
 	// --request-timeout bounds how long a SIGTERMed apiserver waits for open requests (the
 	// controllers' watches) before it exits: 60 s by default.
-	c := clustertest.Start(t, cluster.Options{APIServerFlags: []string{"--shutdown-delay-duration=1s", "--request-timeout=6s"}})
+	// Two apiservers: the kubelet, the scheduler, the cluster's controller manager and the test
+	// talk to apiserver 0; the sidecar's watchsan has apiserver 1 as its upstream, which the
+	// test freezes, restarts and freezes again.
+	c := clustertest.Start(t, cluster.Options{APIServers: 2, APIServerFlags: []string{"--shutdown-delay-duration=1s", "--request-timeout=6s"}})
 	n := nodetest.Start(t, c, node.Options{})
 	cs, err := kubernetes.NewForConfig(c.RESTConfig(0, c.AdminToken))
 	if err != nil {
@@ -101,8 +105,9 @@ func TestSidecarForReal(t *testing.T) {
 	listen, admin := ports[0], ports[1]
 	manifests := renderSidecar(t, sidecarPatch{
 		watchsanImage: wsRef, listenPort: listen, adminPort: admin,
-		apiserverPort: c.APIServers[0].Port,
+		apiserverPort: c.APIServers[1].Port,
 	})
+	up := c.APIServers[1]
 	kubeconfig := filepath.Join(c.Dir, "admin.kubeconfig")
 	if err := c.WriteKubeconfig(kubeconfig, c.APIServers[0].URL, c.AdminToken, c.CAFile); err != nil {
 		t.Fatal(err)
@@ -131,19 +136,34 @@ func TestSidecarForReal(t *testing.T) {
 			}
 		}
 	}()
+	// Native sidecar order, made observable: watchsan's upstream is frozen (SIGSTOP) before the
+	// pod exists, so its /readyz answers 503 and its startupProbe fails; the kubelet must hold
+	// the controller back until the upstream is thawed and watchsan is ready.
+	if err := up.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
 	tApply := time.Now()
 	if _, stderr, err := c.Kubectl(ctx, kubeconfig, "apply", "-f", file); err != nil {
 		t.Fatalf("kubectl apply: %v (%s)", err, stderr)
 	}
+	held := holdController(ctx, t, cs, n, up, "http://127.0.0.1:"+strconv.Itoa(admin))
+	if held == nil {
+		t.FailNow()
+	}
+	tThawed := time.Now()
 	pod := waitDeploymentPod(ctx, t, cs, sidecarNS, sidecarDeployment)
-	t.Logf("sidecar pod %s Ready %.1fs after kubectl apply", pod.Name, time.Since(tApply).Seconds())
+	t.Logf("sidecar pod %s Ready %.1fs after kubectl apply, %.1fs after watchsan's upstream was thawed",
+		pod.Name, time.Since(tApply).Seconds(), time.Since(tThawed).Seconds())
 
-	// Native sidecar order: watchsan was ready before the controller's first line.
 	var wsReady time.Time
 	select {
 	case wsReady = <-readyAt:
 	case <-ctx.Done():
 		t.Fatal("watchsan's /readyz never answered 200")
+	}
+	if !wsReady.After(tThawed) {
+		t.Errorf("watchsan's /readyz answered 200 at %s, while its upstream was frozen (until %s): the hold proves nothing",
+			wsReady.Format(time.RFC3339Nano), tThawed.Format(time.RFC3339Nano))
 	}
 	logs := newPodLogs(n, pod)
 	var ctrlLines []logLine
@@ -157,8 +177,24 @@ func TestSidecarForReal(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctrlStart := ctrlLines[0].ts
-	t.Logf("native sidecar order: watchsan ready at +%.3fs, the controller's first line at +%.3fs (after apply)",
-		wsReady.Sub(tApply).Seconds(), ctrlStart.Sub(tApply).Seconds())
+	// When the kubelet asked containerd to start the controller's container.
+	var ctrlID string
+	for _, st := range pod.Status.ContainerStatuses {
+		if st.Name == "controller" {
+			ctrlID = strings.TrimPrefix(st.ContainerID, "containerd://")
+		}
+	}
+	ctrlStarted, okStarted := containerdLogTime(t, n.ContainerdLog, `StartContainer for \"`+ctrlID+`\"`)
+	if !okStarted {
+		t.Errorf("containerd's log has no StartContainer for the controller (%q)", ctrlID)
+	}
+	t.Logf("native sidecar order: watchsan running at +%.3fs, held for %.1fs with its upstream frozen (/readyz 503, the controller not created); "+
+		"upstream thawed at +%.3fs, watchsan ready at +%.3fs, containerd's StartContainer for the controller at +%.3fs, its first line at +%.3fs (after apply)",
+		held.wsRunning.Sub(tApply).Seconds(), tThawed.Sub(held.wsRunning).Seconds(), tThawed.Sub(tApply).Seconds(),
+		wsReady.Sub(tApply).Seconds(), ctrlStarted.Sub(tApply).Seconds(), ctrlStart.Sub(tApply).Seconds())
+	if okStarted && !ctrlStarted.After(tThawed) {
+		t.Errorf("containerd started the controller (%s) before watchsan's upstream was thawed (%s)", ctrlStarted.Format(time.RFC3339Nano), tThawed.Format(time.RFC3339Nano))
+	}
 	if !ctrlStart.After(wsReady) {
 		t.Errorf("the controller started (%s) before watchsan was ready (%s)", ctrlStart.Format(time.RFC3339Nano), wsReady.Format(time.RFC3339Nano))
 	}
@@ -183,9 +219,9 @@ func TestSidecarForReal(t *testing.T) {
 	waitReplicas(ctx, t, cs, "web", 1)
 	t.Log("the controller in the pod, through watchsan, made Deployment web's ReplicaSet and pod")
 
-	// The apiserver restarted (SIGTERM, then started again): the controller must see the next
-	// scale through watchsan. Then frozen (SIGSTOP) for 5 s.
-	a := c.APIServers[0]
+	// watchsan's upstream restarted (SIGTERM, then started again): the controller must see the
+	// next scale through watchsan. Then frozen (SIGSTOP) for 5 s.
+	a := up
 	tRestart := time.Now()
 	if err := a.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -738,4 +774,93 @@ func mustMarshal(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// holdWindow is how long the test watches the controller being held back while watchsan runs
+// with its upstream frozen: its startupProbe fails every second meanwhile.
+const holdWindow = 5 * time.Second
+
+type heldPod struct {
+	pod       *corev1.Pod
+	wsRunning time.Time // when the test saw watchsan's container running
+}
+
+// holdController waits for the sidecar pod's watchsan container to run while its upstream is
+// frozen, then for holdWindow checks, every 100 ms, that the kubelet holds the controller
+// back: watchsan's /readyz is not 200, the controller's status is Waiting and it has no log
+// file. Then it thaws the upstream. It returns nil (having reported why) if the controller
+// started, or watchsan got ready, during the hold.
+func holdController(ctx context.Context, t *testing.T, cs kubernetes.Interface, n *node.Node, up *cluster.APIServer, adminURL string) *heldPod {
+	t.Helper()
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			if err := up.Signal(syscall.SIGCONT); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	defer thaw()
+	status := func(p *corev1.Pod, name string) *corev1.ContainerStatus {
+		for _, st := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+			if st.Name == name {
+				return &st
+			}
+		}
+		return nil
+	}
+	var h heldPod
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := nodetest.Poll(pctx, func() error {
+		pods, err := cs.CoreV1().Pods(sidecarNS).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=" + sidecarDeployment})
+		if err != nil {
+			return err
+		}
+		if len(pods.Items) != 1 {
+			return fmt.Errorf("%d pods", len(pods.Items))
+		}
+		p := &pods.Items[0]
+		if st := status(p, "watchsan"); st == nil || st.State.Running == nil {
+			return fmt.Errorf("watchsan not running yet: %s", statusSummary(p))
+		}
+		h.pod, h.wsRunning = p, time.Now()
+		return nil
+	}); err != nil {
+		t.Errorf("the sidecar's watchsan never ran: %v", err)
+		return nil
+	}
+	logs := newPodLogs(n, h.pod)
+	end := time.Now().Add(holdWindow)
+	checks := 0
+	for time.Now().Before(end) {
+		if httpOK(ctx, adminURL+"/readyz") == nil {
+			t.Errorf("watchsan's /readyz answered 200 %.1fs into the hold, its upstream frozen", time.Since(h.wsRunning).Seconds())
+			return nil
+		}
+		p, err := cs.CoreV1().Pods(sidecarNS).Get(ctx, h.pod.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Errorf("pod %s: %v", h.pod.Name, err)
+			return nil
+		}
+		if st := status(p, "controller"); st == nil || st.State.Waiting == nil {
+			t.Errorf("the controller is not Waiting %.1fs into the hold, watchsan not ready: %s", time.Since(h.wsRunning).Seconds(), statusSummary(p))
+			return nil
+		}
+		if files, _ := filepath.Glob(filepath.Join(logs.dir, "controller", "*.log")); len(files) > 0 {
+			t.Errorf("the controller has a log file %.1fs into the hold, watchsan not ready: %v", time.Since(h.wsRunning).Seconds(), files)
+			return nil
+		}
+		checks++
+		select {
+		case <-ctx.Done():
+			t.Error(ctx.Err())
+			return nil
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	t.Logf("held: for %s (%d checks) watchsan ran with its upstream frozen, /readyz not 200, the controller Waiting with no log", holdWindow, checks)
+	thaw()
+	return &h
 }
