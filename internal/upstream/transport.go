@@ -72,9 +72,8 @@ const (
 	// ConnHealth: the health checker's own, for HTTP/2 PINGs and /readyz probes, never
 	// shared with client requests (docs/design.md section 10.5).
 	ConnHealth = "health"
-	// ConnUnauthenticated: HTTP/1.1 connections for requests the apiserver will not
-	// authenticate (no credentials, or a token it refused), never shared with the others
-	// (unauthenticated.go).
+	// ConnUnauthenticated: connections for requests the apiserver will not authenticate (no
+	// credentials, or a token it refused), never shared with the others (unauthenticated.go).
 	ConnUnauthenticated = "unauthenticated"
 )
 
@@ -138,8 +137,8 @@ type transports struct {
 	// apiserver can authorize; probeWho names it for logs.
 	probeIdentity bool
 	probeWho      string
-	// unauth carries the requests the apiserver will not authenticate, over HTTP/1.1
-	// connections of their own (unauthenticated.go); refused is the tokens it answered 401.
+	// unauth carries the requests the apiserver will not authenticate, over connections of
+	// their own (unauthenticated.go); refused is the tokens it answered 401.
 	unauth  http.RoundTripper
 	refused *refusedSet
 	// closeIdle drops pooled connections of all (after a GOAWAY storm or a failed health check).
@@ -181,7 +180,10 @@ func newTransports(o TransportOptions) (*transports, error) {
 	forwardTLS.GetClientCertificate = nil
 	forward := newHTTPTransport(o, forwardTLS, false, ConnRequests)
 	forwardUpgrade := newHTTPTransport(o, forwardTLS, true, ConnRequests)
-	unauth := newHTTPTransport(o, forwardTLS, true, ConnUnauthenticated)
+	// HTTP/2 like the shared connections, with their bounded stream windows: an
+	// unauthenticated watch whose client stops reading holds no more than a window
+	// (TestAttackNonReadingWatches; over HTTP/1.1 the kernel's socket buffer held ~2 MiB each).
+	unauth := newHTTPTransport(o, forwardTLS, false, ConnUnauthenticated)
 	t := &transports{forward: forward, forwardUpgrade: forwardUpgrade, unauth: unauth, refused: &refusedSet{}, tls: forwardTLS}
 	closers := []*http.Transport{forward, forwardUpgrade, unauth}
 	if o.Lend && o.Credentials != nil {

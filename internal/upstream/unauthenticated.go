@@ -13,10 +13,12 @@ import (
 // kubernetes#121120, the answer to CVE-2023-44487). Behind a proxy that one connection carries
 // many clients' requests and watches (gardener#13405 turned the mitigation off for that reason):
 // one anonymous request, or one with a stale token, would cost every other client a new
-// connection, and any request racing the GOAWAY a replay. The mitigation applies to HTTP/2 only,
-// so watchsan sends such requests over HTTP/1.1 connections of their own, which the apiserver
-// keeps alive: nothing of theirs touches the connections authenticated clients share, and they
-// cost no handshake each (docs/design.md section 10.5).
+// connection, and any request racing the GOAWAY a replay. So watchsan sends such requests over
+// connections of their own: nothing of theirs touches the connections authenticated clients
+// share (docs/design.md section 10.5). They stay HTTP/2, each ended after its request as the
+// apiserver decides (a handshake each, as direct): over HTTP/1.1, which the mitigation leaves
+// alive, an unauthenticated watch whose client stops reading was bounded only by the kernel's
+// socket buffer (about 2 MiB each, TestAttackNonReadingWatches), not by a stream window.
 //
 // Which requests: those with no credentials at all (credAnonymous, and watchsan's own when it
 // lends nothing), known before sending; and those whose token was answered 401 last time

@@ -285,8 +285,8 @@ func TestUnauthenticatedClientsOnConnectionsOfTheirOwn(t *testing.T) {
 	if reqs > 1 {
 		t.Errorf("the shared connections were dialled %v times for 60 unauthenticated requests, want at most 1 (the refused token's first 401)", reqs)
 	}
-	if unauth < 1 || unauth > 3 {
-		t.Errorf("unauthenticated connections dialled %v times for 59 requests, want them kept alive (1-3)", unauth)
+	if unauth < 59 {
+		t.Errorf("unauthenticated connections dialled %v times for 59 requests (each ended by the apiserver after its request): did some go over the shared ones?", unauth)
 	}
 	// The watch never broke: it sees a configmap created now.
 	cs := kubernetes.NewForConfigOrDie(c.RESTConfig(0, c.AdminToken))
