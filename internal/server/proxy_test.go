@@ -17,9 +17,7 @@ import (
 // first as the response starts (golang/go#40747), or cut the upstream request under the
 // transport still reading it. The client then sends the body, and its connection serves the
 // next request: the transport's read of the late body ended before the handler did. The
-// client sends a token (a 403 is an authenticated client's): an unauthenticated request goes
-// upstream over HTTP/1.1 (upstream/unauthenticated.go), where the apiserver's own server reads
-// a small body before it answers, as it does to such a client direct.
+// client sends a token, as a client answered 403 is an authenticated one.
 func TestFullDuplexPassThrough(t *testing.T) {
 	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
