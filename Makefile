@@ -50,8 +50,9 @@ test: cluster-bins
 # Needs root on Linux and runc (.ci/run installs it); here a machine that cannot run a node
 # fails the tests instead of skipping them (WATCHSAN_REQUIRE_NODE=1). One package at a time
 # (-p 1): two kubelets would share the device manager's fixed socket. Without -race: the
-# harness is all this runs in-process, and the timings it reports are the kubelet's. About 3
-# minutes warm (5 tests, 167 s here).
+# harness is all this runs in-process, and the timings it reports are the kubelet's. About 7
+# minutes warm (7 tests, 396 s here with other work on the machine; TestNodeLocalKubelet
+# 187 s, TestHAFrontendForReal 75 s).
 # `make test-node-ha` runs TestHAFrontendForReal (the HA frontend as two replicas, a rolling
 # update, a drain and the apiservers' rolling restart) alone.
 test-node: cluster-bins
