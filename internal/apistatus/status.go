@@ -68,6 +68,32 @@ func ForUpstreamError(name string, err error) *metav1.Status {
 	}
 }
 
+// ShuttingDown is the answer to a request watchsan will not serve because it is shutting down
+// (a watch that arrives, or is opened again, after its --shutdown-delay): 429 TooManyRequests
+// with Retry-After 1, to be sent with WriteClose. It is what the apiserver answers after its own
+// shutdown delay (`WithRetryAfter` in k8s.io/apiserver/pkg/server/filters: 429, Retry-After,
+// Connection: close), for the same reason: client-go's REST client repeats a 429 or 5xx that has
+// a Retry-After (up to 10 times, rest.Request's maxRetries), on a new connection that a load
+// balancer sends to another replica, and if it gives up its Reflector still treats a 429 as
+// "back off and watch again from the last resourceVersion" (`isWatchErrorRetriable`), where a
+// 503 without Retry-After ends the watch with an error and the Reflector relists
+// (docs/design.md section 10.4). One second, not the apiserver's five: the closed connection,
+// not the wait, is what sends the retry elsewhere.
+func ShuttingDown() *metav1.Status {
+	st := New(http.StatusTooManyRequests, metav1.StatusReasonTooManyRequests,
+		"watchsan is shutting down, please try again later")
+	st.Details = &metav1.StatusDetails{RetryAfterSeconds: 1}
+	return st
+}
+
+// WriteClose is Write with the connection closed after the response (Connection: close; Go's
+// HTTP/2 server sends GOAWAY for it and closes the connection once idle), so that the client's
+// next request opens a new connection.
+func WriteClose(w http.ResponseWriter, st *metav1.Status) {
+	w.Header().Set("Connection", "close")
+	Write(w, st)
+}
+
 // Write sends st as the whole response. The caller must not have written anything yet. A
 // status with Details carries Retry-After: Details.RetryAfterSeconds, 0 included (retry at
 // once; the JSON omits a zero retryAfterSeconds, the header says it).

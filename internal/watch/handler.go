@@ -266,10 +266,13 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 		if r.Context().Err() != nil {
 			return nil, nil, nil
 		}
-		st := apistatus.ForUpstreamError(upstream.Name(err), err)
 		if errors.Is(context.Cause(ctx), errShutdown) {
-			st = apistatus.New(http.StatusServiceUnavailable, "ServiceUnavailable", "watchsan is shutting down")
+			// A re-watch that reached this replica after its watches were ended: retried by
+			// the client on a new connection, never a relist (apistatus.ShuttingDown).
+			apistatus.WriteClose(w, apistatus.ShuttingDown())
+			return nil, nil, nil
 		}
+		st := apistatus.ForUpstreamError(upstream.Name(err), err)
 		lvl := zapcore.WarnLevel
 		if errors.Is(err, upstream.ErrNoBackend) {
 			lvl = zapcore.DebugLevel // the outage is logged once, at its transition; not per request

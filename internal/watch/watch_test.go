@@ -16,6 +16,8 @@ import (
 
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
 
@@ -605,6 +607,38 @@ func TestShutdownEndsCleanly(t *testing.T) {
 	expectStream(t, gs, err, "ADDED a 10")
 	if v := promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndShutdown.String())); v != 1 {
 		t.Fatalf("ends{shutdown} = %v", v)
+	}
+}
+
+// TestShutdownRefusesRetriably: a watch that reaches watchsan after its watches were ended (a
+// client re-watching at once on the same connection) is answered as the apiserver answers after
+// its shutdown delay, so that client-go repeats it elsewhere instead of relisting: 429 with
+// Retry-After and the connection closed, and the upstream is not asked.
+func TestShutdownRefusesRetriably(t *testing.T) {
+	up := &upstreamScript{}
+	up.steps = []func(http.ResponseWriter, *http.Request){events(obj("ADDED", "a", "10"))}
+	f := newFixture(t, Config{}, up)
+	close(f.done)
+	resp, err := http.Get(f.srv.URL + "/api/v1/namespaces/d/configmaps?watch=1&resourceVersion=5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st metav1.Status
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "1" || !resp.Close {
+		t.Fatalf("answered %d, Retry-After %q, connection closed %v; want 429, 1, true", resp.StatusCode, resp.Header.Get("Retry-After"), resp.Close)
+	}
+	// What client-go makes of it: a 429 (the Reflector backs off and watches again from its
+	// resourceVersion, isWatchErrorRetriable) with a delay (its REST client repeats it first).
+	err = apierrors.FromObject(&st)
+	if secs, ok := apierrors.SuggestsClientDelay(err); !apierrors.IsTooManyRequests(err) || !ok || secs != 1 {
+		t.Fatalf("client-go reads %v: 429 %v, delay %d %v", err, apierrors.IsTooManyRequests(err), secs, ok)
+	}
+	if n := up.attempts(); n != 0 {
+		t.Fatalf("the upstream was asked %d times after shutdown", n)
 	}
 }
 

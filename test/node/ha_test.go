@@ -184,7 +184,7 @@ func TestHAFrontendForReal(t *testing.T) {
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	w := &cmWriter{ns: ns, api: anyAPI, written: map[string][]string{}, sentAt: map[string]time.Time{}}
+	w := &cmWriter{ns: ns, api: anyAPI, written: map[string][]string{}, latest: map[string]int{}, sentAt: map[string]time.Time{}}
 	for i := range objects {
 		if err := w.write(ctx, "cm-"+strconv.Itoa(i)); err != nil {
 			t.Fatal(err)
@@ -208,17 +208,20 @@ func TestHAFrontendForReal(t *testing.T) {
 	go func() { writerDone <- w.run(writerCtx, objects, 50*time.Millisecond) }()
 	defer stopWriter()
 
-	// Every phase starts and ends with the writer's writes flowing to every informer.
+	// Every phase starts and ends with the writer's writes flowing to every informer: each has
+	// been handed each object's last write so far, or a later one. (Not a count of the writes
+	// handed: an informer that relisted is handed each object's state at the list, not the
+	// writes before it; which writes an informer missed is checked at the end.)
 	settle := func(what string) {
 		t.Helper()
-		mark := w.count()
+		mark := w.latestSeqs()
 		sctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 		defer cancel()
 		if err := nodetest.Poll(sctx, func() error {
 			for _, g := range group {
 				for _, inf := range g {
-					if got := inf.handled(); got < mark {
-						return fmt.Errorf("informer %s handed %d writes of %d", inf.name, got, mark)
+					if err := inf.caughtUp(mark); err != nil {
+						return err
 					}
 				}
 			}
@@ -311,11 +314,20 @@ func TestHAFrontendForReal(t *testing.T) {
 			}
 			t.Logf("  %-10s %-8s %5.1fs: re-watches %d, relists %d, failed requests %d, longest gap between events %.2fs, longest write-to-event delay %.2fs",
 				p.name, g, p.end.Sub(p.start).Seconds(), rewatch, relist, fail, gap.Seconds(), delay.Seconds())
+			// The frontend's own moves must cost its clients no relist: a replica that stops
+			// ends its watches cleanly and answers a re-watch that still reaches it 429 with
+			// Retry-After on a closed connection (apistatus.ShuttingDown), never a 503 the
+			// Reflector relists on. (The apiservers' restart may still force one through a 410
+			// that no apiserver can serve; that is logged above, not asserted.)
+			if g == "watchsan" && p.name != "apiservers" && relist > 0 {
+				t.Errorf("%s: the informers through watchsan relisted %d times", p.name, relist)
+			}
 		}
 	}
 	t.Logf("connections per frontend endpoint over the test: %v", viaFrontend.perBackend())
 
-	// No event lost: every informer was handed every write, and its store is the apiserver's.
+	// No event lost: every informer was handed every write but those a relist of its own
+	// explains, and its store is the apiserver's.
 	var list *corev1.ConfigMapList
 	if err := anyAPI(func(k kubernetes.Interface) (err error) {
 		list, err = k.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{LabelSelector: "watchsan.test/ha=writer"})
@@ -329,8 +341,14 @@ func TestHAFrontendForReal(t *testing.T) {
 	}
 	for _, g := range group {
 		for _, inf := range g {
-			if missed := inf.missed(w.all()); len(missed) > 0 {
-				t.Errorf("informer %s was never handed %d writes: %v", inf.name, len(missed), missed[:min(len(missed), 10)])
+			missed := inf.missed(w.all())
+			for _, l := range inf.relistLog() {
+				t.Log(l)
+			}
+			if lost := inf.unexplained(missed, sent, time.Minute); len(lost) > 0 {
+				t.Errorf("informer %s was never handed %d writes that no relist of its own explains: %v", inf.name, len(lost), lost[:min(len(lost), 10)])
+			} else if len(missed) > 0 {
+				t.Logf("informer %s was not handed %d writes, all around its relists (the writes a relist skips): %v", inf.name, len(missed), missed[:min(len(missed), 10)])
 			}
 			got := map[string]string{}
 			for _, o := range inf.informer.GetStore().List() {
@@ -685,6 +703,7 @@ type cmWriter struct {
 	seq     int
 	n       int
 	written map[string][]string  // name -> the seqs written, in order
+	latest  map[string]int       // name -> the seq of its last write
 	sentAt  map[string]time.Time // name@seq -> when the write was sent
 	gap     time.Duration        // the longest time between two successful writes
 	last    time.Time
@@ -709,6 +728,7 @@ func (w *cmWriter) write(ctx context.Context, name string) error {
 	}
 	w.mu.Lock()
 	w.written[name] = append(w.written[name], seq)
+	w.latest[name], _ = strconv.Atoi(seq)
 	w.sentAt[name+"@"+seq] = sent
 	if !w.last.IsZero() {
 		w.gap = max(w.gap, time.Since(w.last))
@@ -734,6 +754,17 @@ func (w *cmWriter) run(ctx context.Context, objects int, interval time.Duration)
 			i-- // the same object again
 		}
 	}
+}
+
+// latestSeqs returns the seq of each object's last write so far.
+func (w *cmWriter) latestSeqs() map[string]int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make(map[string]int, len(w.latest))
+	for k, v := range w.latest {
+		out[k] = v
+	}
+	return out
 }
 
 func (w *cmWriter) count() int {
@@ -793,10 +824,10 @@ func (rt *haCountingRT) RoundTrip(req *http.Request) (*http.Response, error) {
 		rt.inf.mu.Lock()
 		switch watch, _ := strconv.ParseBool(q.Get("watch")); {
 		case !watch:
-			rt.inf.c.relists++
+			rt.inf.relisted()
 		case q.Get("sendInitialEvents") == "true":
 			if rt.inf.synced {
-				rt.inf.c.relists++
+				rt.inf.relisted()
 			}
 			rt.inf.synced = true
 		default:
@@ -823,7 +854,9 @@ type haInformer struct {
 	c       haCounts
 	synced  bool
 	lastErr string
+	relists []haRelist                 // every relist after the first sync
 	seen    map[string]map[string]bool // name -> seqs handed to the handlers
+	newest  map[string]int             // name -> the highest seq handed
 	first   map[string]time.Time       // name@seq -> when it was first handed
 	n       int                        // distinct writes handed
 	at      []time.Time                // when each change (not a relist's unchanged object) arrived
@@ -831,7 +864,7 @@ type haInformer struct {
 
 func startHAInformer(ctx context.Context, t *testing.T, name string, cfg *rest.Config, ns string) *haInformer {
 	t.Helper()
-	inf := &haInformer{name: name, seen: map[string]map[string]bool{}, first: map[string]time.Time{}}
+	inf := &haInformer{name: name, seen: map[string]map[string]bool{}, newest: map[string]int{}, first: map[string]time.Time{}}
 	cfg = rest.CopyConfig(cfg)
 	cfg.QPS, cfg.Burst = 100, 200
 	// A dialer of its own: client-go then gives the informer its own transport and so its own
@@ -872,6 +905,9 @@ func startHAInformer(ctx context.Context, t *testing.T, name string, cfg *rest.C
 		}
 		if seq := cm.Data["seq"]; !s[seq] {
 			s[seq] = true
+			if n, err := strconv.Atoi(seq); err == nil {
+				inf.newest[cm.Name] = max(inf.newest[cm.Name], n)
+			}
 			inf.first[cm.Name+"@"+seq] = time.Now()
 			inf.n++
 		}
@@ -909,25 +945,81 @@ func startHAInformer(ctx context.Context, t *testing.T, name string, cfg *rest.C
 	return inf
 }
 
+// haRelist is one relist of an informer: when its request left, and the informer's last watch
+// error before it (why the reflector relisted).
+type haRelist struct {
+	at    time.Time
+	after string
+}
+
+// relisted records a relist; inf.mu is held.
+func (inf *haInformer) relisted() {
+	inf.c.relists++
+	inf.relists = append(inf.relists, haRelist{at: time.Now(), after: inf.lastErr})
+}
+
+// caughtUp says whether the informer has been handed each object's write of seq want[name] or
+// a later one: what an informer that relisted in between converges to as well as one that
+// watched throughout.
+func (inf *haInformer) caughtUp(want map[string]int) error {
+	inf.mu.Lock()
+	defer inf.mu.Unlock()
+	for name, seq := range want {
+		if got := inf.newest[name]; got < seq {
+			return fmt.Errorf("informer %s handed %s up to seq %d of %d", inf.name, name, got, seq)
+		}
+	}
+	return nil
+}
+
+// unexplained returns the missed writes (name@seq) that no relist of the informer explains. A
+// relist hands the informer each object's state at the list, so the writes between its last
+// watch event and the list are never handed to it, by design (client-go's Reflector replaces its
+// store); a write is taken as one of those when it was sent within window before a relist's
+// request or up to 10 s after it (the list is answered and the next watch opened within that).
+// Every other missed write is an event lost.
+func (inf *haInformer) unexplained(missed []string, sent map[string]time.Time, window time.Duration) []string {
+	inf.mu.Lock()
+	defer inf.mu.Unlock()
+	var out []string
+	for _, k := range missed {
+		at, explained := sent[k], false
+		for _, r := range inf.relists {
+			if at.After(r.at.Add(-window)) && at.Before(r.at.Add(10*time.Second)) {
+				explained = true
+				break
+			}
+		}
+		if !explained {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// relistLog describes the informer's relists, for the log.
+func (inf *haInformer) relistLog() []string {
+	inf.mu.Lock()
+	defer inf.mu.Unlock()
+	var out []string
+	for _, r := range inf.relists {
+		out = append(out, fmt.Sprintf("%s relisted at %s after %q", inf.name, r.at.Format("15:04:05.000"), r.after))
+	}
+	return out
+}
+
 // state describes the informer for a failure: its counts, its last watch error, and the
 // resourceVersion its store is at.
 func (inf *haInformer) state() string {
 	inf.mu.Lock()
 	defer inf.mu.Unlock()
-	return fmt.Sprintf("%s: %d writes handed, %+v, last watch error %q, store at %s", inf.name, inf.n, inf.c, inf.lastErr, inf.informer.LastSyncResourceVersion())
+	return fmt.Sprintf("%s: %d writes handed, newest seqs %v, %+v, last watch error %q, store at %s", inf.name, inf.n, inf.newest, inf.c, inf.lastErr, inf.informer.LastSyncResourceVersion())
 }
 
 func (inf *haInformer) counts() haCounts {
 	inf.mu.Lock()
 	defer inf.mu.Unlock()
 	return inf.c
-}
-
-// handled returns how many distinct writes reached the handlers.
-func (inf *haInformer) handled() int {
-	inf.mu.Lock()
-	defer inf.mu.Unlock()
-	return inf.n
 }
 
 // longestGap returns the longest time between changes handed to the handlers within [from, to]
