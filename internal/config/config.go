@@ -99,6 +99,12 @@ type Config struct {
 	DisableResume      bool
 	RetryBudget        time.Duration
 
+	// Shared watch feeds (issue 15 item 2).
+	ShareWatches               bool
+	ShareRingBytes             int
+	ShareRingEvents            int
+	ShareSubscriberBufferBytes int
+
 	// ShutdownDelay is how long readiness fails before the listeners close at shutdown.
 	ShutdownDelay   time.Duration
 	ShutdownTimeout time.Duration
@@ -141,6 +147,10 @@ func Default() Config {
 		WatchStallTimeout:     watch.DefaultStallTimeout,
 		WatchWriteTimeout:     watch.DefaultWriteTimeout,
 		RetryBudget:           upstream.DefaultRetryBudget,
+		ShareRingBytes:        watch.DefaultShareRingBytes,
+		ShareRingEvents:       watch.DefaultShareRingEvents,
+
+		ShareSubscriberBufferBytes: watch.DefaultShareSubscriberBytes,
 		ShutdownTimeout:       30 * time.Second,
 		LogLevel:              "info",
 		LogFormat:             "json",
