@@ -151,10 +151,10 @@ func Default() Config {
 		ShareRingEvents:       watch.DefaultShareRingEvents,
 
 		ShareSubscriberBufferBytes: watch.DefaultShareSubscriberBytes,
-		ShutdownTimeout:       30 * time.Second,
-		LogLevel:              "info",
-		LogFormat:             "json",
-		AccessLog:             true,
-		HA:                    defaultHA(),
+		ShutdownTimeout:            30 * time.Second,
+		LogLevel:                   "info",
+		LogFormat:                  "json",
+		AccessLog:                  true,
+		HA:                         defaultHA(),
 	}
 }

@@ -46,7 +46,7 @@ type Metrics struct {
 	PrivateFeeds          *prometheus.CounterVec // reason (watch.PrivateFeedReasons)
 	SharedRingEvictions   prometheus.Counter
 	SharedSlowSubscribers prometheus.Counter
-	WatchFreshPoints prometheus.Counter
+	WatchFreshPoints      prometheus.Counter
 
 	Refused         *prometheus.CounterVec // reason: requests watchsan refused itself (RefusalReasons)
 	Connections     *prometheus.GaugeVec   // listener: main | admin
