@@ -147,14 +147,14 @@ func Default() Config {
 		WatchStallTimeout:     watch.DefaultStallTimeout,
 		WatchWriteTimeout:     watch.DefaultWriteTimeout,
 		RetryBudget:           upstream.DefaultRetryBudget,
-		ShareRingBytes:        watch.DefaultShareRingBytes,
-		ShareRingEvents:       watch.DefaultShareRingEvents,
+		ShutdownTimeout:       30 * time.Second,
+		LogLevel:              "info",
+		LogFormat:             "json",
+		AccessLog:             true,
+		HA:                    defaultHA(),
 
+		ShareRingBytes:             watch.DefaultShareRingBytes,
+		ShareRingEvents:            watch.DefaultShareRingEvents,
 		ShareSubscriberBufferBytes: watch.DefaultShareSubscriberBytes,
-		ShutdownTimeout:            30 * time.Second,
-		LogLevel:                   "info",
-		LogFormat:                  "json",
-		AccessLog:                  true,
-		HA:                         defaultHA(),
 	}
 }

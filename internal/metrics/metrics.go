@@ -38,6 +38,7 @@ type Metrics struct {
 	Retries       *prometheus.CounterVec // outcome
 
 	WatchMovesFailed *prometheus.CounterVec // reason (upstream.MoveReason)
+	WatchFreshPoints prometheus.Counter
 
 	// Shared feeds (issue 15; internal/watch/share.go).
 	SharedFeeds           prometheus.Gauge
@@ -46,7 +47,6 @@ type Metrics struct {
 	PrivateFeeds          *prometheus.CounterVec // reason (watch.PrivateFeedReasons)
 	SharedRingEvictions   prometheus.Counter
 	SharedSlowSubscribers prometheus.Counter
-	WatchFreshPoints      prometheus.Counter
 
 	Refused         *prometheus.CounterVec // reason: requests watchsan refused itself (RefusalReasons)
 	Connections     *prometheus.GaugeVec   // listener: main | admin
