@@ -438,3 +438,48 @@ func TestShareBookmarksPerSubscriber(t *testing.T) {
 		}
 	}
 }
+
+// A feed whose first answer is an ERROR 410 (the resourceVersion is older than the apiserver's
+// history) hands it to its subscribers as a direct watch gets it, and ends.
+func TestShareTooOldAtTheApiserver(t *testing.T) {
+	x := newShareFixture(t, Config{})
+	x.api.HistorySize = 3 // before its first request
+	from := x.write(t, "cm", 10, 10)
+	shared := watchAt(t, x.srv.URL, "resourceVersion="+rv(from-8), nil, true)
+	direct := watchAt(t, x.direct.URL, "resourceVersion="+rv(from-8), nil, true)
+	for _, c := range []*client{shared, direct} {
+		select {
+		case <-c.ended:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a watch from a resourceVersion older than the history still open after 10s")
+		}
+	}
+	sameEvents(t, "the watch from too old a resourceVersion", shared.events(), direct.events())
+	if got := direct.events(); len(got) != 1 || !strings.HasPrefix(got[0], "ERROR") {
+		t.Errorf("the direct watch got %v, want one ERROR", got)
+	}
+	testutil.Eventually(t, 10*time.Second, "the feed ended", func() bool { return promtest.ToFloat64(x.m.SharedFeeds) == 0 })
+}
+
+// A feed whose first answer is no stream (a 404 here) is no feed: each client asks on its own
+// and gets the apiserver's own answer.
+func TestShareFeedFailedGoesPrivate(t *testing.T) {
+	x := newShareFixture(t, Config{})
+	for i := 0; i < 2; i++ {
+		resp, err := http.Get(x.srv.URL + "/api/v1/namespaces/d/secrets?watch=true&resourceVersion=1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound {
+			t.Errorf("watch of a resource memapi does not serve: %s, want 404", resp.Status)
+		}
+	}
+	if got := promtest.ToFloat64(x.m.PrivateFeeds.WithLabelValues(privateFeedFailed)); got != 2 {
+		t.Errorf("private feeds (feed-failed) %v, want 2", got)
+	}
+	if promtest.ToFloat64(x.m.SharedFeeds) != 0 {
+		t.Error("a feed left open")
+	}
+}
