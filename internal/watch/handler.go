@@ -109,11 +109,10 @@ type Handler struct {
 	exempt map[string]bool
 	log    *zap.Logger
 	clk    clock.WithDelayedExecution // deps.Clock
+	feeds  *registry                  // the open shared feeds (Config.Share, share.go)
 	// done is deps.Done as a context, so that each watch can register a callback with
 	// context.AfterFunc instead of running a goroutine to wait for it; nil when Done is nil.
 	done context.Context
-	// feeds are the open shared feeds (Config.Share).
-	feeds *registry
 }
 
 // New builds a Handler.

@@ -231,7 +231,8 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, info *reqinfo.Info,
 		mode = fix.PassAll
 	}
 	sf.policy = fix.Options{Scope: scopeOf(r, cred), StartRV: rv, Mode: mode, Memory: h.deps.Memory}
-	sf.pol = &subscriber{h: h, client: tmpl, log: log, resource: h.deps.Metrics.Resource(info.FullResource())}
+	// A subscriber with no response: the policy's decisions are counted as a private watch's.
+	sf.pol = newSubscriber(h, nil, tmpl, params{}, h.deps.Metrics.Resource(info.FullResource()), log)
 	sf.f = &feed{
 		h: h, client: tmpl, ctx: ctx, cancel: cancel, cred: cred, log: log, sub: sf,
 		backoff: upstream.ResumeBackoff, scope: progressScope(r), groupResource: info.GroupResource(),
