@@ -99,6 +99,12 @@ type Config struct {
 	DisableResume      bool
 	RetryBudget        time.Duration
 
+	// Shared watch feeds (issue 15 item 2).
+	ShareWatches               bool
+	ShareRingBytes             int
+	ShareRingEvents            int
+	ShareSubscriberBufferBytes int
+
 	// ShutdownDelay is how long readiness fails before the listeners close at shutdown.
 	ShutdownDelay   time.Duration
 	ShutdownTimeout time.Duration
@@ -146,5 +152,9 @@ func Default() Config {
 		LogFormat:             "json",
 		AccessLog:             true,
 		HA:                    defaultHA(),
+
+		ShareRingBytes:             watch.DefaultShareRingBytes,
+		ShareRingEvents:            watch.DefaultShareRingEvents,
+		ShareSubscriberBufferBytes: watch.DefaultShareSubscriberBytes,
 	}
 }

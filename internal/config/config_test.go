@@ -310,3 +310,25 @@ func TestAttackFileMeansWhatItSays(t *testing.T) {
 		}
 	}
 }
+
+// The sharing flags: off by default, bounds checked, and a subscriber's buffer holds at least
+// one event of the largest size.
+func TestShareFlags(t *testing.T) {
+	c, err := Load(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ShareWatches {
+		t.Error("--share-watches on by default; this slice keeps it off")
+	}
+	c, err = Load([]string{"--share-watches", "--share-ring-events=0", "--share-subscriber-buffer-bytes=1024"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Validate()
+	for _, want := range []string{"--share-ring-events 0", "--share-subscriber-buffer-bytes 1024: want at least --max-frame-size"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("validate error %v lacks %q", err, want)
+		}
+	}
+}

@@ -100,6 +100,19 @@ func (c *Config) Validate() error {
 	if c.HTTP2ConnectionWindow < max(c.HTTP2StreamWindow, 64<<10) || c.HTTP2ConnectionWindow > 1<<30 {
 		add("--upstream-http2-connection-window %d: want at least --upstream-http2-stream-window (%d) and at most 1073741824 bytes", c.HTTP2ConnectionWindow, c.HTTP2StreamWindow)
 	}
+	for _, b := range []struct {
+		flag string
+		v    int
+	}{{"share-ring-bytes", c.ShareRingBytes}, {"share-ring-events", c.ShareRingEvents}, {"share-subscriber-buffer-bytes", c.ShareSubscriberBufferBytes}} {
+		if b.v < 1 || b.v > 1<<30 {
+			add("--%s %d: want 1 to 1073741824", b.flag, b.v)
+		}
+	}
+	// Why: a joiner takes the events after its resourceVersion in one go; a buffer smaller
+	// than one event of the largest size would end every subscriber at its first big event.
+	if c.ShareSubscriberBufferBytes > 0 && c.ShareSubscriberBufferBytes < c.MaxFrameSize {
+		add("--share-subscriber-buffer-bytes %d: want at least --max-frame-size (%d): a subscriber must hold one event", c.ShareSubscriberBufferBytes, c.MaxFrameSize)
+	}
 	if c.KeepAlive < 0 {
 		add("--tcp-keepalive %s: must not be negative", c.KeepAlive)
 	}

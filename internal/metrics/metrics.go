@@ -40,6 +40,14 @@ type Metrics struct {
 	WatchMovesFailed *prometheus.CounterVec // reason (upstream.MoveReason)
 	WatchFreshPoints prometheus.Counter
 
+	// Shared feeds (issue 15; internal/watch/share.go).
+	SharedFeeds           prometheus.Gauge
+	SharedSubscribers     prometheus.Gauge
+	SharedJoins           prometheus.Counter
+	PrivateFeeds          *prometheus.CounterVec // reason (watch.PrivateFeedReasons)
+	SharedRingEvictions   prometheus.Counter
+	SharedSlowSubscribers prometheus.Counter
+
 	Refused         *prometheus.CounterVec // reason: requests watchsan refused itself (RefusalReasons)
 	Connections     *prometheus.GaugeVec   // listener: main | admin
 	ConnectionLimit *prometheus.GaugeVec   // listener
@@ -78,6 +86,12 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	m.StallsHung = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_stalls_hung_total", Help: "Stalls whose resume delivered at once (within 1s) object events the silent stream had held back: the path had hung (an apiserver, an L7 hop)."})
 	m.SlowClients = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_slow_clients_total", Help: "Client watches ended because a write to the client did not complete within --watch-write-timeout (it stopped reading, or reads slower than its watch delivers; its upstream watch is closed), by what it was sent: events (a stream watchsan parses), relayed (a response relayed unparsed)."}, []string{"reason"})
 	m.ResumeSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "watchsan_watch_resume_duration_seconds", Help: "Time from an upstream watch breaking to its resumption.", Buckets: ResumeBuckets})
+	m.SharedFeeds = prometheus.NewGauge(prometheus.GaugeOpts{Name: "watchsan_shared_feeds", Help: "Shared watch feeds open now (--share-watches): each is one upstream watch serving every identical client watch of the lent identity."})
+	m.SharedSubscribers = prometheus.NewGauge(prometheus.GaugeOpts{Name: "watchsan_shared_feed_subscribers", Help: "Client watches served by a shared feed now."})
+	m.SharedJoins = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_shared_feed_joins_total", Help: "Client watches that joined a shared feed already open (the ones that opened a feed are not counted)."})
+	m.PrivateFeeds = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_private_feeds_total", Help: "Client watches given an upstream watch of their own while --share-watches is on, by why: identity (not the lent identity), initial-state (resourceVersion \"\" or 0), watch-list (sendInitialEvents or resourceVersionMatch), resource-version (no integer, or timeoutSeconds over), not-covered (the feed's ring does not cover it), backlog (more behind than --share-subscriber-buffer-bytes), not-joinable (the feed delivered resourceVersions out of order), feed-failed (the feed's first answer was no stream)."}, []string{"reason"})
+	m.SharedRingEvictions = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_shared_feed_ring_evictions_total", Help: "Events evicted from shared feeds' rings (--share-ring-bytes, --share-ring-events): a client re-watching from before them gets a private feed."})
+	m.SharedSlowSubscribers = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_shared_feed_slow_subscribers_total", Help: "Subscribers of shared feeds ended because they fell --share-subscriber-buffer-bytes behind their feed, or a write to them did not complete within --watch-write-timeout (their clients re-watch; no other subscriber waits for them)."})
 	m.RelistsForced = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_relists_forced_total", Help: "410 Expired ERROR events sent to clients (each makes the client relist)."})
 	m.WatchMovesFailed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_moves_failed_total", Help: "Watch moves not made because no target accepted the watch's resume point (make-before-break: the watch stayed where it was), by the move's reason."}, []string{"reason"})
 	m.WatchFreshPoints = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_fresh_resume_points_total", Help: "Quiet watches given a newer resume point (a bookmark of a same-scope probe watch on their backend) so that they could move."})
@@ -94,7 +108,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 		m.TLSReloads.WithLabelValues(result)
 	}
 	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_build_info", Help: "Always 1; its labels say which build runs: version, VCS revision and Go version."}, []string{"version", "revision", "goversion"})
-	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.StallsHung, m.SlowClients, m.ResumeSeconds, m.RelistsForced, m.WatchMovesFailed, m.WatchFreshPoints, m.Retries, m.Refused, m.Connections, m.ConnectionLimit, m.ConnectionsShed} {
+	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.StallsHung, m.SlowClients, m.ResumeSeconds, m.RelistsForced, m.SharedFeeds, m.SharedSubscribers, m.SharedJoins, m.PrivateFeeds, m.SharedRingEvictions, m.SharedSlowSubscribers, m.WatchMovesFailed, m.WatchFreshPoints, m.Retries, m.Refused, m.Connections, m.ConnectionLimit, m.ConnectionsShed} {
 		f(c)
 	}
 	m.Upstream.register(reg)

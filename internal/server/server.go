@@ -135,6 +135,11 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		StallTimeout:  cfg.WatchStallTimeout,
 		WriteTimeout:  cfg.WatchWriteTimeout,
 		DisableResume: cfg.DisableResume,
+
+		Share:                cfg.ShareWatches,
+		ShareRingBytes:       cfg.ShareRingBytes,
+		ShareRingEvents:      cfg.ShareRingEvents,
+		ShareSubscriberBytes: cfg.ShareSubscriberBufferBytes,
 	}, watch.Deps{Attempts: attempts, Metrics: s.metrics, Memory: memory, Done: s.watchesDone, Logger: log, OnBreak: s.onBreak})
 	if err != nil {
 		return nil, err
@@ -144,6 +149,9 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	}
 	for _, r := range watch.ResumeReasons() {
 		s.metrics.Resumes.WithLabelValues(r.String())
+	}
+	for _, r := range watch.PrivateFeedReasons {
+		s.metrics.PrivateFeeds.WithLabelValues(r)
 	}
 	for _, r := range watch.SlowClientReasons {
 		s.metrics.SlowClients.WithLabelValues(r)

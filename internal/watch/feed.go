@@ -24,8 +24,9 @@ import (
 // the stall watchdog, how a break is classified and resumed, with the watch's one backoff
 // (stepped only by the Attempter, docs/design.md section 5), on the Handler's clock. A
 // subscriber (subscriber.go) is one client response: its policy (fix.Stream), its framing,
-// its batched writes. Today every feed has exactly one subscriber, the client whose request
-// opened it; the two meet only through sink.
+// its batched writes. A private feed has exactly one subscriber, the client whose request
+// opened it; a shared feed's sink is a sharedFeed (share.go) that fans out to many. They meet
+// only through sink.
 
 // sink is what a feed delivers to. Its contract, which a fan-out to several subscribers
 // (issue 15 item 2) must keep too:

@@ -69,6 +69,14 @@ type Config struct {
 	// nothing for this long ends, counted as a slow client (EndSlowClient). Time spent writing
 	// to the client is never the upstream's silence or lag. 0: DefaultWriteTimeout.
 	WriteTimeout time.Duration
+
+	// Shared feeds (share.go, issue 15 item 2). Share serves identical watches of the lent
+	// identity from one upstream watch; the bounds' zero values are their defaults.
+	Share                bool
+	ShareRingBytes       int           // a feed's ring of recent events, bytes; 0: DefaultShareRingBytes
+	ShareRingEvents      int           // and events; 0: DefaultShareRingEvents
+	ShareSubscriberBytes int           // how far behind its feed a subscriber may be; 0: DefaultShareSubscriberBytes
+	ShareGrace           time.Duration // how long a feed outlives its last subscriber; 0: DefaultShareGrace
 }
 
 // Deps are what a Handler works with, given at construction.
@@ -101,6 +109,7 @@ type Handler struct {
 	exempt map[string]bool
 	log    *zap.Logger
 	clk    clock.WithDelayedExecution // deps.Clock
+	feeds  *registry                  // the open shared feeds (Config.Share, share.go)
 	// done is deps.Done as a context, so that each watch can register a callback with
 	// context.AfterFunc instead of running a goroutine to wait for it; nil when Done is nil.
 	done context.Context
@@ -125,6 +134,15 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	if cfg.MaxFrameSize <= 0 {
 		cfg.MaxFrameSize = stream.DefaultMaxFrameSize
 	}
+	defInt := func(v *int, dv int) {
+		if *v <= 0 {
+			*v = dv
+		}
+	}
+	defInt(&cfg.ShareRingBytes, DefaultShareRingBytes)
+	defInt(&cfg.ShareRingEvents, DefaultShareRingEvents)
+	defInt(&cfg.ShareSubscriberBytes, DefaultShareSubscriberBytes)
+	def(&cfg.ShareGrace, DefaultShareGrace)
 	if d.Logger == nil {
 		d.Logger = zap.NewNop()
 	}
@@ -134,7 +152,8 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	for _, r := range upstream.MoveReasons() { // every series from the start
 		d.Metrics.WatchMovesFailed.WithLabelValues(r.String())
 	}
-	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, clk: d.Clock}
+	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, clk: d.Clock,
+		feeds: &registry{feeds: map[string]*sharedFeed{}}}
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
 	}
@@ -219,6 +238,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // handler's frames under 4 KiB are 8 KiB of stack per idle watch instead of 16
 // (docs/bench/NOTES.md, "Idle memory").
 func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred *upstream.Credentials, requestID string) {
+	if h.cfg.Share && h.serveShared(w, r, info, *cred, requestID) {
+		return // served by a shared feed (share.go); else a private feed, as without sharing
+	}
 	f, sub, src := h.open(w, r, info, cred, requestID)
 	if f == nil {
 		return

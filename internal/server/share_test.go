@@ -1,0 +1,106 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/watchsan/watchsan/internal/memapi"
+	"github.com/watchsan/watchsan/internal/testutil"
+)
+
+// --share-watches through the whole server in lending mode (the sidecar's): identical watches
+// without credentials are one upstream watch, each client gets every event; a client with its
+// own token is not shared. Without the flag, each watch is its own.
+func TestShareWatchesLending(t *testing.T) {
+	for _, share := range []bool{true, false} {
+		t.Run(fmt.Sprintf("share=%v", share), func(t *testing.T) {
+			api := memapi.New(nil)
+			var watches atomic.Int32
+			up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Query().Get("watch") == "true" {
+					watches.Add(1)
+				}
+				api.ServeHTTP(w, r)
+			}))
+			up.EnableHTTP2 = true
+			up.StartTLS()
+			t.Cleanup(up.Close)
+			t.Cleanup(api.Close)
+			args := []string{}
+			if share {
+				args = append(args, "--share-watches")
+			}
+			s, _ := newServerFrom(t, lendingConfig(t, up.URL, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: up.Certificate().Raw}), args...))
+			front := httptest.NewServer(s.Handler())
+			t.Cleanup(front.Close)
+			t.Cleanup(func() { close(s.watchesDone) }) // shutdown: every watch and feed ends
+
+			rv := api.ResourceVersion()
+			open := func(hdr http.Header) *bufio.Scanner {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				t.Cleanup(cancel)
+				req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("%s/api/v1/namespaces/d/configmaps?watch=true&resourceVersion=%d", front.URL, rv), nil)
+				req.Header = hdr
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { resp.Body.Close() })
+				if resp.StatusCode != 200 {
+					b, _ := io.ReadAll(resp.Body)
+					t.Fatalf("watch: %s %s", resp.Status, b)
+				}
+				sc := bufio.NewScanner(resp.Body)
+				sc.Buffer(nil, 1<<20)
+				return sc
+			}
+			var clients []*bufio.Scanner
+			for i := 0; i < 3; i++ {
+				clients = append(clients, open(http.Header{}))
+			}
+			own := open(http.Header{"Authorization": {"Bearer alice"}})
+			if share {
+				testutil.Eventually(t, 10*time.Second, "3 subscribers", func() bool {
+					return promtest.ToFloat64(s.Metrics().SharedSubscribers) == 3
+				})
+			}
+			c := up.Client()
+			for i := 0; i < 3; i++ {
+				resp, err := c.Post(up.URL+"/api/v1/namespaces/d/configmaps", "application/json",
+					strings.NewReader(fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"cm-%d"}}`, i)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+			}
+			for i, sc := range append(clients, own) {
+				for j := 0; j < 3; j++ {
+					if !sc.Scan() {
+						t.Fatalf("client %d: stream ended after %d events: %v", i, j, sc.Err())
+					}
+					if want := fmt.Sprintf(`"name":"cm-%d"`, j); !strings.Contains(sc.Text(), want) {
+						t.Fatalf("client %d event %d: %s, want %s", i, j, sc.Text(), want)
+					}
+				}
+			}
+			want := int32(4)
+			if share {
+				want = 2 // one feed, and the client with its own token
+			}
+			if got := watches.Load(); got != want {
+				t.Errorf("%d upstream watches, want %d", got, want)
+			}
+		})
+	}
+}

@@ -1,0 +1,638 @@
+package watch
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
+
+	"github.com/watchsan/watchsan/internal/fix"
+	"github.com/watchsan/watchsan/internal/reqinfo"
+	"github.com/watchsan/watchsan/internal/stream"
+	"github.com/watchsan/watchsan/internal/upstream"
+)
+
+// Shared feeds (issue 15 item 2, docs/design.md section 11). With Config.Share, a client watch
+// that is the same watch as an open shared feed, and whose resourceVersion the feed's ring
+// covers, is served by that feed: one upstream watch for all its subscribers. The feed is a
+// feed (feed.go) like a private one, its sink a sharedFeed instead of a subscriber: the fix
+// policy, the delete memory's scope, the resume point, the watchdog and every resume are the
+// feed's, once for all its subscribers. It renders each event once into the frame a subscriber
+// is sent, keeps the object events in a bounded ring, and appends each frame to every
+// subscriber's queue (member) without ever waiting for one: a member whose queue is full is
+// ended (EndSlowClient), as the apiserver ends a watcher that cannot keep up, and its client
+// re-watches from its last resourceVersion. Each member is its client's request goroutine,
+// which writes its queue out with its own bookmarks and its own timeoutSeconds.
+//
+// Sharing is only where no identity question arises: every client of a shared feed gets the
+// lent identity (shareRule). Everything else gets a private feed, counted by reason.
+
+// Defaults of the sharing bounds, the flags' defaults.
+const (
+	// DefaultShareRingBytes and DefaultShareRingEvents bound a shared feed's ring of recent
+	// events: what a client re-watching from a recent resourceVersion can join from.
+	DefaultShareRingBytes  = 16 << 20
+	DefaultShareRingEvents = 10000
+	// DefaultShareSubscriberBytes bounds what one subscriber may be behind its feed; it can
+	// take a whole ring's backlog at its join.
+	DefaultShareSubscriberBytes = 16 << 20
+	// DefaultShareGrace is how long a shared feed outlives its last subscriber: a client that
+	// re-watches at once (its timeoutSeconds, a slow subscriber ended) finds it still open.
+	DefaultShareGrace = 5 * time.Second
+)
+
+// The values of watchsan_watch_private_feeds_total's reason label: why a client watch got a
+// private feed with sharing on (PrivateFeedReasons).
+const (
+	// privateIdentity: the client's credentials are not the lent identity (its own token, a
+	// verified certificate, anonymous): whether it may watch a shared scope is the apiserver's
+	// to say (issue 15 item 3), so it watches on its own.
+	privateIdentity = "identity"
+	// privateInitial: resourceVersion "" or "0": it starts with the current state.
+	privateInitial = "initial-state"
+	// privateWatchList: sendInitialEvents or resourceVersionMatch: a watch-list.
+	privateWatchList = "watch-list"
+	// privateRV: a resourceVersion that is no integer, or a timeoutSeconds already over.
+	privateRV = "resource-version"
+	// privateNotCovered: the same watch's feed is open, but its ring does not cover the
+	// resourceVersion (older than the ring, or newer than the feed got).
+	privateNotCovered = "not-covered"
+	// privateBacklog: the events after the resourceVersion are more than a subscriber's bound.
+	privateBacklog = "backlog"
+	// privateNotJoinable: the feed delivered a resourceVersion that is no integer or not
+	// above the one before (observe mode passes regressions): "the events after N" is no
+	// longer one slice of its ring.
+	privateNotJoinable = "not-joinable"
+	// privateFeedFailed: the feed's first attempt was not a stream (an error status, a format
+	// watchsan does not parse): every client asks on its own and gets its own answer.
+	privateFeedFailed = "feed-failed"
+)
+
+// PrivateFeedReasons lists watchsan_watch_private_feeds_total's reasons (to initialise series).
+var PrivateFeedReasons = []string{privateIdentity, privateInitial, privateWatchList, privateRV,
+	privateNotCovered, privateBacklog, privateNotJoinable, privateFeedFailed}
+
+// shareRule is the one rule for which watches may be served by a shared feed: "" when it may
+// (it still needs a feed whose ring covers its resourceVersion), else why not, a
+// PrivateFeedReasons value. Only the lent identity shares: every client that gets it is the
+// same user to the apiserver, which the lending guard decided it may be.
+func shareRule(r *http.Request, cred upstream.Credentials, p params) string {
+	if !cred.Lent() {
+		return privateIdentity
+	}
+	q := r.URL.Query()
+	switch {
+	case q.Has("sendInitialEvents") || q.Has("resourceVersionMatch"):
+		return privateWatchList
+	case p.rv == "" || p.rv == "0":
+		return privateInitial
+	case p.timeout < 0:
+		return privateRV
+	}
+	if _, ok := stream.ParseRV(p.rv); !ok {
+		return privateRV
+	}
+	return ""
+}
+
+// perSubscriber are the query parameters that are each subscriber's own and not in a feed's
+// key: its resourceVersion (where it joins the ring), its timeoutSeconds (the feed outlives
+// it) and allowWatchBookmarks (the feed always asks for bookmarks, and passes them only to the
+// subscribers that did). Every other parameter, known or not, is in the key: two watches
+// share a feed only if the apiserver was asked exactly the same (docs/design.md section 11).
+var perSubscriber = []string{"resourceVersion", "timeoutSeconds", "allowWatchBookmarks"}
+
+// feedKey is what makes two watches the same upstream watch: the path (resource, namespace,
+// name; one Handler has one set of upstreams), every query parameter but perSubscriber's
+// (selectors, watch-list options, anything else), the Accept header (the wire format the
+// apiserver answers in) and who it goes as.
+func feedKey(r *http.Request, cred upstream.Credentials) string {
+	q := r.URL.Query()
+	for _, k := range perSubscriber {
+		q.Del(k)
+	}
+	return r.URL.Path + "?" + q.Encode() + "\x00accept=" + r.Header.Get("Accept") + "\x00as=" + cred.Principal()
+}
+
+// registry holds the open shared feeds by feedKey. Its lock is taken before a feed's.
+type registry struct {
+	mu    sync.Mutex
+	feeds map[string]*sharedFeed
+}
+
+// serveShared serves the watch r on a shared feed when it may be (shareRule) and one covers
+// it, or opens one; false when it gets a private feed (counted by reason), which the caller
+// serves as without sharing.
+func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, requestID string) bool {
+	p := parseParams(r)
+	reason := shareRule(r, cred, p)
+	if reason == "" {
+		var (
+			sf *sharedFeed
+			m  *member
+		)
+		sf, m, reason = h.join(r, info, cred, p)
+		if reason == "" {
+			select {
+			case <-sf.ready:
+			case <-r.Context().Done():
+				sf.leave(m)
+				return true
+			}
+			if sf.ok {
+				sf.serve(w, r, m, p, requestID)
+				return true
+			}
+			reason = privateFeedFailed
+		}
+	}
+	h.deps.Metrics.PrivateFeeds.WithLabelValues(reason).Inc()
+	return false
+}
+
+// join finds the feed of r's key and joins it at p's resourceVersion, or opens the feed with
+// r's request as its template. Else it says why not.
+func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, p params) (*sharedFeed, *member, string) {
+	at, _ := stream.ParseRV(p.rv)
+	key := feedKey(r, cred)
+	g := h.feeds
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if sf := g.feeds[key]; sf != nil {
+		m, reason := sf.add(at, p.allowBookmarks)
+		if reason == "" {
+			h.deps.Metrics.SharedJoins.Inc()
+		}
+		return sf, m, reason
+	}
+	sf := h.newSharedFeed(key, r, info, cred, p.rv, at)
+	g.feeds[key] = sf
+	m, _ := sf.add(at, p.allowBookmarks)
+	h.deps.Metrics.SharedFeeds.Inc()
+	go sf.run() // exits when the feed ends: its last subscriber gone, shutdown, or its upstream's end
+	return sf, m, ""
+}
+
+// sharedFeed is a shared feed's sink (feed.go's contract): its policy, its ring, its members.
+// The feed's goroutine calls its sink methods; joins and leaves come from the members' request
+// goroutines, under mu.
+type sharedFeed struct {
+	h   *Handler
+	key string
+	f   *feed
+	log *zap.Logger
+	// pol holds the feed's policy (fix.Stream) and counts its decisions; it answers no client.
+	pol *subscriber
+	// policy is what pol's stream is made with once the format is known.
+	policy fix.Options
+	from   uint64
+
+	// ready is closed once the first attempt answered: ok, header and format are set then.
+	ready  chan struct{}
+	ok     bool
+	header http.Header
+	writer *stream.Writer // renders each event's frame into frame
+	frame  frameCapture
+	dirty  bool // a member got a frame since the last flush (the feed's goroutine's)
+
+	// idle: the grace after the last subscriber left ran out; the feed ends (gone).
+	idle atomic.Bool
+
+	mu      sync.Mutex
+	members map[*member]struct{}
+	ring    *ring
+	last    uint64 // the newest resourceVersion delivered (object events and bookmarks)
+	// notJoinable, when set, is why no one may join any more (privateNotJoinable).
+	notJoinable string
+	closed      bool
+	idleTimer   clock.Timer
+}
+
+// newSharedFeed makes the feed for key, opened by the watch r from resourceVersion rv (at),
+// with its own context: it outlives r. Its upstream request is r's without timeoutSeconds.
+func (h *Handler) newSharedFeed(key string, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, rv string, at uint64) *sharedFeed {
+	tmpl := r.Clone(context.Background())
+	q := tmpl.URL.Query()
+	q.Del("timeoutSeconds")
+	tmpl.URL = &url.URL{Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: q.Encode()}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	log := h.log.Named("feed").WithLazy(zap.String("feed", r.URL.Path+"?"+q.Encode()))
+	sf := &sharedFeed{h: h, key: key, log: log, from: at, ready: make(chan struct{}), members: map[*member]struct{}{}, last: at}
+	sf.ring = newRing(at, h.cfg.ShareRingBytes, h.cfg.ShareRingEvents, h.deps.Metrics.SharedRingEvictions.Inc)
+	mode := h.cfg.Mode
+	if h.exempt[info.GroupResource()] {
+		mode = fix.PassAll
+	}
+	sf.policy = fix.Options{Scope: scopeOf(r, cred), StartRV: rv, Mode: mode, Memory: h.deps.Memory}
+	// A subscriber with no response: the policy's decisions are counted as a private watch's.
+	sf.pol = newSubscriber(h, nil, tmpl, params{}, h.deps.Metrics.Resource(info.FullResource()), log)
+	sf.f = &feed{
+		h: h, client: tmpl, ctx: ctx, cancel: cancel, cred: cred, log: log, sub: sf,
+		backoff: upstream.ResumeBackoff, scope: progressScope(r), groupResource: info.GroupResource(),
+	}
+	if h.done != nil {
+		sf.f.stopShutdown = context.AfterFunc(h.done, func() { cancel(errShutdown) })
+	}
+	return sf
+}
+
+// run sends the feed's first attempt and receives until the feed ends, then ends its members.
+func (sf *sharedFeed) run() {
+	f := sf.f
+	defer f.release()
+	slot := &moveSlot{}
+	first, err := sf.h.deps.Attempts.Do(f.ctx, f.requestFrom(true, ""), f.plan(sf.from, slot))
+	if err != nil {
+		sf.log.Info("shared feed's first attempt failed; its subscribers watch on their own", zap.Error(err))
+		sf.close(endNone)
+		return
+	}
+	f.backend = first.Backend
+	format, ok := stream.FormatOf(first.Resp.Header.Get("Content-Type"))
+	if first.Resp.StatusCode != http.StatusOK || !ok || !identity(first.Resp.Header) {
+		sf.log.Info("shared feed's first answer is no stream watchsan reads; its subscribers watch on their own",
+			zap.Int("code", first.Resp.StatusCode), zap.String("contentType", first.Resp.Header.Get("Content-Type")))
+		drain(first.Resp)
+		first.Cancel(nil)
+		sf.close(endNone)
+		return
+	}
+	f.format = format
+	sf.pol.fix = fix.NewStream(sf.policy)
+	sf.writer = stream.NewWriter(format, &sf.frame)
+	sf.header = first.Resp.Header.Clone()
+	sf.header.Del("Audit-Id") // the first attempt's: no joiner's request is that one
+	sf.ok = true
+	close(sf.ready)
+	end := f.run(f.source(first, slot))
+	sf.log.Debug("shared feed ended", zap.Stringer("reason", end), zap.Uint64("events", f.events), zap.Int("resumes", f.resumes))
+	sf.pol.logEnd(end)
+	sf.close(end)
+}
+
+// close ends the feed: out of the registry, every member ended with end (endNone: before the
+// feed started; its members watch privately).
+func (sf *sharedFeed) close(end EndReason) {
+	g := sf.h.feeds
+	g.mu.Lock()
+	sf.mu.Lock()
+	if g.feeds[sf.key] == sf {
+		delete(g.feeds, sf.key)
+		sf.h.deps.Metrics.SharedFeeds.Dec()
+	}
+	sf.closed = true
+	if sf.idleTimer != nil {
+		sf.idleTimer.Stop()
+	}
+	members := sf.members
+	sf.members = map[*member]struct{}{}
+	sf.h.deps.Metrics.SharedSubscribers.Sub(float64(len(members)))
+	sf.mu.Unlock()
+	g.mu.Unlock()
+	select {
+	case <-sf.ready:
+	default:
+		close(sf.ready) // not ok: the members waiting on it go private
+	}
+	for m := range members {
+		m.finish(end)
+	}
+}
+
+// add makes a member at resourceVersion at, with the ring's events after it queued, or says
+// why it may not join. The registry's lock is held.
+func (sf *sharedFeed) add(at uint64, bookmarks bool) (*member, string) {
+	sf.mu.Lock()
+	defer sf.mu.Unlock()
+	switch {
+	case sf.closed:
+		return nil, privateNotCovered
+	case sf.notJoinable != "":
+		return nil, sf.notJoinable
+	case at < sf.ring.start || at > sf.last:
+		return nil, privateNotCovered
+	}
+	m := &member{bookmarks: bookmarks, max: sf.h.cfg.ShareSubscriberBytes, wake: make(chan struct{}, 1)}
+	if backlog, n := sf.ring.after(at); len(backlog) > 0 {
+		if n > m.max {
+			return nil, privateBacklog
+		}
+		m.q, m.bytes, m.signal = backlog, n, true
+		m.wake <- struct{}{}
+	}
+	sf.members[m] = struct{}{}
+	if sf.idleTimer != nil {
+		sf.idleTimer.Stop()
+		sf.idleTimer = nil
+	}
+	sf.h.deps.Metrics.SharedSubscribers.Inc()
+	return m, ""
+}
+
+// leave takes m off the feed; the last to leave starts the grace after which the feed ends.
+func (sf *sharedFeed) leave(m *member) {
+	sf.mu.Lock()
+	defer sf.mu.Unlock()
+	sf.drop(m)
+}
+
+// drop is leave with mu held.
+func (sf *sharedFeed) drop(m *member) {
+	if _, ok := sf.members[m]; !ok {
+		return
+	}
+	delete(sf.members, m)
+	sf.h.deps.Metrics.SharedSubscribers.Dec()
+	if len(sf.members) == 0 && !sf.closed && sf.idleTimer == nil {
+		sf.idleTimer = sf.h.clk.AfterFunc(sf.h.cfg.ShareGrace, sf.idleEnd)
+	}
+}
+
+// idleEnd ends the feed if no one joined during the grace: it leaves the registry at once (a
+// watch from now on opens a new one) and its context is cancelled, which ends its attempt.
+func (sf *sharedFeed) idleEnd() {
+	g := sf.h.feeds
+	g.mu.Lock()
+	sf.mu.Lock()
+	idle := len(sf.members) == 0 && !sf.closed
+	if idle {
+		sf.closed = true
+		if g.feeds[sf.key] == sf {
+			delete(g.feeds, sf.key)
+			sf.h.deps.Metrics.SharedFeeds.Dec()
+		}
+	}
+	sf.mu.Unlock()
+	g.mu.Unlock()
+	if idle {
+		sf.idle.Store(true)
+		sf.f.cancel(errNoSubscribers)
+	}
+}
+
+// errNoSubscribers ends a shared feed whose last subscriber left and none joined in the grace.
+var errNoSubscribers = errors.New("the shared feed's last subscriber left")
+
+// The resume point, the policy's (sink).
+func (sf *sharedFeed) InInitialPhase() bool  { return sf.pol.InInitialPhase() }
+func (sf *sharedFeed) LastDelivered() string { return sf.pol.LastDelivered() }
+func (sf *sharedFeed) HasResumePoint() bool  { return sf.pol.HasResumePoint() }
+
+// decide applies the feed's policy to one event, once for every member (sink).
+func (sf *sharedFeed) decide(ev *stream.Event) fix.Decision { return sf.pol.decide(ev) }
+
+// write renders the event into the frame each member is sent, keeps an object event in the
+// ring and appends the frame to every member's queue (a bookmark only to those that asked for
+// them); a member whose queue is full is ended. It never waits for a member (sink).
+func (sf *sharedFeed) write(ev *stream.Event, d fix.Decision) error {
+	var err error
+	if d.Action == fix.Rewrite {
+		err = sf.writer.WriteWithRV(ev, d.RV)
+	} else {
+		err = sf.writer.Write(ev)
+	}
+	if err != nil {
+		sf.log.Warn("could not render an event for the shared feed's subscribers; skipped", zap.String("type", ev.Type), zap.Error(err))
+		return nil
+	}
+	raw := sf.frame.take()
+	rv, isInt := ev.RVInt, ev.RVIsInt
+	if d.Action == fix.Rewrite {
+		rv, isInt = d.RVInt, true
+	}
+	sf.mu.Lock()
+	defer sf.mu.Unlock()
+	switch ev.Type {
+	case stream.Error:
+	case stream.Bookmark:
+		sf.advance(rv, isInt, false)
+	default:
+		if sf.advance(rv, isInt, true) {
+			sf.ring.add(rv, raw)
+		}
+	}
+	sf.fanOut(raw, ev.Type == stream.Bookmark)
+	return nil
+}
+
+// advance moves the feed's newest resourceVersion to rv, and reports whether rv is above the
+// one before (an object event's must be, for the ring to be one slice of "the events after
+// N"; a bookmark's may equal it). Otherwise no one may join any more. mu is held.
+func (sf *sharedFeed) advance(rv uint64, isInt, event bool) bool {
+	if !isInt || rv < sf.last || (event && rv == sf.last) {
+		if sf.notJoinable == "" {
+			sf.notJoinable = privateNotJoinable
+			sf.log.Info("the shared feed delivered a resourceVersion out of order or no integer; no one joins it any more",
+				zap.Uint64("rv", rv), zap.Uint64("last", sf.last))
+		}
+		return false
+	}
+	sf.last = rv
+	return true
+}
+
+// fanOut appends raw to every member's queue (a bookmark: those that asked for them). mu is held.
+func (sf *sharedFeed) fanOut(raw []byte, bookmark bool) {
+	for m := range sf.members {
+		if bookmark && !m.bookmarks {
+			continue
+		}
+		if !m.push(raw) {
+			sf.drop(m) // counted as it ends (serve)
+			continue
+		}
+		sf.dirty = true
+	}
+}
+
+// flush wakes the members that got frames since the last flush; the feed calls it before it
+// may wait for its upstream, so a member's events never wait with it (sink).
+func (sf *sharedFeed) flush() error {
+	if !sf.dirty {
+		return nil
+	}
+	sf.dirty = false
+	sf.mu.Lock()
+	defer sf.mu.Unlock()
+	for m := range sf.members {
+		m.wakeUp()
+	}
+	return nil
+}
+
+// broken: a shared feed's writes never fail; a member that cannot keep up is ended alone (sink).
+func (sf *sharedFeed) broken() (EndReason, error) { return endNone, nil }
+
+// gone says the feed's last subscriber left and none joined in the grace (sink).
+func (sf *sharedFeed) gone() bool { return sf.idle.Load() }
+
+// relist sends every member the ERROR 410 st; the feed ends after it (sink).
+func (sf *sharedFeed) relist(st *metav1.Status) {
+	if sf.writer.WriteStatus(st) != nil {
+		return
+	}
+	raw := sf.frame.take()
+	sf.mu.Lock()
+	sf.fanOut(raw, false)
+	sf.mu.Unlock()
+	_ = sf.flush()
+}
+
+// frameCapture is what the feed's Writer writes one frame into: each Write is one whole frame
+// (stream.Writer), copied, since the reader's buffer and the Writer's are reused.
+type frameCapture struct{ b []byte }
+
+func (c *frameCapture) Write(p []byte) (int, error) {
+	c.b = append(make([]byte, 0, len(p)), p...)
+	return len(p), nil
+}
+
+func (c *frameCapture) take() []byte {
+	b := c.b
+	c.b = nil
+	return b
+}
+
+// member is one subscriber of a shared feed: its queue of frames, bounded in bytes, that the
+// feed appends to and its client's request goroutine writes out.
+type member struct {
+	bookmarks bool
+	max       int
+	wake      chan struct{} // capacity 1: something to take
+
+	mu     sync.Mutex
+	q      [][]byte
+	bytes  int
+	signal bool      // frames were queued since the last take
+	over   bool      // the queue filled: the member is off the feed and ends (EndSlowClient)
+	end    EndReason // the feed ended: the member ends after its queue
+	done   bool
+}
+
+// push queues raw, or reports false when it would fill the queue past its bound: the member is
+// then over (its queue let go) and ends.
+func (m *member) push(raw []byte) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.bytes+len(raw) > m.max {
+		m.over, m.q, m.bytes = true, nil, 0
+		m.wakeLocked()
+		return false
+	}
+	m.q = append(m.q, raw)
+	m.bytes += len(raw)
+	m.signal = true
+	return true
+}
+
+// wakeUp tells the member's goroutine there is something to take, if there is.
+func (m *member) wakeUp() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.signal {
+		m.wakeLocked()
+	}
+}
+
+func (m *member) wakeLocked() {
+	m.signal = false
+	select {
+	case m.wake <- struct{}{}:
+	default: // woken already
+	}
+}
+
+// finish ends the member after what it has queued, with end (endNone: the feed never started).
+func (m *member) finish(end EndReason) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.end, m.done = end, true
+	m.wakeLocked()
+}
+
+// take returns what is queued, and whether the member is over or its feed ended (and how).
+func (m *member) take() (q [][]byte, over, done bool, end EndReason) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	q, m.q, m.bytes = m.q, nil, 0
+	return q, m.over, m.done, m.end
+}
+
+// serve answers the client r from the member m of the feed until its stream ends: the feed's
+// first answer's headers, then every frame queued, written and flushed in batches, until the
+// client leaves, its timeoutSeconds passes, its queue fills or the feed ends.
+func (sf *sharedFeed) serve(w http.ResponseWriter, r *http.Request, m *member, p params, requestID string) {
+	h := sf.h
+	met := h.deps.Metrics
+	resource := sf.pol.resource
+	open := met.OpenWatches.WithLabelValues(resource)
+	open.Inc()
+	defer open.Dec()
+	defer sf.leave(m)
+
+	var deadline <-chan struct{}
+	if p.timeout > 0 {
+		dl := make(chan struct{})
+		t := h.clk.AfterFunc(p.timeout, func() { close(dl) })
+		defer t.Stop()
+		deadline = dl
+	}
+	rc := http.NewResponseController(w)
+	out := newBatchWriter(w, rc, h.cfg.WriteTimeout)
+	copyHeader(w.Header(), sf.header)
+	w.Header().Del("Content-Length")
+	w.WriteHeader(http.StatusOK)
+	end := sf.pump(r, m, &out, deadline)
+	met.StreamEnds.WithLabelValues(end.String()).Inc()
+	if end == EndSlowClient { // its queue filled, or a write to it did not complete in time
+		met.SharedSlowSubscribers.Inc()
+	}
+	if ce := sf.log.Check(zap.DebugLevel, "shared watch ended"); ce != nil {
+		ce.Write(zap.String("remote", r.RemoteAddr), zap.String("requestID", requestID), zap.Stringer("reason", end))
+	}
+}
+
+// pump is serve's loop; it returns how the client's stream ended.
+func (sf *sharedFeed) pump(r *http.Request, m *member, out *batchWriter, deadline <-chan struct{}) EndReason {
+	if out.flushClient() != nil {
+		return EndClientGone
+	}
+	for {
+		select {
+		case <-m.wake:
+		case <-r.Context().Done():
+			return EndClientGone
+		case <-deadline:
+			return EndDeadline
+		}
+		q, over, done, end := m.take()
+		for _, raw := range q {
+			_, _ = out.Write(raw) // an error is sticky: flush returns it
+		}
+		if err := out.flush(); err != nil {
+			if out.slow {
+				sf.pol.slowClient(slowEvents)
+				return EndSlowClient
+			}
+			return EndClientGone
+		}
+		switch {
+		case over:
+			sf.log.Info("a shared feed's subscriber fell its buffer's worth behind; its stream is ended, its client re-watches from its last resourceVersion",
+				zap.String("remote", r.RemoteAddr), zap.Int("bufferBytes", m.max))
+			return EndSlowClient
+		case done:
+			if end == endNone {
+				end = EndNoResume
+			}
+			return end
+		}
+	}
+}
