@@ -203,6 +203,19 @@ func (x *shareFixture) waitSubscribers(t *testing.T, n int) {
 	})
 }
 
+// watchers opens n client watches through watchsan and one direct watch, all from the
+// resourceVersion from, and waits until the n are subscribers of one feed.
+func (x *shareFixture) watchers(t *testing.T, n int, from uint64) ([]*client, *client) {
+	t.Helper()
+	clients := make([]*client, n)
+	for i := range clients {
+		clients[i] = watchAt(t, x.srv.URL, "resourceVersion="+rv(from), nil, true)
+	}
+	direct := watchAt(t, x.direct.URL, "resourceVersion="+rv(from), nil, true)
+	x.waitSubscribers(t, n)
+	return clients, direct
+}
+
 func sameEvents(t *testing.T, what string, got, want []string) {
 	t.Helper()
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
@@ -217,12 +230,7 @@ func TestShareOneUpstreamWatch(t *testing.T) {
 	x := newShareFixture(t, Config{})
 	from := x.write(t, "before", 3, 10)
 	const n = 5
-	clients := make([]*client, n)
-	for i := range clients {
-		clients[i] = watchAt(t, x.srv.URL, "resourceVersion="+rv(from), nil, true)
-	}
-	direct := watchAt(t, x.direct.URL, "resourceVersion="+rv(from), nil, true)
-	x.waitSubscribers(t, n)
+	clients, direct := x.watchers(t, n, from)
 	x.write(t, "cm", 20, 10)
 	want := direct.waitFor(t, "the direct watch", 20)
 	for i, c := range clients {
@@ -364,12 +372,7 @@ func TestShareUpstreamBreakOneResume(t *testing.T) {
 	x := newShareFixture(t, Config{})
 	from := x.write(t, "before", 1, 10)
 	const n = 6
-	clients := make([]*client, n)
-	for i := range clients {
-		clients[i] = watchAt(t, x.srv.URL, "resourceVersion="+rv(from), nil, true)
-	}
-	direct := watchAt(t, x.direct.URL, "resourceVersion="+rv(from), nil, true)
-	x.waitSubscribers(t, n)
+	clients, direct := x.watchers(t, n, from)
 	x.write(t, "a", 5, 10)
 	for i, c := range clients {
 		c.waitFor(t, fmt.Sprintf("client %d", i), 5)

@@ -65,7 +65,9 @@ var haReplicas = []string{"a", "b"}
 // rollout is to the frontend's clients. Per phase and group the test logs client re-watches,
 // relists (LISTs and watch-lists after the first sync) and the longest gap between events any one
 // informer was handed, and it asserts that no event was lost: every informer was handed every
-// write the writer made, and each one's store equals the apiserver's list at the end.
+// write the writer made but those one of its own relists skips (haInformer.unexplained), and
+// each one's store equals the apiserver's list at the end; and that the informers through
+// watchsan did not relist in the rollout or the drain.
 //
 // Two replicas of one Deployment cannot share one host-network node (same host ports; the
 // scheduler's NodePorts filter keeps the second Pending), so the overlay is rendered as two
