@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -104,6 +105,8 @@ type Handler struct {
 	// done is deps.Done as a context, so that each watch can register a callback with
 	// context.AfterFunc instead of running a goroutine to wait for it; nil when Done is nil.
 	done context.Context
+	// counters holds each resource label's *eventCounters (subscriber.go).
+	counters sync.Map
 }
 
 // New builds a Handler.
