@@ -69,7 +69,7 @@ type feed struct {
 	client *http.Request   // the watch's request: every attempt's path, query and headers
 	ctx    context.Context // ends with its client, its deadline, or shutdown (with a cause)
 	cred   upstream.Credentials
-	log    *zap.Logger
+	log    *watchLog
 	sub    sink
 	format stream.Format // the upstream's, the first answer's: every attempt must answer in it
 

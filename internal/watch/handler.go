@@ -242,8 +242,7 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 	m := h.deps.Metrics
 
 	ctx, cancel := context.WithCancelCause(r.Context())
-	// Lazy: the fields are encoded only if a line is written, which most watches never do.
-	log := h.log.WithLazy(zap.String("remote", r.RemoteAddr), zap.String("requestID", requestID))
+	log := newWatchLog(h.log, r.RemoteAddr, requestID)
 	sub := newSubscriber(h, w, r, p, m.Resource(info.FullResource()), log)
 	f := &feed{
 		h: h, client: r, ctx: ctx, cancel: cancel, cred: cred, log: log, sub: sub, timeout: p.timeout,

@@ -25,7 +25,7 @@ import (
 type subscriber struct {
 	h      *Handler
 	client *http.Request
-	log    *zap.Logger
+	log    *watchLog
 	// resource is the metrics' label; allowBookmarks, whether the client asked for bookmarks
 	// (watchsan asks the upstream always).
 	resource       string
@@ -62,7 +62,7 @@ func (h *Handler) eventCounters(resource string) *eventCounters {
 }
 
 // newSubscriber answers the client's request r on w.
-func newSubscriber(h *Handler, w http.ResponseWriter, r *http.Request, p params, resource string, log *zap.Logger) *subscriber {
+func newSubscriber(h *Handler, w http.ResponseWriter, r *http.Request, p params, resource string, log *watchLog) *subscriber {
 	s := &subscriber{h: h, client: r, log: log, resource: resource, allowBookmarks: p.allowBookmarks,
 		w: w, rc: http.NewResponseController(w), counters: h.eventCounters(resource)}
 	s.out = newBatchWriter(w, s.rc, h.cfg.WriteTimeout)
