@@ -167,38 +167,43 @@ type params struct {
 	// timeout is the client's timeoutSeconds: 0 none given (or 0, which the apiserver takes
 	// as none), negative: already over (the apiserver ends such a watch at once).
 	timeout time.Duration
+	// scope names what the watch selects, whoever asks: every watch of one scope gets the
+	// same events, so one that stays behind another's is lagging (upstream.Plan.Scope).
+	scope string
 }
 
+// parseParams reads r's query once (each parse of it is about 400 bytes of garbage per watch).
 func parseParams(r *http.Request) params {
 	q := r.URL.Query()
 	p := params{rv: q.Get("resourceVersion")}
-	p.sendInitialEvents, _ = strconv.ParseBool(q.Get("sendInitialEvents"))
-	p.allowBookmarks, _ = strconv.ParseBool(q.Get("allowWatchBookmarks"))
+	p.sendInitialEvents = parseBool(q.Get("sendInitialEvents"))
+	p.allowBookmarks = parseBool(q.Get("allowWatchBookmarks"))
+	p.scope = strings.Replace(r.URL.Path, "/watch/", "/", 1) + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector")
 	if s, err := strconv.ParseInt(q.Get("timeoutSeconds"), 10, 64); err == nil && s != 0 {
 		p.timeout = time.Duration(max(min(s, 1<<31), -1)) * time.Second
 	}
 	return p
 }
 
-// scopeOf identifies a watch for the rewritten-delete memory: what it selects, and who the
-// upstream takes it for (cred's Principal: the lent identity, a verified certificate's identity
-// or a token, as digests, never the credentials), so one client's remembered deletes never
-// suppress a delete another client has not seen. Issue 16: a digest of the Authorization header
-// alone put every certificate client, and every lent or anonymous one, in one scope, and after
-// alice's watch had a regressed delete rewritten, bob, watching from that resourceVersion,
-// never saw the delete.
-func scopeOf(r *http.Request, cred upstream.Credentials) string {
-	q := r.URL.Query()
-	path := strings.Replace(r.URL.Path, "/watch/", "/", 1)
-	return path + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector") + "&u=" + cred.Principal()
+// parseBool is strconv.ParseBool, false for what it refuses, without the error it would
+// allocate for a parameter not given.
+func parseBool(s string) bool {
+	if s == "" {
+		return false
+	}
+	b, _ := strconv.ParseBool(s)
+	return b
 }
 
-// progressScope names what a watch selects, whoever asks: every watch of one scope gets the
-// same events, so one that stays behind another's is lagging (upstream.Plan.Scope).
-func progressScope(r *http.Request) string {
-	q := r.URL.Query()
-	path := strings.Replace(r.URL.Path, "/watch/", "/", 1)
-	return path + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector")
+// scopeOf identifies a watch for the rewritten-delete memory: what it selects (selects,
+// params.scope), and who the upstream takes it for (cred's Principal: the lent identity, a
+// verified certificate's identity or a token, as digests, never the credentials), so one
+// client's remembered deletes never suppress a delete another client has not seen. Issue 16: a
+// digest of the Authorization header alone put every certificate client, and every lent or
+// anonymous one, in one scope, and after alice's watch had a regressed delete rewritten, bob,
+// watching from that resourceVersion, never saw the delete.
+func scopeOf(selects string, cred upstream.Credentials) string {
+	return selects + "&u=" + cred.Principal()
 }
 
 // ServeHTTP serves one watch request, classifying it first and sending it with what it
@@ -246,7 +251,7 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 	sub := newSubscriber(h, w, r, p, m.Resource(info.FullResource()), log)
 	f := &feed{
 		h: h, client: r, ctx: ctx, cancel: cancel, cred: cred, log: log, sub: sub, timeout: p.timeout,
-		backoff: upstream.ResumeBackoff, scope: progressScope(r), groupResource: info.GroupResource(),
+		backoff: upstream.ResumeBackoff, scope: p.scope, groupResource: info.GroupResource(),
 	}
 	switch {
 	case p.timeout > 0:
@@ -298,7 +303,7 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 	}
 	f.format = format
 	sub.start(format, first.Resp.Header, fix.NewStream(fix.Options{
-		Scope: scopeOf(r, cred), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
+		Scope: scopeOf(p.scope, cred), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
 		Mode: mode, Memory: h.deps.Memory,
 	}))
 	return f, sub, f.source(first, slot)
