@@ -104,10 +104,11 @@ type feed struct {
 	events   uint64 // upstream events handed to the sink
 	progress uint64 // events it did not drop (object events and bookmarks, shown or not)
 
-	// cancel ends ctx; stopDeadline and stopShutdown (nil: none) stop what would (release).
+	// cancel ends ctx; stopDeadline (nil: none) stops the timer that would, and tracked says
+	// the Handler's shutdown would (release).
 	cancel       context.CancelCauseFunc
 	stopDeadline clock.Timer
-	stopShutdown func() bool
+	tracked      bool
 }
 
 // attemptEnd is how one upstream attempt ended.

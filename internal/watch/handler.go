@@ -102,9 +102,13 @@ type Handler struct {
 	exempt map[string]bool
 	log    *zap.Logger
 	clk    clock.WithDelayedExecution // deps.Clock
-	// done is deps.Done as a context, so that each watch can register a callback with
-	// context.AfterFunc instead of running a goroutine to wait for it; nil when Done is nil.
-	done context.Context
+	// live holds every open watch's feed while Done is open; at shutdown each one's context
+	// is ended (errShutdown) and stopped is set, so that a watch opened after ends at once. A
+	// set, not a callback per watch (context.AfterFunc on a shutdown context was about 200
+	// bytes of every idle watch), nor a goroutine per watch.
+	mu      sync.Mutex
+	live    map[*feed]struct{}
+	stopped bool
 	// counters holds each resource label's *eventCounters (subscriber.go).
 	counters sync.Map
 }
@@ -142,14 +146,42 @@ func New(cfg Config, d Deps) (*Handler, error) {
 		h.exempt[r] = true
 	}
 	if d.Done != nil {
-		ctx, cancel := context.WithCancel(context.Background())
-		go func() { // one per Handler; exits at shutdown
-			<-d.Done
-			cancel()
-		}()
-		h.done = ctx
+		h.live = map[*feed]struct{}{}
+		go h.shutdown() // one per Handler; exits at shutdown
 	}
 	return h, nil
+}
+
+// shutdown ends every watch's context (errShutdown) once Done is closed.
+func (h *Handler) shutdown() {
+	<-h.deps.Done
+	h.mu.Lock()
+	live := h.live
+	h.live, h.stopped = nil, true
+	h.mu.Unlock()
+	for f := range live {
+		f.cancel(errShutdown)
+	}
+}
+
+// track puts f in the set of watches shutdown ends, or ends it at once when shutdown began.
+func (h *Handler) track(f *feed) {
+	h.mu.Lock()
+	if h.stopped {
+		h.mu.Unlock()
+		f.cancel(errShutdown)
+		return
+	}
+	h.live[f] = struct{}{}
+	h.mu.Unlock()
+	f.tracked = true
+}
+
+// untrack takes f out of that set (release).
+func (h *Handler) untrack(f *feed) {
+	h.mu.Lock()
+	delete(h.live, f) // nil once shutdown took it: a no-op
+	h.mu.Unlock()
 }
 
 // Causes that end a watch's context; the feed sorts endings by them.
@@ -260,9 +292,8 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 	case p.timeout < 0:
 		f.deadline = h.clk.Now() // over already: the first attempt is the only one
 	}
-	if h.done != nil {
-		// A callback, not a goroutine per watch: it runs once, at shutdown.
-		f.stopShutdown = context.AfterFunc(h.done, func() { cancel(errShutdown) })
+	if h.deps.Done != nil {
+		h.track(f)
 	}
 
 	from, _ := stream.ParseRV(p.rv)
@@ -331,14 +362,14 @@ func ended(f *feed, sub *subscriber, reason EndReason) {
 	sub.logEnd(reason)
 }
 
-// release stops what open started for the watch's life: its deadline's timer, its callback
-// at shutdown, its context.
+// release stops what open started for the watch's life: its deadline's timer, its place in
+// the set shutdown ends, its context.
 func (f *feed) release() {
 	if f.stopDeadline != nil {
 		f.stopDeadline.Stop()
 	}
-	if f.stopShutdown != nil {
-		f.stopShutdown()
+	if f.tracked {
+		f.h.untrack(f)
 	}
 	f.cancel(nil)
 }
