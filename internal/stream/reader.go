@@ -16,9 +16,10 @@ const (
 	// caught up (the last Read returned less than it was offered): there a Read is likely to
 	// wait for the next event, maybe for minutes, and a quiet watch should hold little while
 	// it waits (a 16 KiB buffer per idle watch was 38% of the heap with 5,000 of them).
-	// 256 made FuzzReaderJSON find a frame whose Raw, read whole, differs between the line
-	// path and the byte loop (testdata/fuzz/FuzzReaderJSON/ab5986317432c1e0: the newline
-	// after it, with a first Read of 256 bytes; docs/bench/NOTES.md, "Idle memory").
+	// 256 was tried: FuzzReaderJSON's testdata/fuzz/FuzzReaderJSON/ab5986317432c1e0 then
+	// fails (a frame read whole through a first Read of this size ends with its newline on
+	// the line path, without it on the byte loop; the same happens at 512 with a longer
+	// frame, on main too: docs/bench/NOTES.md, "Idle memory").
 	idleBufSize = 512
 	// busyBufSize is the buffer of a Reader that has more to read than idleBufSize: taken
 	// from busyPool, so bursts on many watches share a few. Each Read is followed by a flush
