@@ -364,3 +364,35 @@ func TestTargetsCPU(t *testing.T) {
 		t.Fatalf("CPU targets %v, want %v", got, want)
 	}
 }
+
+// TestBaselinePprof: the pass-through started for `watchsan-bench profile -path pass` serves
+// its CPU profile on its admin listener, and proxies as before on its main one.
+func TestBaselinePprof(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	up, err := startUpstream(NewUpstream(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer up.Close()
+	l := testLauncher(t)
+	l.BaselinePprof = true
+	p, err := l.start(ctx, Pass, upstreamSpec{url: up.plainURL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.stop()
+	if p.admin == "" || p.admin == p.url {
+		t.Fatalf("admin listener %q, main %q: want a listener of its own", p.admin, p.url)
+	}
+	for _, u := range []string{p.admin + "/debug/pprof/", p.url + "/readyz"} {
+		resp, err := http.Get(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %d", u, resp.StatusCode)
+		}
+	}
+}

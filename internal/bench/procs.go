@@ -63,8 +63,10 @@ type Launcher struct {
 	HAProxy string
 	// Dir holds configuration files.
 	Dir string
-	// WatchsanExtra are more flags for watchsan (e.g. --enable-pprof).
+	// WatchsanExtra are more flags for watchsan (e.g. --enable-pprof); BaselinePprof gives the
+	// baseline proxies a pprof listener (their admin listener).
 	WatchsanExtra []string
+	BaselinePprof bool
 }
 
 // proc is a running proxy process.
@@ -92,6 +94,10 @@ func (l *Launcher) start(ctx context.Context, name PathName, up upstreamSpec) (*
 		argv = append(append([]string{}, l.Baseline...), "--mode", string(name), "--upstream", up.url, "--listen", "127.0.0.1:0")
 		if up.caFile != "" {
 			argv = append(argv, "--upstream-ca-file", up.caFile)
+		}
+		if l.BaselinePprof {
+			argv = append(argv, "--pprof-listen", "127.0.0.1:0")
+			wantListeners = 2
 		}
 		env = l.BaselineEnv
 	case WatchsanRepair, WatchsanObserve:

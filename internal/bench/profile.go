@@ -20,7 +20,8 @@ import (
 
 // profileMain is `watchsan-bench profile`: watchsan (repair mode, --enable-pprof) under the
 // saturation workload while its CPU profile is taken, then a fresh watchsan holding idle
-// watches while its heap profile is taken. It writes cpu.pprof and heap.pprof into -out and
+// watches while its heap profile is taken. With -path pass the CPU profile is the
+// pass-through's instead, under the same workload (and -idle 0 skips the heap part). It writes cpu.pprof and heap.pprof into -out and
 // prints `go tool pprof -top` of both when the go command is at hand.
 func profileMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("profile", flag.ContinueOnError)
@@ -33,7 +34,12 @@ func profileMain(args []string, stdout, stderr io.Writer) int {
 	watches := fs.Int("watches", 1, "concurrent watches of the saturation workload")
 	idle := fs.Int("idle", 5000, "idle watches held for the heap profile")
 	top := fs.Int("top", 15, "entries of go tool pprof -top")
+	path := fs.String("path", string(WatchsanRepair), "whose CPU profile: watchsan-repair or pass (the httputil.ReverseProxy baseline)")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *path != string(WatchsanRepair) && *path != string(Pass) {
+		fmt.Fprintln(stderr, "-path: watchsan-repair or pass")
 		return 2
 	}
 	formats, err := parseFormats(*format)
@@ -48,7 +54,12 @@ func profileMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}
-	p := profiler{watchsan: *watchsan, out: *out, stdout: stdout, stderr: stderr, top: *top}
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	p := profiler{watchsan: *watchsan, self: self, path: PathName(*path), out: *out, stdout: stdout, stderr: stderr, top: *top}
 	if err := p.run(ctx, formats[0], *size, *watches, *seconds, *idle); err != nil {
 		fmt.Fprintln(stderr, "profile:", err)
 		return 1
@@ -58,6 +69,8 @@ func profileMain(args []string, stdout, stderr io.Writer) int {
 
 type profiler struct {
 	watchsan, out  string
+	self           string   // this binary: the baseline proxies' "proxy" subcommand
+	path           PathName // whose CPU profile
 	stdout, stderr io.Writer
 	top            int
 }
@@ -73,7 +86,8 @@ func (p *profiler) run(ctx context.Context, f stream.Format, size, watches, seco
 		return err
 	}
 	defer up.Close()
-	l := Launcher{Watchsan: []string{p.watchsan}, WatchsanExtra: []string{"--enable-pprof"}, Dir: dir}
+	l := Launcher{Watchsan: []string{p.watchsan}, WatchsanExtra: []string{"--enable-pprof"}, Dir: dir,
+		Baseline: []string{p.self, "proxy"}, BaselinePprof: true}
 
 	set, err := NewEventSet(Workload{Format: f, ObjectSize: size, Events: 20000, DeleteEvery: 1000, BaseRV: 1_000_000})
 	if err != nil {
@@ -85,12 +99,12 @@ func (p *profiler) run(ctx context.Context, f stream.Format, size, watches, seco
 	}
 	sc := &Scenario{Set: set, Count: perWatch}
 	up.Set("sat", sc)
-	w, err := l.start(ctx, WatchsanRepair, upstreamSpec{url: up.plainURL})
+	w, err := l.start(ctx, p.path, upstreamSpec{url: up.plainURL})
 	if err != nil {
 		return err
 	}
 	cpuFile := filepath.Join(p.out, "cpu.pprof")
-	fmt.Fprintf(p.stderr, "CPU profile of watchsan repair, %s/%s, %d watch(es) at saturation, %d s\n", f, sizeName(size), watches, seconds)
+	fmt.Fprintf(p.stderr, "CPU profile of %s, %s/%s, %d watch(es) at saturation, %d s\n", p.path, f, sizeName(size), watches, seconds)
 	pctx, cancel := context.WithCancel(ctx)
 	var events int64
 	var mu sync.Mutex
@@ -107,7 +121,7 @@ func (p *profiler) run(ctx context.Context, f stream.Format, size, watches, seco
 				rw.Add(1)
 				go func() {
 					defer rw.Done()
-					r := runWatch(pctx, hc, watchOpts{base: w.url, ns: "sat", sc: sc, repaired: true, readBuf: 256 << 10})
+					r := runWatch(pctx, hc, watchOpts{base: w.url, ns: "sat", sc: sc, repaired: p.path == WatchsanRepair, readBuf: 256 << 10})
 					mu.Lock()
 					events += int64(r.events)
 					mu.Unlock()
@@ -116,7 +130,9 @@ func (p *profiler) run(ctx context.Context, f stream.Format, size, watches, seco
 			rw.Wait()
 		}
 	}()
+	cpu0, _ := procCPU(w.pid)
 	err = fetch(ctx, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", w.admin, seconds), cpuFile, time.Duration(seconds+30)*time.Second)
+	cpu1, _ := procCPU(w.pid)
 	cancel()
 	wg.Wait()
 	elapsed := time.Since(start)
@@ -124,9 +140,16 @@ func (p *profiler) run(ctx context.Context, f stream.Format, size, watches, seco
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(p.stdout, "== CPU: %d events in %v (%.0f events/s) while profiling; %s\n", events, elapsed.Round(time.Millisecond),
-		float64(events)/elapsed.Seconds(), cpuFile)
-	p.pprofTop(cpuFile)
+	fmt.Fprintf(p.stdout, "== CPU: %d events in %v (%.0f events/s) while profiling, %.2f CPU s per million events; %s\n", events, elapsed.Round(time.Millisecond),
+		float64(events)/elapsed.Seconds(), (cpu1-cpu0)/float64(max(events, 1))*1e6, cpuFile)
+	bin := p.watchsan
+	if p.path == Pass {
+		bin = p.self
+	}
+	p.pprofTop(bin, cpuFile)
+	if idle <= 0 {
+		return nil
+	}
 
 	isc := &Scenario{Set: set, Count: 1}
 	up.Set("idle", isc)
@@ -177,18 +200,18 @@ func (p *profiler) run(ctx context.Context, f stream.Format, size, watches, seco
 			}
 		}
 	}
-	p.pprofTop(heapFile, "-sample_index=inuse_space")
+	p.pprofTop(p.watchsan, heapFile, "-sample_index=inuse_space")
 	return nil
 }
 
-func (p *profiler) pprofTop(file string, extra ...string) {
+func (p *profiler) pprofTop(bin, file string, extra ...string) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		fmt.Fprintf(p.stdout, "(go not found: run go tool pprof -top %s %s)\n", p.watchsan, file)
+		fmt.Fprintf(p.stdout, "(go not found: run go tool pprof -top %s %s)\n", bin, file)
 		return
 	}
 	args := append([]string{"tool", "pprof", "-top", fmt.Sprintf("-nodecount=%d", p.top)}, extra...)
-	args = append(args, p.watchsan, file)
+	args = append(args, bin, file)
 	cmd := exec.Command(goBin, args...)
 	cmd.Stdout, cmd.Stderr = p.stdout, p.stderr
 	_ = cmd.Run()

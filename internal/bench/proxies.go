@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/http/pprof"
 	"net/url"
 	"os"
 	"os/signal"
@@ -169,18 +170,19 @@ func ChildMain(args []string, stderr io.Writer) int {
 	upstream := fs.String("upstream", "", "upstream URL")
 	caFile := fs.String("upstream-ca-file", "", "CA that verifies an https upstream")
 	listen := fs.String("listen", "127.0.0.1:0", "listen address")
+	pprofListen := fs.String("pprof-listen", "", "if set, serve net/http/pprof (and /readyz) there, logged as the admin listener")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	log := zap.New(newJSONCore(stderr)).Named("bench-proxy")
-	if err := runChild(*mode, *upstream, *caFile, *listen, log); err != nil {
+	if err := runChild(*mode, *upstream, *caFile, *listen, *pprofListen, log); err != nil {
 		log.Error("proxy failed", zap.Error(err))
 		return 1
 	}
 	return 0
 }
 
-func runChild(mode, upstream, caFile, listen string, log *zap.Logger) error {
+func runChild(mode, upstream, caFile, listen, pprofListen string, log *zap.Logger) error {
 	u, err := url.Parse(upstream)
 	if err != nil || u.Host == "" {
 		return fmt.Errorf("--upstream %q: want a URL", upstream)
@@ -215,7 +217,24 @@ func runChild(mode, upstream, caFile, listen string, log *zap.Logger) error {
 	defer stop()
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	log.Info("listening", zap.String("listen", ln.Addr().String()), zap.String("mode", mode), zap.String("upstream", upstream))
+	fields := []zap.Field{zap.String("listen", ln.Addr().String()), zap.String("mode", mode), zap.String("upstream", upstream)}
+	if pprofListen != "" {
+		// For `watchsan-bench profile -path pass`: the baseline's CPU profile, taken as watchsan's is.
+		pln, err := net.Listen("tcp", pprofListen)
+		if err != nil {
+			_ = srv.Close()
+			return err
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+		psrv := &http.Server{Handler: mux, ReadHeaderTimeout: 30 * time.Second, ErrorLog: discardLog()}
+		go func() { _ = psrv.Serve(pln) }()
+		defer psrv.Close()
+		fields = append(fields, zap.String("admin", pln.Addr().String()))
+	}
+	log.Info("listening", fields...)
 	select {
 	case <-ctx.Done():
 		_ = srv.Close()

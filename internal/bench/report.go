@@ -373,7 +373,7 @@ func writeMarkdown(w io.Writer, r *Results) {
 	p("Raw numbers of every run: [results.json](results.json). Regenerate with `make bench`;")
 	p("`make bench BENCHFLAGS=\"-short -out /tmp/bench-short\"` checks the harness in seconds, and")
 	p("`bin/watchsan-bench profile` takes watchsan's CPU profile at saturation and heap profile with")
-	p("5,000 idle watches.")
+	p("5,000 idle watches (`-path pass -idle 0`: the pass-through's CPU profile under the same load).")
 }
 
 func checked(t *ThroughputResult) string {
