@@ -97,14 +97,18 @@ func checkReader(t *testing.T, format Format, data []byte, split, maxFrame uint1
 			t.Fatalf("unexpected error %v", werr)
 		}
 		if format == JSON {
-			// The scanner's byte loop alone reads the same events, byte for byte, and fails
-			// alike (format_json_scan.go).
+			// The scanner's byte loop alone reads the same events, byte for byte but for the
+			// newline after a value, and fails alike (format_json_scan.go). The newline is
+			// whitespace between frames: the byte loop takes it only when it is already in the
+			// buffer (it never waits for it), the line path waits for it, so a value ending
+			// exactly at the end of a Read has it on one path and not the other, as between
+			// whole and split reads below.
 			ref, rerr := readAllPath(format, bytes.NewReader(data), limit, true)
 			if errClass(rerr) != errClass(werr) || len(ref) != len(whole) {
 				t.Fatalf("byte loop: %d events, %v; block path: %d events, %v", len(ref), rerr, len(whole), werr)
 			}
 			for i, ev := range whole {
-				if err := sameFields(ev, ref[i]); err != nil || !bytes.Equal(ev.Raw, ref[i].Raw) || ev.rv != ref[i].rv {
+				if err := sameFields(ev, ref[i]); err != nil || !bytes.Equal(bytes.TrimSuffix(ev.Raw, []byte("\n")), bytes.TrimSuffix(ref[i].Raw, []byte("\n"))) || ev.rv != ref[i].rv {
 					t.Fatalf("event %d differs from the byte loop's: %v\n raw %q\n ref %q", i, err, ev.Raw, ref[i].Raw)
 				}
 			}

@@ -16,10 +16,10 @@ const (
 	// caught up (the last Read returned less than it was offered): there a Read is likely to
 	// wait for the next event, maybe for minutes, and a quiet watch should hold little while
 	// it waits (a 16 KiB buffer per idle watch was 38% of the heap with 5,000 of them).
-	// 256 was tried: FuzzReaderJSON's testdata/fuzz/FuzzReaderJSON/ab5986317432c1e0 then
-	// fails (a frame read whole through a first Read of this size ends with its newline on
-	// the line path, without it on the byte loop; the same happens at 512 with a longer
-	// frame, on main too: docs/bench/NOTES.md, "Idle memory").
+	// (A value ending exactly at the end of a first Read of this size has its newline on the
+	// line path, which waits for it, and not on the byte loop, which never does: the newline
+	// is whitespace between frames, and FuzzReaderJSON compares the paths without it;
+	// testdata/fuzz/FuzzReaderJSON/053dda50f8c59ae5 is such a value at 512.)
 	idleBufSize = 512
 	// busyBufSize is the buffer of a Reader that has more to read than idleBufSize: taken
 	// from busyPool, so bursts on many watches share a few. Each Read is followed by a flush
