@@ -211,3 +211,46 @@ func BenchmarkJSONScan(b *testing.B) {
 		})
 	}
 }
+
+// eventReader returns at most one event per Read, as an upstream that flushes each event does
+// when the watch keeps up: every Read is short, so the Reader goes through its idle buffer
+// (and gives its parse state back) between events.
+type eventReader struct {
+	data []byte
+	per  int
+	pos  int
+}
+
+func (c *eventReader) Read(p []byte) (int, error) {
+	n := copy(p[:min(len(p), c.per-c.pos%c.per)], c.data[c.pos:])
+	c.pos = (c.pos + n) % len(c.data)
+	return n, nil
+}
+
+// BenchmarkPassEventReads is BenchmarkPass with one event per Read (eventReader).
+func BenchmarkPassEventReads(b *testing.B) {
+	for _, f := range formats {
+		for _, sz := range benchSizes {
+			b.Run(fmt.Sprintf("%s/%s", f, sz.name), func(b *testing.B) {
+				stream, per := benchStream(b, f, sz.size)
+				if len(stream) != per*16 {
+					b.Skip("events of different sizes")
+				}
+				rd, w := NewReader(f, &eventReader{data: stream, per: per}, 0), NewWriter(f, io.Discard)
+				b.SetBytes(int64(per))
+				b.ReportAllocs()
+				b.ResetTimer()
+				defer reportCPU(b, cpuNanos())
+				for range b.N {
+					ev, err := rd.Next()
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := w.Write(ev); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

@@ -209,6 +209,13 @@ type cborSplitter struct{ scan *cborScan }
 
 func (s *cborSplitter) reset() { s.scan.reset(0) }
 
+func (s *cborSplitter) bind(ps *parseState) {
+	s.scan = nil
+	if ps != nil {
+		s.scan = &ps.cs
+	}
+}
+
 func (s *cborSplitter) split(b []byte, max int, _ arrival) (int, error) {
 	end := s.scan.run(b, max)
 	if s.scan.err != nil {

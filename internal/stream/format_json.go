@@ -52,6 +52,13 @@ type jsonLineStats struct {
 	miss                 [lineMisses]int
 }
 
+func (s *jsonSplitter) bind(ps *parseState) {
+	s.scan = nil
+	if ps != nil {
+		s.scan = &ps.js
+	}
+}
+
 func (s *jsonSplitter) reset() {
 	s.scan.record = true
 	s.scan.reset(0)

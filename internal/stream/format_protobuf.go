@@ -25,7 +25,8 @@ var protobufMagic = []byte("k8s\x00")
 
 type pbSplitter struct{}
 
-func (pbSplitter) reset() {}
+func (pbSplitter) reset()           {}
+func (pbSplitter) bind(*parseState) {}
 
 func (pbSplitter) split(b []byte, max int, _ arrival) (int, error) {
 	if len(b) < 4 {

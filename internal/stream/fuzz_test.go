@@ -60,7 +60,7 @@ func readAllErr(f Format, r io.Reader, maxFrame int) ([]*Event, error) {
 // off when bytesOnly is set: the exact scan's byte loop alone.
 func readAllPath(f Format, r io.Reader, maxFrame int, bytesOnly bool) ([]*Event, error) {
 	rd := NewReader(f, r, maxFrame)
-	rd.ps.js.bytesOnly, rd.ps.jsSkip.bytesOnly = bytesOnly, bytesOnly
+	rd.bytesOnly = bytesOnly
 	if sp, ok := rd.split.(*jsonSplitter); ok {
 		sp.noLine = bytesOnly
 	}

@@ -70,7 +70,7 @@ type feed struct {
 	client *http.Request   // the watch's request: every attempt's path, query and headers
 	ctx    context.Context // ends with its client, its deadline, or shutdown (with a cause)
 	cred   upstream.Credentials
-	log    *zap.Logger
+	log    *watchLog
 	sub    sink
 	format stream.Format // the upstream's, the first answer's: every attempt must answer in it
 
@@ -105,10 +105,11 @@ type feed struct {
 	events   uint64 // upstream events handed to the sink
 	progress uint64 // events it did not drop (object events and bookmarks, shown or not)
 
-	// cancel ends ctx; stopDeadline and stopShutdown (nil: none) stop what would (release).
+	// cancel ends ctx; stopDeadline (nil: none) stops the timer that would, and tracked says
+	// the Handler's shutdown would (release).
 	cancel       context.CancelCauseFunc
 	stopDeadline clock.Timer
-	stopShutdown func() bool
+	tracked      bool
 }
 
 // attemptEnd is how one upstream attempt ended.

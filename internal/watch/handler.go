@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -110,9 +111,15 @@ type Handler struct {
 	log    *zap.Logger
 	clk    clock.WithDelayedExecution // deps.Clock
 	feeds  *registry                  // the open shared feeds (Config.Share, share.go)
-	// done is deps.Done as a context, so that each watch can register a callback with
-	// context.AfterFunc instead of running a goroutine to wait for it; nil when Done is nil.
-	done context.Context
+	// live holds every open watch's feed while Done is open; at shutdown each one's context
+	// is ended (errShutdown) and stopped is set, so that a watch opened after ends at once. A
+	// set, not a callback per watch (context.AfterFunc on a shutdown context was about 200
+	// bytes of every idle watch), nor a goroutine per watch.
+	mu      sync.Mutex
+	live    map[*feed]struct{}
+	stopped bool
+	// counters holds each resource label's *eventCounters (subscriber.go).
+	counters sync.Map
 }
 
 // New builds a Handler.
@@ -158,14 +165,42 @@ func New(cfg Config, d Deps) (*Handler, error) {
 		h.exempt[r] = true
 	}
 	if d.Done != nil {
-		ctx, cancel := context.WithCancel(context.Background())
-		go func() { // one per Handler; exits at shutdown
-			<-d.Done
-			cancel()
-		}()
-		h.done = ctx
+		h.live = map[*feed]struct{}{}
+		go h.shutdown() // one per Handler; exits at shutdown
 	}
 	return h, nil
+}
+
+// shutdown ends every watch's context (errShutdown) once Done is closed.
+func (h *Handler) shutdown() {
+	<-h.deps.Done
+	h.mu.Lock()
+	live := h.live
+	h.live, h.stopped = nil, true
+	h.mu.Unlock()
+	for f := range live {
+		f.cancel(errShutdown)
+	}
+}
+
+// track puts f in the set of watches shutdown ends, or ends it at once when shutdown began.
+func (h *Handler) track(f *feed) {
+	h.mu.Lock()
+	if h.stopped {
+		h.mu.Unlock()
+		f.cancel(errShutdown)
+		return
+	}
+	h.live[f] = struct{}{}
+	h.mu.Unlock()
+	f.tracked = true
+}
+
+// untrack takes f out of that set (release).
+func (h *Handler) untrack(f *feed) {
+	h.mu.Lock()
+	delete(h.live, f) // nil once shutdown took it: a no-op
+	h.mu.Unlock()
 }
 
 // Causes that end a watch's context; the feed sorts endings by them.
@@ -183,38 +218,43 @@ type params struct {
 	// timeout is the client's timeoutSeconds: 0 none given (or 0, which the apiserver takes
 	// as none), negative: already over (the apiserver ends such a watch at once).
 	timeout time.Duration
+	// scope names what the watch selects, whoever asks: every watch of one scope gets the
+	// same events, so one that stays behind another's is lagging (upstream.Plan.Scope).
+	scope string
 }
 
+// parseParams reads r's query once (each parse of it is about 400 bytes of garbage per watch).
 func parseParams(r *http.Request) params {
 	q := r.URL.Query()
 	p := params{rv: q.Get("resourceVersion")}
-	p.sendInitialEvents, _ = strconv.ParseBool(q.Get("sendInitialEvents"))
-	p.allowBookmarks, _ = strconv.ParseBool(q.Get("allowWatchBookmarks"))
+	p.sendInitialEvents = parseBool(q.Get("sendInitialEvents"))
+	p.allowBookmarks = parseBool(q.Get("allowWatchBookmarks"))
+	p.scope = strings.Replace(r.URL.Path, "/watch/", "/", 1) + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector")
 	if s, err := strconv.ParseInt(q.Get("timeoutSeconds"), 10, 64); err == nil && s != 0 {
 		p.timeout = time.Duration(max(min(s, 1<<31), -1)) * time.Second
 	}
 	return p
 }
 
-// scopeOf identifies a watch for the rewritten-delete memory: what it selects, and who the
-// upstream takes it for (cred's Principal: the lent identity, a verified certificate's identity
-// or a token, as digests, never the credentials), so one client's remembered deletes never
-// suppress a delete another client has not seen. Issue 16: a digest of the Authorization header
-// alone put every certificate client, and every lent or anonymous one, in one scope, and after
-// alice's watch had a regressed delete rewritten, bob, watching from that resourceVersion,
-// never saw the delete.
-func scopeOf(r *http.Request, cred upstream.Credentials) string {
-	q := r.URL.Query()
-	path := strings.Replace(r.URL.Path, "/watch/", "/", 1)
-	return path + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector") + "&u=" + cred.Principal()
+// parseBool is strconv.ParseBool, false for what it refuses, without the error it would
+// allocate for a parameter not given.
+func parseBool(s string) bool {
+	if s == "" {
+		return false
+	}
+	b, _ := strconv.ParseBool(s)
+	return b
 }
 
-// progressScope names what a watch selects, whoever asks: every watch of one scope gets the
-// same events, so one that stays behind another's is lagging (upstream.Plan.Scope).
-func progressScope(r *http.Request) string {
-	q := r.URL.Query()
-	path := strings.Replace(r.URL.Path, "/watch/", "/", 1)
-	return path + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector")
+// scopeOf identifies a watch for the rewritten-delete memory: what it selects (selects,
+// params.scope), and who the upstream takes it for (cred's Principal: the lent identity, a
+// verified certificate's identity or a token, as digests, never the credentials), so one
+// client's remembered deletes never suppress a delete another client has not seen. Issue 16: a
+// digest of the Authorization header alone put every certificate client, and every lent or
+// anonymous one, in one scope, and after alice's watch had a regressed delete rewritten, bob,
+// watching from that resourceVersion, never saw the delete.
+func scopeOf(selects string, cred upstream.Credentials) string {
+	return selects + "&u=" + cred.Principal()
 }
 
 // ServeHTTP serves one watch request, classifying it first and sending it with what it
@@ -261,12 +301,11 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 	m := h.deps.Metrics
 
 	ctx, cancel := context.WithCancelCause(r.Context())
-	// Lazy: the fields are encoded only if a line is written, which most watches never do.
-	log := h.log.WithLazy(zap.String("remote", r.RemoteAddr), zap.String("requestID", requestID))
+	log := newWatchLog(h.log, r.RemoteAddr, requestID)
 	sub := newSubscriber(h, w, r, p, m.Resource(info.FullResource()), log)
 	f := &feed{
 		h: h, client: r, ctx: ctx, cancel: cancel, cred: cred, log: log, sub: sub, timeout: p.timeout,
-		backoff: upstream.ResumeBackoff, scope: progressScope(r), groupResource: info.GroupResource(),
+		backoff: upstream.ResumeBackoff, scope: p.scope, groupResource: info.GroupResource(),
 	}
 	switch {
 	case p.timeout > 0:
@@ -275,9 +314,8 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 	case p.timeout < 0:
 		f.deadline = h.clk.Now() // over already: the first attempt is the only one
 	}
-	if h.done != nil {
-		// A callback, not a goroutine per watch: it runs once, at shutdown.
-		f.stopShutdown = context.AfterFunc(h.done, func() { cancel(errShutdown) })
+	if h.deps.Done != nil {
+		h.track(f)
 	}
 
 	from, _ := stream.ParseRV(p.rv)
@@ -321,7 +359,7 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 	}
 	f.format = format
 	sub.start(format, first.Resp.Header, fix.NewStream(fix.Options{
-		Scope: scopeOf(r, cred), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
+		Scope: scopeOf(p.scope, cred), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
 		Mode: mode, Memory: h.deps.Memory,
 	}))
 	return f, sub, f.source(first, slot)
@@ -349,14 +387,14 @@ func ended(f *feed, sub *subscriber, reason EndReason) {
 	sub.logEnd(reason)
 }
 
-// release stops what open started for the watch's life: its deadline's timer, its callback
-// at shutdown, its context.
+// release stops what open started for the watch's life: its deadline's timer, its place in
+// the set shutdown ends, its context.
 func (f *feed) release() {
 	if f.stopDeadline != nil {
 		f.stopDeadline.Stop()
 	}
-	if f.stopShutdown != nil {
-		f.stopShutdown()
+	if f.tracked {
+		f.h.untrack(f)
 	}
 	f.cancel(nil)
 }

@@ -85,11 +85,11 @@ func TestScopeOfNamesThePrincipal(t *testing.T) {
 	}
 	tok := http.Header{"Authorization": {"Bearer secret-token"}}
 	scopes := map[string]string{
-		"lent":      scopeOf(r, upstream.Decide(http.Header{}, nil, true, upstream.IdentityOff)),
-		"anonymous": scopeOf(r, upstream.Decide(http.Header{}, nil, false, upstream.IdentityOff)),
-		"alice":     scopeOf(r, upstream.Decide(http.Header{}, cert("alice"), true, upstream.IdentityImpersonate)),
-		"bob":       scopeOf(r, upstream.Decide(http.Header{}, cert("bob"), true, upstream.IdentityImpersonate)),
-		"token":     scopeOf(r, upstream.Decide(tok, cert("alice"), true, upstream.IdentityImpersonate)),
+		"lent":      scopeOf(parseParams(r).scope, upstream.Decide(http.Header{}, nil, true, upstream.IdentityOff)),
+		"anonymous": scopeOf(parseParams(r).scope, upstream.Decide(http.Header{}, nil, false, upstream.IdentityOff)),
+		"alice":     scopeOf(parseParams(r).scope, upstream.Decide(http.Header{}, cert("alice"), true, upstream.IdentityImpersonate)),
+		"bob":       scopeOf(parseParams(r).scope, upstream.Decide(http.Header{}, cert("bob"), true, upstream.IdentityImpersonate)),
+		"token":     scopeOf(parseParams(r).scope, upstream.Decide(tok, cert("alice"), true, upstream.IdentityImpersonate)),
 	}
 	seen := map[string]string{}
 	for who, s := range scopes {
@@ -104,7 +104,7 @@ func TestScopeOfNamesThePrincipal(t *testing.T) {
 	if s := scopes["token"]; strings.Contains(s, "secret-token") {
 		t.Errorf("the scope %q holds the token", s)
 	}
-	if a := scopeOf(r, upstream.Decide(http.Header{}, cert("alice"), true, upstream.IdentityImpersonate)); a != scopes["alice"] {
+	if a := scopeOf(parseParams(r).scope, upstream.Decide(http.Header{}, cert("alice"), true, upstream.IdentityImpersonate)); a != scopes["alice"] {
 		t.Errorf("alice's two watches have scopes %q and %q", a, scopes["alice"])
 	}
 }

@@ -187,7 +187,7 @@ type sharedFeed struct {
 	h   *Handler
 	key string
 	f   *feed
-	log *zap.Logger
+	log *watchLog
 	// pol holds the feed's policy (fix.Stream) and counts its decisions; it answers no client.
 	pol *subscriber
 	// policy is what pol's stream is made with once the format is known.
@@ -223,22 +223,23 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, info *reqinfo.Info,
 	q.Del("timeoutSeconds")
 	tmpl.URL = &url.URL{Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: q.Encode()}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	log := h.log.Named("feed").WithLazy(zap.String("feed", r.URL.Path+"?"+q.Encode()))
+	log := newWatchLog(h.log.Named("feed").With(zap.String("feed", r.URL.Path+"?"+q.Encode())), r.RemoteAddr, "")
+	scope := parseParams(r).scope
 	sf := &sharedFeed{h: h, key: key, log: log, from: at, ready: make(chan struct{}), members: map[*member]struct{}{}, last: at}
 	sf.ring = newRing(at, h.cfg.ShareRingBytes, h.cfg.ShareRingEvents, h.deps.Metrics.SharedRingEvictions.Inc)
 	mode := h.cfg.Mode
 	if h.exempt[info.GroupResource()] {
 		mode = fix.PassAll
 	}
-	sf.policy = fix.Options{Scope: scopeOf(r, cred), StartRV: rv, Mode: mode, Memory: h.deps.Memory}
+	sf.policy = fix.Options{Scope: scopeOf(scope, cred), StartRV: rv, Mode: mode, Memory: h.deps.Memory}
 	// A subscriber with no response: the policy's decisions are counted as a private watch's.
 	sf.pol = newSubscriber(h, nil, tmpl, params{}, h.deps.Metrics.Resource(info.FullResource()), log)
 	sf.f = &feed{
 		h: h, client: tmpl, ctx: ctx, cancel: cancel, cred: cred, log: log, sub: sf,
-		backoff: upstream.ResumeBackoff, scope: progressScope(r), groupResource: info.GroupResource(),
+		backoff: upstream.ResumeBackoff, scope: scope, groupResource: info.GroupResource(),
 	}
-	if h.done != nil {
-		sf.f.stopShutdown = context.AfterFunc(h.done, func() { cancel(errShutdown) })
+	if h.deps.Done != nil {
+		h.track(sf.f)
 	}
 	return sf
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,7 +25,7 @@ import (
 type subscriber struct {
 	h      *Handler
 	client *http.Request
-	log    *zap.Logger
+	log    *watchLog
 	// resource is the metrics' label; allowBookmarks, whether the client asked for bookmarks
 	// (watchsan asks the upstream always).
 	resource       string
@@ -38,13 +39,32 @@ type subscriber struct {
 	fix    *fix.Stream
 
 	regressed bool
-	counters  [6][3]prometheus.Counter // by event type index and fix.Action
+	counters  *eventCounters // the resource's, shared by its watches (Handler.eventCounters)
+}
+
+// eventCounters are one resource label's watch event counters by event type index and
+// fix.Action, each looked up once (WithLabelValues) when first counted and kept. One table per
+// resource label, shared by every watch of it, not one per watch: 18 interface values were
+// 288 bytes of every idle watch. A counter goes into the table only once used, so the series
+// are the ones counted, as with a table per watch.
+type eventCounters struct {
+	c [6][3]atomic.Pointer[prometheus.Counter]
+}
+
+// eventCounters returns resource's table, made at its first watch. The labels are bounded
+// (metrics.Metrics.Resource), and so are the tables.
+func (h *Handler) eventCounters(resource string) *eventCounters {
+	if t, ok := h.counters.Load(resource); ok {
+		return t.(*eventCounters)
+	}
+	t, _ := h.counters.LoadOrStore(resource, &eventCounters{})
+	return t.(*eventCounters)
 }
 
 // newSubscriber answers the client's request r on w.
-func newSubscriber(h *Handler, w http.ResponseWriter, r *http.Request, p params, resource string, log *zap.Logger) *subscriber {
+func newSubscriber(h *Handler, w http.ResponseWriter, r *http.Request, p params, resource string, log *watchLog) *subscriber {
 	s := &subscriber{h: h, client: r, log: log, resource: resource, allowBookmarks: p.allowBookmarks,
-		w: w, rc: http.NewResponseController(w)}
+		w: w, rc: http.NewResponseController(w), counters: h.eventCounters(resource)}
 	s.out = newBatchWriter(w, s.rc, h.cfg.WriteTimeout)
 	return s
 }
@@ -146,11 +166,13 @@ func (s *subscriber) counter(ti int, a fix.Action) prometheus.Counter {
 	if int(a) >= 3 {
 		a = fix.Pass
 	}
-	c := s.counters[ti][a]
-	if c == nil {
-		c = s.h.deps.Metrics.WatchEvents.WithLabelValues(s.resource, typeNames[ti], a.String())
-		s.counters[ti][a] = c
+	cell := &s.counters.c[ti][a]
+	if c := cell.Load(); c != nil {
+		return *c
 	}
+	// Two watches may look it up at once: both get the same counter (WithLabelValues).
+	c := s.h.deps.Metrics.WatchEvents.WithLabelValues(s.resource, typeNames[ti], a.String())
+	cell.Store(&c)
 	return c
 }
 
