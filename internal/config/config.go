@@ -104,6 +104,10 @@ type Config struct {
 	ShareRingBytes             int
 	ShareRingEvents            int
 	ShareSubscriberBufferBytes int
+	// ShareExcludeResources are resources (as --fix-exempt-resource names them) whose watches
+	// never share; ShareMaxFeeds bounds the shared feeds open at once.
+	ShareExcludeResources []string
+	ShareMaxFeeds         int
 
 	// ShutdownDelay is how long readiness fails before the listeners close at shutdown.
 	ShutdownDelay   time.Duration
@@ -156,5 +160,6 @@ func Default() Config {
 		ShareRingBytes:             watch.DefaultShareRingBytes,
 		ShareRingEvents:            watch.DefaultShareRingEvents,
 		ShareSubscriberBufferBytes: watch.DefaultShareSubscriberBytes,
+		ShareMaxFeeds:              watch.DefaultShareMaxFeeds,
 	}
 }

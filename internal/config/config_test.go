@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/watchsan/watchsan/internal/watch"
 )
 
 func TestFlagsWinOverFile(t *testing.T) {
@@ -329,6 +331,48 @@ func TestShareFlags(t *testing.T) {
 	for _, want := range []string{"--share-ring-events 0", "--share-subscriber-buffer-bytes 1024: want at least --max-frame-size"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("validate error %v lacks %q", err, want)
+		}
+	}
+}
+
+// --share-exclude-resource is parsed and validated as --fix-exempt-resource is, and
+// --share-max-feeds is bounded (0 is refused: --share-watches=false turns sharing off); every
+// bad value is reported by one Validate.
+func TestShareExcludeAndMaxFeeds(t *testing.T) {
+	c, err := Load(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ShareMaxFeeds != watch.DefaultShareMaxFeeds || len(c.ShareExcludeResources) != 0 {
+		t.Errorf("defaults: --share-max-feeds %d, --share-exclude-resource %q", c.ShareMaxFeeds, c.ShareExcludeResources)
+	}
+	c, err = Load([]string{"--upstream=https://a:6443", "--share-watches", "--share-exclude-resource=Secrets",
+		"--share-exclude-resource", "leases.coordination.k8s.io", "--share-exclude-resource=widgets/scale", "--share-max-feeds=3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done, err := c.Complete()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(done.ShareExcludeResources, ","); got != "secrets,coordination.k8s.io/leases,widgets/scale" || done.ShareMaxFeeds != 3 {
+		t.Errorf("completed %q, max feeds %d", got, done.ShareMaxFeeds)
+	}
+	if w := strings.Join(done.Warnings, "\n"); !strings.Contains(w, `--share-exclude-resource "widgets/scale"`) || !strings.Contains(w, "exclude its resource instead") {
+		t.Errorf("no warning about a probable subresource: %q", done.Warnings)
+	}
+	for _, max := range []string{"0", "-1", "1000001"} {
+		c, err = Load([]string{"--share-watches", "--share-exclude-resource=apps/deployments/scale", "--share-exclude-resource=",
+			"--fix-exempt-resource=a/b/c/d", "--share-max-feeds=" + max})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = c.Validate()
+		for _, want := range []string{`--share-exclude-resource "apps/deployments/scale": want a resource`, `--share-exclude-resource "":`,
+			`--fix-exempt-resource "a/b/c/d"`, "--share-max-feeds " + max + ": want 1 to 1000000"} {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("--share-max-feeds=%s: validate error %v lacks %q", max, err, want)
+			}
 		}
 	}
 }

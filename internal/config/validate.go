@@ -63,9 +63,14 @@ func (c *Config) Validate() error {
 	if m, err := fix.ParseMode(c.FixMode); err != nil || m == fix.PassAll {
 		add("--fix-mode %q: want repair or observe", c.FixMode)
 	}
-	for _, r := range c.FixExemptResources {
-		if _, err := reqinfo.ParseGroupResource(r); err != nil {
-			add("--fix-exempt-resource %w", err)
+	for _, l := range []struct {
+		flag   string
+		values []string
+	}{{"fix-exempt-resource", c.FixExemptResources}, {"share-exclude-resource", c.ShareExcludeResources}} {
+		for _, r := range l.values {
+			if _, err := reqinfo.ParseGroupResource(r); err != nil {
+				add("--%s %w", l.flag, err)
+			}
 		}
 	}
 	if c.MaxFrameSize < 1024 || c.MaxFrameSize > 1<<30 {
@@ -107,6 +112,11 @@ func (c *Config) Validate() error {
 		if b.v < 1 || b.v > 1<<30 {
 			add("--%s %d: want 1 to 1073741824", b.flag, b.v)
 		}
+	}
+	// Why 0 is refused: --share-watches=false is how sharing is turned off, and a cap of 0
+	// would leave it on while no watch shares.
+	if c.ShareMaxFeeds < 1 || c.ShareMaxFeeds > 1000000 {
+		add("--share-max-feeds %d: want 1 to 1000000", c.ShareMaxFeeds)
 	}
 	// Why: a joiner takes the events after its resourceVersion in one go; a buffer smaller
 	// than one event of the largest size would end every subscriber at its first big event.
@@ -236,14 +246,9 @@ func (c Config) Complete() (*Completed, error) {
 	}
 	out := &Completed{Config: c}
 	out.Fix, _ = fix.ParseMode(c.FixMode) // validated above
-	out.FixExemptResources = nil          // in GroupResource's form, so that they match requests
-	for _, r := range c.FixExemptResources {
-		gr, _ := reqinfo.ParseGroupResource(r) // validated above
-		out.FixExemptResources = append(out.FixExemptResources, gr)
-		if g, res, ok := strings.Cut(gr, "/"); ok && !strings.Contains(g, ".") && !reqinfo.BuiltinGroupWithoutDot(g) {
-			out.Warnings = append(out.Warnings, fmt.Sprintf("--fix-exempt-resource %q: %q is not a built-in API group and has no dot, as other groups have: if %s/%s is a subresource, exempt its resource instead (watches are of whole resources)", r, g, g, res))
-		}
-	}
+	// In GroupResource's form, so that they match requests.
+	out.FixExemptResources = completeResources("fix-exempt-resource", "exempt", c.FixExemptResources, &out.Warnings)
+	out.ShareExcludeResources = completeResources("share-exclude-resource", "exclude", c.ShareExcludeResources, &out.Warnings)
 	var errs []error
 	for _, s := range c.Upstreams {
 		u, _ := parseUpstream(s) // validated above
@@ -395,4 +400,19 @@ func (out *Completed) completeProbe() []error {
 	}
 	out.ProbeCredentials = rc
 	return errs
+}
+
+// completeResources returns the validated values of --flag in GroupResource's form (nil for
+// none), and warns about a value that is probably a subresource (verb says what the flag does
+// to a resource, for the hint).
+func completeResources(flag, verb string, values []string, warnings *[]string) []string {
+	var out []string
+	for _, r := range values {
+		gr, _ := reqinfo.ParseGroupResource(r) // validated
+		out = append(out, gr)
+		if g, res, ok := strings.Cut(gr, "/"); ok && !strings.Contains(g, ".") && !reqinfo.BuiltinGroupWithoutDot(g) {
+			*warnings = append(*warnings, fmt.Sprintf("--%s %q: %q is not a built-in API group and has no dot, as other groups have: if %s/%s is a subresource, %s its resource instead (watches are of whole resources)", flag, r, g, g, res, verb))
+		}
+	}
+	return out
 }

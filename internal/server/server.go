@@ -1,6 +1,6 @@
 // Package server runs watchsan's listeners: the main one, where every apiserver request is
 // classified and either handed to the watch pipeline or passed through, and the admin one with
-// watchsan's own /metrics, /healthz and /readyz.
+// watchsan's own /metrics, /healthz, /readyz and /debug/feeds.
 package server
 
 import (
@@ -140,6 +140,8 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		ShareRingBytes:       cfg.ShareRingBytes,
 		ShareRingEvents:      cfg.ShareRingEvents,
 		ShareSubscriberBytes: cfg.ShareSubscriberBufferBytes,
+		ShareExclude:         cfg.ShareExcludeResources,
+		ShareMaxFeeds:        cfg.ShareMaxFeeds,
 	}, watch.Deps{Attempts: attempts, Metrics: s.metrics, Memory: memory, Done: s.watchesDone, Logger: log, OnBreak: s.onBreak})
 	if err != nil {
 		return nil, err
@@ -186,6 +188,10 @@ func (s *Server) AdminHandler() http.Handler {
 			_, _ = w.Write([]byte("ok\n"))
 		}
 	})
+	// The open shared feeds (--share-watches): what each watches and delivers, how many
+	// clients it serves; never who they are. Never on the main listener, whose every path is
+	// the apiserver's.
+	r.HandleFunc("/debug/feeds", s.watch.ServeFeeds)
 	if s.cfg.EnablePprof {
 		r.HandleFunc("/debug/pprof/", pprof.Index)
 		r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

@@ -2,12 +2,8 @@ package server
 
 import (
 	"bufio"
-	"context"
-	"encoding/pem"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,7 +11,6 @@ import (
 
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/watchsan/watchsan/internal/memapi"
 	"github.com/watchsan/watchsan/internal/testutil"
 )
 
@@ -25,43 +20,19 @@ import (
 func TestShareWatchesLending(t *testing.T) {
 	for _, share := range []bool{true, false} {
 		t.Run(fmt.Sprintf("share=%v", share), func(t *testing.T) {
-			api := memapi.New(nil)
 			var watches atomic.Int32
-			up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.URL.Query().Get("watch") == "true" {
-					watches.Add(1)
-				}
-				api.ServeHTTP(w, r)
-			}))
-			up.EnableHTTP2 = true
-			up.StartTLS()
-			t.Cleanup(up.Close)
-			t.Cleanup(api.Close)
 			args := []string{}
 			if share {
 				args = append(args, "--share-watches")
 			}
-			s, _ := newServerFrom(t, lendingConfig(t, up.URL, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: up.Certificate().Raw}), args...))
-			front := httptest.NewServer(s.Handler())
-			t.Cleanup(front.Close)
-			t.Cleanup(func() { close(s.watchesDone) }) // shutdown: every watch and feed ends
-
-			rv := api.ResourceVersion()
+			x := newLendingMemapi(t, func(r *http.Request) {
+				if r.URL.Query().Get("watch") == "true" {
+					watches.Add(1)
+				}
+			}, args...)
+			s, up, rv := x.s, x.up, x.api.ResourceVersion()
 			open := func(hdr http.Header) *bufio.Scanner {
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				t.Cleanup(cancel)
-				req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("%s/api/v1/namespaces/d/configmaps?watch=true&resourceVersion=%d", front.URL, rv), nil)
-				req.Header = hdr
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { resp.Body.Close() })
-				if resp.StatusCode != 200 {
-					b, _ := io.ReadAll(resp.Body)
-					t.Fatalf("watch: %s %s", resp.Status, b)
-				}
-				sc := bufio.NewScanner(resp.Body)
+				sc := bufio.NewScanner(openConfigmapWatch(t, x.front.URL, rv, hdr).Body)
 				sc.Buffer(nil, 1<<20)
 				return sc
 			}

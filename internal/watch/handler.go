@@ -78,6 +78,12 @@ type Config struct {
 	ShareRingEvents      int           // and events; 0: DefaultShareRingEvents
 	ShareSubscriberBytes int           // how far behind its feed a subscriber may be; 0: DefaultShareSubscriberBytes
 	ShareGrace           time.Duration // how long a feed outlives its last subscriber; 0: DefaultShareGrace
+	// ShareExclude lists resources ("secrets", "coordination.k8s.io/leases") whose watches
+	// never share (privateExcluded).
+	ShareExclude []string
+	// ShareMaxFeeds bounds the shared feeds open at once; a watch that would open one more
+	// gets a private feed (privateFeedLimit). 0: DefaultShareMaxFeeds.
+	ShareMaxFeeds int
 }
 
 // Deps are what a Handler works with, given at construction.
@@ -120,6 +126,9 @@ type Handler struct {
 	stopped bool
 	// counters holds each resource label's *eventCounters (subscriber.go).
 	counters sync.Map
+
+	// shareExclude holds Config.ShareExclude's resources: their watches never share.
+	shareExclude map[string]bool
 }
 
 // New builds a Handler.
@@ -150,6 +159,7 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	defInt(&cfg.ShareRingEvents, DefaultShareRingEvents)
 	defInt(&cfg.ShareSubscriberBytes, DefaultShareSubscriberBytes)
 	def(&cfg.ShareGrace, DefaultShareGrace)
+	defInt(&cfg.ShareMaxFeeds, DefaultShareMaxFeeds)
 	if d.Logger == nil {
 		d.Logger = zap.NewNop()
 	}
@@ -163,6 +173,10 @@ func New(cfg Config, d Deps) (*Handler, error) {
 		feeds: &registry{feeds: map[string]*sharedFeed{}}}
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
+	}
+	h.shareExclude = map[string]bool{}
+	for _, r := range cfg.ShareExclude {
+		h.shareExclude[r] = true
 	}
 	if d.Done != nil {
 		h.live = map[*feed]struct{}{}

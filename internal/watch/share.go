@@ -46,6 +46,13 @@ const (
 	// DefaultShareGrace is how long a shared feed outlives its last subscriber: a client that
 	// re-watches at once (its timeoutSeconds, a slow subscriber ended) finds it still open.
 	DefaultShareGrace = 5 * time.Second
+	// DefaultShareMaxFeeds bounds the open shared feeds: the registry, and the feeds kept for
+	// ShareGrace after their last client left (a client opening distinct watches in a loop).
+	// Far above the distinct watches a node's clients hold (a kubelet watches each secret and
+	// configmap its pods use by name, some hundreds for 110 pods; daemon sets a few each), so
+	// it does not bind in normal use; each feed is a goroutine and its ring, which holds only
+	// its own scope's recent events (at most --share-ring-bytes).
+	DefaultShareMaxFeeds = 10000
 )
 
 // The values of watchsan_watch_private_feeds_total's reason label: why a client watch got a
@@ -73,11 +80,15 @@ const (
 	// privateFeedFailed: the feed's first attempt was not a stream (an error status, a format
 	// watchsan does not parse): every client asks on its own and gets its own answer.
 	privateFeedFailed = "feed-failed"
+	// privateExcluded: the resource is one --share-exclude-resource names.
+	privateExcluded = "excluded"
+	// privateFeedLimit: no feed of this watch is open, and --share-max-feeds are.
+	privateFeedLimit = "feed-limit"
 )
 
 // PrivateFeedReasons lists watchsan_watch_private_feeds_total's reasons (to initialise series).
 var PrivateFeedReasons = []string{privateIdentity, privateInitial, privateWatchList, privateRV,
-	privateNotCovered, privateBacklog, privateNotJoinable, privateFeedFailed}
+	privateNotCovered, privateBacklog, privateNotJoinable, privateFeedFailed, privateExcluded, privateFeedLimit}
 
 // shareRule is the one rule for which watches may be served by a shared feed: "" when it may
 // (it still needs a feed whose ring covers its resourceVersion), else why not, a
@@ -132,7 +143,10 @@ type registry struct {
 // serves as without sharing.
 func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, requestID string) bool {
 	p := parseParams(r)
-	reason := shareRule(r, cred, p)
+	reason := privateExcluded // the operator's word first: no other rule is asked
+	if !h.shareExclude[info.GroupResource()] {
+		reason = shareRule(r, cred, p)
+	}
 	if reason == "" {
 		var (
 			sf *sharedFeed
@@ -172,6 +186,9 @@ func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Creden
 		}
 		return sf, m, reason
 	}
+	if len(g.feeds) >= h.cfg.ShareMaxFeeds {
+		return nil, nil, privateFeedLimit
+	}
 	sf := h.newSharedFeed(key, r, info, cred, p.rv, at)
 	g.feeds[key] = sf
 	m, _ := sf.add(at, p.allowBookmarks)
@@ -204,6 +221,11 @@ type sharedFeed struct {
 
 	// idle: the grace after the last subscriber left ran out; the feed ends (gone).
 	idle atomic.Bool
+	// What /debug/feeds lists (feeds_debug.go): desc from the start, snap published by the
+	// feed's goroutine (publish), nsubs kept with members; never the key.
+	desc  feedDesc
+	snap  atomic.Pointer[feedSnapshot]
+	nsubs atomic.Int32
 
 	mu      sync.Mutex
 	members map[*member]struct{}
@@ -225,7 +247,8 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, info *reqinfo.Info,
 	ctx, cancel := context.WithCancelCause(context.Background())
 	log := newWatchLog(h.log.Named("feed").With(zap.String("feed", r.URL.Path+"?"+q.Encode())), r.RemoteAddr, "")
 	scope := parseParams(r).scope
-	sf := &sharedFeed{h: h, key: key, log: log, from: at, ready: make(chan struct{}), members: map[*member]struct{}{}, last: at}
+	sf := &sharedFeed{h: h, key: key, log: log, from: at, ready: make(chan struct{}), members: map[*member]struct{}{}, last: at,
+		desc: h.describe(r, info)}
 	sf.ring = newRing(at, h.cfg.ShareRingBytes, h.cfg.ShareRingEvents, h.deps.Metrics.SharedRingEvictions.Inc)
 	mode := h.cfg.Mode
 	if h.exempt[info.GroupResource()] {
@@ -271,6 +294,7 @@ func (sf *sharedFeed) run() {
 	sf.header = first.Resp.Header.Clone()
 	sf.header.Del("Audit-Id") // the first attempt's: no joiner's request is that one
 	sf.ok = true
+	sf.publish()
 	close(sf.ready)
 	end := f.run(f.source(first, slot))
 	sf.log.Debug("shared feed ended", zap.Stringer("reason", end), zap.Uint64("events", f.events), zap.Int("resumes", f.resumes))
@@ -295,6 +319,7 @@ func (sf *sharedFeed) close(end EndReason) {
 	members := sf.members
 	sf.members = map[*member]struct{}{}
 	sf.h.deps.Metrics.SharedSubscribers.Sub(float64(len(members)))
+	sf.nsubs.Store(0)
 	sf.mu.Unlock()
 	g.mu.Unlock()
 	select {
@@ -334,6 +359,7 @@ func (sf *sharedFeed) add(at uint64, bookmarks bool) (*member, string) {
 		sf.idleTimer = nil
 	}
 	sf.h.deps.Metrics.SharedSubscribers.Inc()
+	sf.nsubs.Add(1)
 	return m, ""
 }
 
@@ -351,6 +377,7 @@ func (sf *sharedFeed) drop(m *member) {
 	}
 	delete(sf.members, m)
 	sf.h.deps.Metrics.SharedSubscribers.Dec()
+	sf.nsubs.Add(-1)
 	if len(sf.members) == 0 && !sf.closed && sf.idleTimer == nil {
 		sf.idleTimer = sf.h.clk.AfterFunc(sf.h.cfg.ShareGrace, sf.idleEnd)
 	}
@@ -456,6 +483,7 @@ func (sf *sharedFeed) fanOut(raw []byte, bookmark bool) {
 // flush wakes the members that got frames since the last flush; the feed calls it before it
 // may wait for its upstream, so a member's events never wait with it (sink).
 func (sf *sharedFeed) flush() error {
+	sf.publish() // what /debug/feeds lists, as of this read
 	if !sf.dirty {
 		return nil
 	}

@@ -71,6 +71,7 @@ type shareFixture struct {
 	direct *httptest.Server // memapi itself, for direct watches
 	srv    *httptest.Server // watchsan in lending mode: a request with no Authorization is lent
 	m      *metrics.Metrics
+	h      *Handler
 }
 
 func newShareFixture(t *testing.T, cfg Config) *shareFixture {
@@ -94,6 +95,7 @@ func newShareFixture(t *testing.T, cfg Config) *shareFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
+	x.h = h
 	x.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info, cred := reqinfo.Parse(r), upstream.Decide(r.Header, r.TLS, true, upstream.IdentityOff)
 		h.Serve(w, r, &info, &cred, "")
