@@ -22,7 +22,8 @@ import (
 
 // /debug/feeds is on the admin listener, listing the feed two lent clients share (its
 // subscribers, its ring), without the lent identity's token or any client's Authorization;
-// on the main listener the path is the apiserver's, passed through like every other.
+// on the main listener the path is the apiserver's, passed through like every other. With
+// --share-max-feeds=1, a watch of another scope is private (feed-limit) and not listed.
 func TestDebugFeedsOnAdminOnly(t *testing.T) {
 	var mu sync.Mutex
 	var upstreamPaths []string
@@ -30,14 +31,19 @@ func TestDebugFeedsOnAdminOnly(t *testing.T) {
 		mu.Lock()
 		upstreamPaths = append(upstreamPaths, r.URL.Path)
 		mu.Unlock()
-	}, "--share-watches", "--share-max-feeds=7")
+	}, "--share-watches", "--share-max-feeds=1")
 	s := x.s
 	admin := httptest.NewServer(s.AdminHandler())
 	t.Cleanup(admin.Close)
 	rv := x.api.ResourceVersion()
 	for _, hdr := range []http.Header{{}, {}, {"Authorization": {"Bearer own-s3cret"}}} {
-		openConfigmapWatch(t, x.front.URL, rv, hdr)
+		openConfigmapWatch(t, x.front.URL, rv, "", hdr)
 	}
+	// --share-max-feeds=1: a watch of another scope would be a second feed; it is private.
+	openConfigmapWatch(t, x.front.URL, rv, "&labelSelector=app%3Dother", http.Header{})
+	testutil.Eventually(t, 10*time.Second, "a private feed for the feed limit", func() bool {
+		return promtest.ToFloat64(s.Metrics().PrivateFeeds.WithLabelValues("feed-limit")) == 1
+	})
 	testutil.Eventually(t, 10*time.Second, "2 subscribers", func() bool {
 		return promtest.ToFloat64(s.Metrics().SharedSubscribers) == 2
 	})
@@ -51,7 +57,7 @@ func TestDebugFeedsOnAdminOnly(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &l) != nil {
 		t.Fatalf("admin /debug/feeds: %s %s", resp.Status, body)
 	}
-	if !l.Sharing || l.Open != 1 || l.MaxFeeds != 7 || len(l.Feeds) != 1 || l.Feeds[0].Subscribers != 2 ||
+	if !l.Sharing || l.Open != 1 || l.MaxFeeds != 1 || len(l.Feeds) != 1 || l.Feeds[0].Subscribers != 2 ||
 		l.Feeds[0].Resource != "configmaps" || l.Feeds[0].Ring.FromRV != fmt.Sprint(rv) {
 		t.Errorf("admin /debug/feeds: %s", body)
 	}
@@ -106,13 +112,14 @@ func newLendingMemapi(t *testing.T, onRequest func(*http.Request), args ...strin
 	return &lendingMemapi{api: api, up: up, s: s, front: front}
 }
 
-// openConfigmapWatch opens a watch of configmaps in d at front from rv with hdr, and fails the
-// test unless it is answered 200; the response's body is closed at the test's end.
-func openConfigmapWatch(t *testing.T, front string, rv uint64, hdr http.Header) *http.Response {
+// openConfigmapWatch opens a watch of configmaps in d at front from rv, with more query
+// parameters (url-encoded, "" for none) and hdr, and fails the test unless it is answered 200;
+// the response's body is closed at the test's end.
+func openConfigmapWatch(t *testing.T, front string, rv uint64, more string, hdr http.Header) *http.Response {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
-	req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("%s/api/v1/namespaces/d/configmaps?watch=true&resourceVersion=%d", front, rv), nil)
+	req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("%s/api/v1/namespaces/d/configmaps?watch=true&resourceVersion=%d%s", front, rv, more), nil)
 	req.Header = hdr
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -32,7 +32,7 @@ func TestShareWatchesLending(t *testing.T) {
 			}, args...)
 			s, up, rv := x.s, x.up, x.api.ResourceVersion()
 			open := func(hdr http.Header) *bufio.Scanner {
-				sc := bufio.NewScanner(openConfigmapWatch(t, x.front.URL, rv, hdr).Body)
+				sc := bufio.NewScanner(openConfigmapWatch(t, x.front.URL, rv, "", hdr).Body)
 				sc.Buffer(nil, 1<<20)
 				return sc
 			}
