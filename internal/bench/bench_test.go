@@ -396,3 +396,58 @@ func TestBaselinePprof(t *testing.T) {
 		}
 	}
 }
+
+// TestSharePath: watchsan-share lends its kubeconfig's token to clients that send none and
+// serves identical idle watches from one upstream watch, where the pass-through opens one per
+// client; its throughput runs deliver every event, repaired as watchsan-repair's are.
+func TestSharePath(t *testing.T) {
+	cfg := ShortConfig()
+	cfg.Launcher = testLauncher(t)
+	cfg.Paths = []PathName{Pass, WatchsanShare}
+	cfg.Phases = map[string]bool{"throughput": true, "memory": true}
+	RaiseFDLimit(4096)
+	var progress bytes.Buffer
+	cfg.Progress = &progress
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	res, err := Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("progress:\n%s", progress.String())
+	for _, e := range res.Errors {
+		t.Errorf("run error: %s", e)
+	}
+	for name, why := range res.Skipped {
+		t.Errorf("%s skipped: %s", name, why)
+	}
+	shared := false
+	for _, tr := range res.Throughput {
+		if tr.Path != WatchsanShare {
+			continue
+		}
+		shared = true
+		for _, s := range tr.Samples {
+			if want := tr.PerWatch * tr.Watches; s.Err != "" || s.Cut || s.Events != want {
+				t.Errorf("%s: %d of %d events, cut=%v, err=%q", tr.Key(), s.Events, want, s.Cut, s.Err)
+			}
+			if want := tr.Watches * tr.PerWatch / cfg.DeleteEvery; s.Rewritten != want {
+				t.Errorf("%s: %d events arrived repaired, want %d", tr.Key(), s.Rewritten, want)
+			}
+		}
+	}
+	if !shared {
+		t.Error("no throughput result for watchsan-share")
+	}
+	want := map[PathName]int64{Pass: int64(cfg.IdleWatches[0]) + 1, WatchsanShare: 1}
+	for _, m := range res.Memory {
+		for _, s := range m.Samples {
+			if s.Err != "" || s.UpstreamWatches != want[m.Path] {
+				t.Errorf("memory %s, %d idle watches: %d upstream watches, want %d (err %q)", m.Path, m.Watches, s.UpstreamWatches, want[m.Path], s.Err)
+			}
+		}
+	}
+	if len(res.Memory) != 2 {
+		t.Errorf("memory results for %d paths, want 2", len(res.Memory))
+	}
+}

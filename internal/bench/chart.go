@@ -26,6 +26,7 @@ var pathColor = map[PathName]color.RGBA{
 	HAProxy:         {0x94, 0x67, 0xbd, 0xff},
 	WatchsanRepair:  {0x2c, 0xa0, 0x2c, 0xff},
 	WatchsanObserve: {0x98, 0xdf, 0x8a, 0xff},
+	WatchsanShare:   {0x17, 0xbe, 0xcf, 0xff},
 }
 
 var (
@@ -158,7 +159,7 @@ func logRange(vs []float64) (lo, hi float64) {
 // presentPaths lists the paths that have results, in report order.
 func presentPaths(has func(PathName) bool) []PathName {
 	var out []PathName
-	for _, p := range AllPaths {
+	for _, p := range knownPaths {
 		if has(p) {
 			out = append(out, p)
 		}

@@ -39,6 +39,8 @@ type watchOpts struct {
 	// repaired: the path rewrites regressing deletes, so the client must receive the
 	// repaired event; otherwise it must receive the event as the upstream sent it.
 	repaired bool
+	// lent: the path lends its own credentials (WatchsanShare), so the watch sends no token.
+	lent bool
 	// skipLatency is how many of the first events are left out of the latency samples.
 	skipLatency int
 	// latency collects send-to-receive times of stamped events.
@@ -86,7 +88,9 @@ func runWatch(ctx context.Context, hc *http.Client, o watchOpts) (res watchResul
 	// A token, as every real client of an apiserver sends (the bench's upstream takes any):
 	// watchsan sends anonymous requests over HTTP/1.1 connections of their own (one per watch,
 	// internal/upstream/unauthenticated.go), which is not the path a controller's watch takes.
-	req.Header.Set("Authorization", "Bearer watchsan-bench")
+	if !o.lent {
+		req.Header.Set("Authorization", "Bearer watchsan-bench")
+	}
 	resp, err := hc.Do(req)
 	if err != nil {
 		res.err = err

@@ -225,13 +225,13 @@ func parsePaths(s string) ([]PathName, error) {
 	for _, p := range strings.Split(s, ",") {
 		p = strings.TrimSpace(p)
 		ok := false
-		for _, k := range AllPaths {
+		for _, k := range knownPaths {
 			if string(k) == p {
 				out, ok = append(out, k), true
 			}
 		}
 		if !ok {
-			return nil, fmt.Errorf("-paths: unknown path %q (known: %s)", p, joinPaths(AllPaths))
+			return nil, fmt.Errorf("-paths: unknown path %q (known: %s)", p, joinPaths(knownPaths))
 		}
 	}
 	return out, nil

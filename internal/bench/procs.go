@@ -32,10 +32,18 @@ const (
 	HAProxy         PathName = "haproxy"
 	WatchsanRepair  PathName = "watchsan-repair"
 	WatchsanObserve PathName = "watchsan-observe"
+	// WatchsanShare lends a kubeconfig's token (a sidecar's or a node-local proxy's setup)
+	// with --share-watches: identical watches share one upstream watch (docs/design.md
+	// section 11). Not in AllPaths: only the lent identity shares, so its clients send no
+	// token, and its upstream sees fewer watches than the others'; -paths names it.
+	WatchsanShare PathName = "watchsan-share"
 )
 
 // AllPaths in report order.
 var AllPaths = []PathName{Direct, Pass, Decode, HAProxy, WatchsanRepair, WatchsanObserve}
+
+// knownPaths are the paths -paths may name: AllPaths and WatchsanShare.
+var knownPaths = append(append([]PathName{}, AllPaths...), WatchsanShare)
 
 // pathDescription is what each path is, for the report.
 var pathDescription = map[PathName]string{
@@ -45,10 +53,19 @@ var pathDescription = map[PathName]string{
 	HAProxy:         "haproxy in HTTP mode",
 	WatchsanRepair:  "watchsan --fix-mode repair",
 	WatchsanObserve: "watchsan --fix-mode observe",
+	WatchsanShare:   "watchsan --fix-mode repair --share-watches, lending a kubeconfig's token",
 }
 
 // repairs says whether a path rewrites regressing DELETED events.
-func (p PathName) repairs() bool { return p == WatchsanRepair }
+func (p PathName) repairs() bool { return p == WatchsanRepair || p == WatchsanShare }
+
+// lends says whether a path lends its own credentials, so that its clients send none.
+func (p PathName) lends() bool { return p == WatchsanShare }
+
+// isWatchsan says whether a path is a watchsan process.
+func (p PathName) isWatchsan() bool {
+	return p == WatchsanRepair || p == WatchsanObserve || p == WatchsanShare
+}
 
 // Launcher starts the proxies. Each command is an argv prefix plus extra environment, so that
 // the test binary can stand in for the bench binary and for watchsan.
@@ -78,6 +95,7 @@ type proc struct {
 	admin string // watchsan's admin listener, http://host:port
 	tail  *lineTail
 	done  chan struct{}
+	temp  string // a file of its own, removed at stop ("" for none)
 }
 
 // upstreamSpec is the upstream a proxy forwards to.
@@ -88,6 +106,7 @@ type upstreamSpec struct {
 
 func (l *Launcher) start(ctx context.Context, name PathName, up upstreamSpec) (*proc, error) {
 	var argv, env []string
+	var temp string
 	wantListeners := 1
 	switch name {
 	case Pass, Decode:
@@ -100,14 +119,24 @@ func (l *Launcher) start(ctx context.Context, name PathName, up upstreamSpec) (*
 			wantListeners = 2
 		}
 		env = l.BaselineEnv
-	case WatchsanRepair, WatchsanObserve:
+	case WatchsanRepair, WatchsanObserve, WatchsanShare:
 		mode := "repair"
 		if name == WatchsanObserve {
 			mode = "observe"
 		}
-		argv = append(append([]string{}, l.Watchsan...), "--upstream", up.url, "--no-credentials",
+		argv = append(append([]string{}, l.Watchsan...), "--upstream", up.url,
 			"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--fix-mode", mode, "--log-level", "error",
 			"--max-connections", strconv.Itoa(watchsanMaxConn()))
+		if name == WatchsanShare {
+			kc, err := l.kubeconfig(up)
+			if err != nil {
+				return nil, err
+			}
+			temp = kc
+			argv = append(argv, "--kubeconfig", kc, "--share-watches", "--allow-credentials-to-upstream", up.url)
+		} else {
+			argv = append(argv, "--no-credentials")
+		}
 		if up.caFile != "" {
 			argv = append(argv, "--upstream-ca-file", up.caFile)
 		}
@@ -121,8 +150,12 @@ func (l *Launcher) start(ctx context.Context, name PathName, up upstreamSpec) (*
 	}
 	p, err := spawn(name, argv, env)
 	if err != nil {
+		if temp != "" {
+			_ = os.Remove(temp)
+		}
 		return nil, err
 	}
+	p.temp = temp
 	if err := p.discover(ctx, wantListeners); err != nil {
 		p.stop()
 		return nil, err
@@ -234,6 +267,9 @@ func (p *proc) stop() {
 	if p == nil {
 		return
 	}
+	if p.temp != "" {
+		defer os.Remove(p.temp)
+	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
@@ -251,6 +287,27 @@ func (p *proc) alive() bool {
 	default:
 		return true
 	}
+}
+
+// kubeconfig writes the kubeconfig the share path lends: up's server and CA, and the token
+// the other paths' clients send themselves (the bench's upstream takes any).
+func (l *Launcher) kubeconfig(up upstreamSpec) (string, error) {
+	ca := ""
+	if up.caFile != "" {
+		ca = "    certificate-authority: " + up.caFile + "\n"
+	}
+	kc := "apiVersion: v1\nkind: Config\nclusters:\n- name: bench\n  cluster:\n    server: " + up.url + "\n" + ca +
+		"users:\n- name: bench\n  user:\n    token: watchsan-bench\n" +
+		"contexts:\n- name: bench\n  context:\n    cluster: bench\n    user: bench\ncurrent-context: bench\n"
+	f, err := os.CreateTemp(l.Dir, "kubeconfig-*")
+	if err != nil {
+		return "", fmt.Errorf("the share path's kubeconfig: %w", err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(kc); err != nil {
+		return "", fmt.Errorf("the share path's kubeconfig: %w", err)
+	}
+	return f.Name(), f.Close()
 }
 
 func (l *Launcher) startHAProxy(ctx context.Context, up upstreamSpec) (*proc, error) {

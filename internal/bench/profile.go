@@ -34,12 +34,12 @@ func profileMain(args []string, stdout, stderr io.Writer) int {
 	watches := fs.Int("watches", 1, "concurrent watches of the saturation workload")
 	idle := fs.Int("idle", 5000, "idle watches held for the heap profile")
 	top := fs.Int("top", 15, "entries of go tool pprof -top")
-	path := fs.String("path", string(WatchsanRepair), "whose CPU profile: watchsan-repair or pass (the httputil.ReverseProxy baseline)")
+	path := fs.String("path", string(WatchsanRepair), "whose CPU profile: watchsan-repair, watchsan-share (the heap of idle watches sharing one feed too) or pass (the httputil.ReverseProxy baseline)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if *path != string(WatchsanRepair) && *path != string(Pass) {
-		fmt.Fprintln(stderr, "-path: watchsan-repair or pass")
+	if *path != string(WatchsanRepair) && *path != string(WatchsanShare) && *path != string(Pass) {
+		fmt.Fprintln(stderr, "-path: watchsan-repair, watchsan-share or pass")
 		return 2
 	}
 	formats, err := parseFormats(*format)
@@ -121,7 +121,7 @@ func (p *profiler) run(ctx context.Context, f stream.Format, size, watches, seco
 				rw.Add(1)
 				go func() {
 					defer rw.Done()
-					r := runWatch(pctx, hc, watchOpts{base: w.url, ns: "sat", sc: sc, repaired: p.path == WatchsanRepair, readBuf: 256 << 10})
+					r := runWatch(pctx, hc, watchOpts{base: w.url, ns: "sat", sc: sc, repaired: p.path.repairs(), lent: p.path.lends(), readBuf: 256 << 10})
 					mu.Lock()
 					events += int64(r.events)
 					mu.Unlock()
@@ -153,7 +153,11 @@ func (p *profiler) run(ctx context.Context, f stream.Format, size, watches, seco
 
 	isc := &Scenario{Set: set, Count: 1}
 	up.Set("idle", isc)
-	w, err = l.start(ctx, WatchsanRepair, upstreamSpec{url: up.tlsURL, caFile: up.caFile})
+	heapOf := WatchsanRepair
+	if p.path == WatchsanShare {
+		heapOf = WatchsanShare
+	}
+	w, err = l.start(ctx, heapOf, upstreamSpec{url: up.tlsURL, caFile: up.caFile})
 	if err != nil {
 		return err
 	}
@@ -165,7 +169,7 @@ func (p *profiler) run(ctx context.Context, f stream.Format, size, watches, seco
 	var iwg sync.WaitGroup
 	defer iwg.Wait()
 	defer icancel()
-	if err := openIdle(ictx, &iwg, hc, w.url, true, isc, idle); err != nil {
+	if err := openIdle(ictx, &iwg, hc, w.url, heapOf, isc, idle); err != nil {
 		return err
 	}
 	sleepCtx(ctx, 2*time.Second)

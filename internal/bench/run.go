@@ -171,7 +171,10 @@ type MemorySample struct {
 	RSSBeforeKiB, RSSAfterKiB int64
 	PerWatchKiB               float64
 	FDs                       int
-	Err                       string
+	// UpstreamWatches is how many watches the upstream served with the idle ones open (the
+	// first watch's included): one per watch, except where watches share one.
+	UpstreamWatches int64
+	Err             string
 }
 
 // MemoryResult is the memory runs of one path at one number of idle watches.
@@ -416,7 +419,7 @@ func (r *runner) saturate(ctx context.Context, hc *http.Client, t *target, ns st
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				out[i] = runWatch(ctx, hc, watchOpts{base: t.base, ns: ns, sc: sc, repaired: t.name.repairs(), readBuf: 256 << 10})
+				out[i] = runWatch(ctx, hc, watchOpts{base: t.base, ns: ns, sc: sc, repaired: t.name.repairs(), lent: t.name.lends(), readBuf: 256 << 10})
 			}()
 		}
 		wg.Wait()
@@ -551,7 +554,7 @@ func (r *runner) paced(ctx context.Context, hc *http.Client, t *target, ns strin
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out[i] = runWatch(ctx, hc, watchOpts{base: t.base, ns: ns, sc: sc, repaired: t.name.repairs(), latency: true,
+			out[i] = runWatch(ctx, hc, watchOpts{base: t.base, ns: ns, sc: sc, repaired: t.name.repairs(), lent: t.name.lends(), latency: true,
 				skipLatency: min(5, sc.Count/10), readBuf: 32 << 10})
 		}()
 	}
@@ -598,7 +601,7 @@ func (r *runner) ttfe(ctx context.Context, ts []*target, sets map[setKey]*EventS
 				return
 			}
 			wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			w := runWatch(wctx, hc, watchOpts{base: t.base, ns: "ttfe", sc: sc, repaired: t.name.repairs(), readBuf: 16 << 10})
+			w := runWatch(wctx, hc, watchOpts{base: t.base, ns: "ttfe", sc: sc, repaired: t.name.repairs(), lent: t.name.lends(), readBuf: 16 << 10})
 			cancel()
 			if w.err != nil {
 				tr.Err = w.err.Error()
@@ -637,7 +640,7 @@ func (r *runner) memory(ctx context.Context, sets map[setKey]*EventSet, up upstr
 					return
 				}
 				var tooMany string
-				if (name == WatchsanRepair || name == WatchsanObserve) && n+1 > watchsanMaxConn() {
+				if name.isWatchsan() && n+1 > watchsanMaxConn() {
 					tooMany = fmt.Sprintf("watchsan serves at most %d connections under this machine's hard limit of %d open files "+
 						"(--max-connections is fitted to the limit: a client connection may need an upstream one too); %d watches need %d",
 						watchsanMaxConn(), RaiseFDLimit(0), n, n+1)
@@ -690,13 +693,13 @@ func (r *runner) idle(ctx context.Context, name PathName, up upstreamSpec, sc *S
 	defer wg.Wait()
 	defer cancel()
 	// One watch first, so that what every process sets up on its first watch is not counted.
-	if err := openIdle(wctx, &wg, hc, p.url, name.repairs(), sc, 1); err != nil {
+	if err := openIdle(wctx, &wg, hc, p.url, name, sc, 1); err != nil {
 		s.Err = err.Error()
 		return
 	}
 	sleepCtx(ctx, r.cfg.MemorySettle)
 	s.RSSBeforeKiB, _ = procStatus(p.pid, "VmRSS")
-	if err := openIdle(wctx, &wg, hc, p.url, name.repairs(), sc, n); err != nil {
+	if err := openIdle(wctx, &wg, hc, p.url, name, sc, n); err != nil {
 		s.Err = err.Error()
 		return
 	}
@@ -707,13 +710,14 @@ func (r *runner) idle(ctx context.Context, name PathName, up upstreamSpec, sc *S
 	}
 	s.RSSAfterKiB, _ = procStatus(p.pid, "VmRSS")
 	s.FDs = procFDs(p.pid)
+	s.UpstreamWatches = r.up.Watches.Load()
 	s.PerWatchKiB = float64(s.RSSAfterKiB-s.RSSBeforeKiB) / float64(n)
 	return
 }
 
 // openIdle opens k watches of sc on base that stay open until ctx ends, at most 64 waiting for
 // their first event at a time, and returns once every one has had its first event.
-func openIdle(ctx context.Context, wg *sync.WaitGroup, hc *http.Client, base string, repaired bool, sc *Scenario, k int) error {
+func openIdle(ctx context.Context, wg *sync.WaitGroup, hc *http.Client, base string, path PathName, sc *Scenario, k int) error {
 	firsts := make(chan struct{}, k)
 	errc := make(chan error, k)
 	sem := make(chan struct{}, 64)
@@ -729,7 +733,7 @@ func openIdle(ctx context.Context, wg *sync.WaitGroup, hc *http.Client, base str
 		go func() {
 			defer wg.Done()
 			first := false
-			res := runWatch(ctx, hc, watchOpts{base: base, ns: "idle", sc: sc, repaired: repaired, hold: true, readBuf: 4 << 10,
+			res := runWatch(ctx, hc, watchOpts{base: base, ns: "idle", sc: sc, repaired: path.repairs(), lent: path.lends(), hold: true, readBuf: 4 << 10,
 				onFirst: func(time.Duration) { first = true; <-sem; firsts <- struct{}{} }})
 			if !first {
 				<-sem
