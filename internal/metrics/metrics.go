@@ -47,6 +47,7 @@ type Metrics struct {
 	PrivateFeeds          *prometheus.CounterVec // reason (watch.PrivateFeedReasons)
 	SharedRingEvictions   prometheus.Counter
 	SharedSlowSubscribers prometheus.Counter
+	SharedHandoffs        *prometheus.CounterVec // result (watch.HandoffResults)
 
 	Refused         *prometheus.CounterVec // reason: requests watchsan refused itself (RefusalReasons)
 	Connections     *prometheus.GaugeVec   // listener: main | admin
@@ -91,6 +92,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	m.SharedJoins = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_shared_feed_joins_total", Help: "Client watches that joined a shared feed already open (the ones that opened a feed are not counted)."})
 	m.PrivateFeeds = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_private_feeds_total", Help: "Client watches given an upstream watch of their own while --share-watches is on, by why: identity (not the lent identity), initial-state (resourceVersion \"\" or 0), watch-list (sendInitialEvents or resourceVersionMatch), resource-version (no integer, or timeoutSeconds over), not-covered (the feed's ring does not cover it), backlog (more behind than --share-subscriber-buffer-bytes), not-joinable (the feed delivered resourceVersions out of order), feed-failed (the feed's first answer was no stream)."}, []string{"reason"})
 	m.SharedRingEvictions = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_shared_feed_ring_evictions_total", Help: "Events evicted from shared feeds' rings (--share-ring-bytes, --share-ring-events): a client re-watching from before them gets a private feed."})
+	m.SharedHandoffs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_shared_feed_handoffs_total", Help: "Watch-lists (sendInitialEvents=true) of the lent identity with --share-watches, by what became of them at their initial-events-end bookmark: joined (moved onto the open shared feed of the same plain watch) or opened (onto a new one from the bookmark's resourceVersion), and their private upstream watch closed; or stayed private: behind (the feed did not reach the initial events' newest resourceVersion in time), not-covered (the feed's ring starts after the bookmark, or it ended), not-joinable (the feed or the private stream delivered resourceVersions out of order, or the feed rewrote one), backlog (more behind than --share-subscriber-buffer-bytes), feed-failed (the feed's first answer was no stream, or not in time); or ended-before (the stream ended before its bookmark)."}, []string{"result"})
 	m.SharedSlowSubscribers = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_shared_feed_slow_subscribers_total", Help: "Subscribers of shared feeds ended because they fell --share-subscriber-buffer-bytes behind their feed, or a write to them did not complete within --watch-write-timeout (their clients re-watch; no other subscriber waits for them)."})
 	m.RelistsForced = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_relists_forced_total", Help: "410 Expired ERROR events sent to clients (each makes the client relist)."})
 	m.WatchMovesFailed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_moves_failed_total", Help: "Watch moves not made because no target accepted the watch's resume point (make-before-break: the watch stayed where it was), by the move's reason."}, []string{"reason"})
@@ -108,7 +110,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 		m.TLSReloads.WithLabelValues(result)
 	}
 	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_build_info", Help: "Always 1; its labels say which build runs: version, VCS revision and Go version."}, []string{"version", "revision", "goversion"})
-	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.StallsHung, m.SlowClients, m.ResumeSeconds, m.RelistsForced, m.SharedFeeds, m.SharedSubscribers, m.SharedJoins, m.PrivateFeeds, m.SharedRingEvictions, m.SharedSlowSubscribers, m.WatchMovesFailed, m.WatchFreshPoints, m.Retries, m.Refused, m.Connections, m.ConnectionLimit, m.ConnectionsShed} {
+	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.StallsHung, m.SlowClients, m.ResumeSeconds, m.RelistsForced, m.SharedFeeds, m.SharedSubscribers, m.SharedJoins, m.PrivateFeeds, m.SharedRingEvictions, m.SharedSlowSubscribers, m.SharedHandoffs, m.WatchMovesFailed, m.WatchFreshPoints, m.Retries, m.Refused, m.Connections, m.ConnectionLimit, m.ConnectionsShed} {
 		f(c)
 	}
 	m.Upstream.register(reg)

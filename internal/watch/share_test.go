@@ -23,6 +23,7 @@ import (
 	"github.com/watchsan/watchsan/internal/memapi"
 	"github.com/watchsan/watchsan/internal/metrics"
 	"github.com/watchsan/watchsan/internal/reqinfo"
+	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/testutil"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -35,6 +36,8 @@ type apiGate struct {
 	watches atomic.Int32
 	mu      sync.Mutex
 	open    map[*context.CancelFunc]struct{}
+	// wrap, when set, is what the api answers each watch on (set before the first request).
+	wrap func(http.ResponseWriter, *http.Request) http.ResponseWriter
 }
 
 func (g *apiGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -53,7 +56,11 @@ func (g *apiGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.mu.Unlock()
 		cancel()
 	}()
-	g.api.ServeHTTP(w, r.WithContext(ctx))
+	r = r.WithContext(ctx)
+	if g.wrap != nil {
+		w = g.wrap(w, r)
+	}
+	g.api.ServeHTTP(w, r)
 }
 
 // breakAll ends every watch open through the gate.
@@ -172,14 +179,21 @@ func watchAt(t *testing.T, base, query string, hdr http.Header, read bool) *clie
 			var ev struct {
 				Type   string
 				Object struct {
-					Metadata struct{ Name, ResourceVersion string }
+					Metadata struct {
+						Name, ResourceVersion string
+						Annotations           map[string]string
+					}
 				}
 			}
 			if dec.Decode(&ev) != nil {
 				return
 			}
+			name := ev.Object.Metadata.Name
+			if ev.Type == "BOOKMARK" && ev.Object.Metadata.Annotations[stream.InitialEventsEndAnnotation] == "true" {
+				name = "initial-events-end"
+			}
 			c.mu.Lock()
-			c.got = append(c.got, ev.Type+" "+ev.Object.Metadata.Name+" "+ev.Object.Metadata.ResourceVersion)
+			c.got = append(c.got, ev.Type+" "+name+" "+ev.Object.Metadata.ResourceVersion)
 			c.mu.Unlock()
 		}
 	}()
@@ -275,12 +289,17 @@ func TestShareOlderThanRingGoesPrivate(t *testing.T) {
 	sameEvents(t, "the watch from before the ring", old.waitFor(t, "the old watch", 8), directOld.waitFor(t, "its direct watch", 8))
 	watchAt(t, x.srv.URL, "resourceVersion=0", nil, true)
 	watchAt(t, x.srv.URL, "", nil, true)
+	// A watch-list starts private, and hands off onto the feed at its initial-events-end
+	// bookmark (handoff_test.go).
 	watchAt(t, x.srv.URL, "sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true", nil, true)
-	for reason, want := range map[string]float64{privateNotCovered: 1, privateInitial: 2, privateWatchList: 1} {
+	for reason, want := range map[string]float64{privateNotCovered: 1, privateInitial: 2, privateWatchList: 0} {
 		testutil.Eventually(t, 10*time.Second, "private feeds "+reason, func() bool {
 			return promtest.ToFloat64(x.m.PrivateFeeds.WithLabelValues(reason)) == want
 		})
 	}
+	testutil.Eventually(t, 10*time.Second, "the watch-list's handoff", func() bool {
+		return promtest.ToFloat64(x.m.SharedHandoffs.WithLabelValues(handoffJoined)) == 1
+	})
 	if got := x.gate.watches.Load(); got != 5 {
 		t.Errorf("%d upstream watches, want 5 (the feed and 4 private)", got)
 	}
