@@ -60,7 +60,8 @@ func TestHandoffWatchListsOntoOneFeed(t *testing.T) {
 	const n = 5
 	clients := make([]*client, n)
 	for i := range clients {
-		clients[i] = watchAt(t, x.srv.URL, watchList, nil, true)
+		// As client-go's typed clients send it: timeoutSeconds and timeout, random per watch.
+		clients[i] = watchAt(t, x.srv.URL, fmt.Sprintf("%s&timeoutSeconds=%d&timeout=%dm%ds", watchList, 300+i, 5, i), nil, true)
 	}
 	x.waitHandedOff(t, n)
 	x.waitSubscribers(t, n)

@@ -104,10 +104,13 @@ func shareRule(r *http.Request, cred upstream.Credentials, p params) string {
 
 // perSubscriber are the query parameters that are each subscriber's own and not in a feed's
 // key: its resourceVersion (where it joins the ring), its timeoutSeconds (the feed outlives
-// it) and allowWatchBookmarks (the feed always asks for bookmarks, and passes them only to the
-// subscribers that did). Every other parameter, known or not, is in the key: two watches
-// share a feed only if the apiserver was asked exactly the same (docs/design.md section 11).
-var perSubscriber = []string{"resourceVersion", "timeoutSeconds", "allowWatchBookmarks"}
+// it), allowWatchBookmarks (the feed always asks for bookmarks, and passes them only to the
+// subscribers that did) and timeout, which client-go's typed clients send with every watch
+// (its timeoutSeconds as a duration, random per re-watch) and the apiserver ignores on a watch
+// (ListResource in endpoints/handlers/get.go: "we explicitly ignore ?timeout= and use only
+// ?timeoutSeconds="). Every other parameter, known or not, is in the key: two watches share a
+// feed only if the apiserver was asked exactly the same (docs/design.md section 11).
+var perSubscriber = []string{"resourceVersion", "timeoutSeconds", "allowWatchBookmarks", "timeout"}
 
 // feedKey is what makes two watches the same upstream watch: the path (resource, namespace,
 // name; one Handler has one set of upstreams), every query parameter but perSubscriber's
@@ -239,6 +242,7 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, info *reqinfo.Info,
 	tmpl := r.Clone(context.Background())
 	q := tmpl.URL.Query()
 	q.Del("timeoutSeconds")
+	q.Del("timeout") // the first client's, ignored on a watch (perSubscriber)
 	tmpl.URL = &url.URL{Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: q.Encode()}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	log := newWatchLog(h.log.Named("feed").With(zap.String("feed", r.URL.Path+"?"+q.Encode())), r.RemoteAddr, "")
