@@ -2,7 +2,6 @@ package watch
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"slices"
@@ -36,16 +35,7 @@ func (x *shareFixture) waitHandedOff(t *testing.T, n int) {
 // create creates the configmap name in namespace ns; for a writer's goroutine (no t.Fatal).
 func (x *shareFixture) create(ns, name string) error {
 	body := fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":%q},"data":{"k":"v"}}`, name)
-	resp, err := http.Post(x.direct.URL+"/api/v1/namespaces/"+ns+"/configmaps", "application/json", strings.NewReader(body))
-	if err != nil {
-		return err
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusCreated {
-		return fmt.Errorf("create %s/%s: %s", ns, name, resp.Status)
-	}
-	return nil
+	return x.send(http.MethodPost, "/api/v1/namespaces/"+ns+"/configmaps", body, http.StatusCreated)
 }
 
 // Issue 15: N watch-lists of the same watch (client-go informers) end on one upstream watch:
@@ -271,15 +261,8 @@ func (x *shareFixture) holdFeedFrom(from uint64) (release func()) {
 
 func (x *shareFixture) delete(t *testing.T, ns, name string) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodDelete, x.direct.URL+"/api/v1/namespaces/"+ns+"/configmaps/"+name, nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
+	if err := x.send(http.MethodDelete, "/api/v1/namespaces/"+ns+"/configmaps/"+name, "", http.StatusOK); err != nil {
 		t.Fatal(err)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("delete %s/%s: %s", ns, name, resp.Status)
 	}
 }
 

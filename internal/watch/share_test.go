@@ -121,17 +121,31 @@ func (x *shareFixture) write(t *testing.T, prefix string, n, size int) uint64 {
 	data := strings.Repeat("x", size)
 	for i := 0; i < n; i++ {
 		body := fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"%s-%d"},"data":{"k":%q}}`, prefix, i, data)
-		resp, err := http.Post(x.direct.URL+"/api/v1/namespaces/d/configmaps", "application/json", strings.NewReader(body))
-		if err != nil {
+		if err := x.send(http.MethodPost, "/api/v1/namespaces/d/configmaps", body, http.StatusCreated); err != nil {
 			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusCreated {
-			t.Fatalf("create %s-%d: %s", prefix, i, resp.Status)
 		}
 	}
 	return x.api.ResourceVersion()
+}
+
+// send sends method with the JSON body to memapi at path, and says so unless it answered want;
+// for any goroutine (no t.Fatal).
+func (x *shareFixture) send(method, path, body string, want int) error {
+	req, err := http.NewRequest(method, x.direct.URL+path, strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != want {
+		return fmt.Errorf("%s %s: %s", method, path, resp.Status)
+	}
+	return nil
 }
 
 // client is one client watch's stream, as read: each event "TYPE name rv".
