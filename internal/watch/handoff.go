@@ -122,8 +122,10 @@ func (ho *handoff) try(f *feed) bool {
 		ho.count(h, handoffEndedBefore)
 		return false
 	}
+	// The private stream in order: no regression judged, and (for an exempt resource, whose
+	// policy judges nothing) a bookmark not below an initial event.
 	at, ok := stream.ParseRV(sub.LastDelivered())
-	if !ok || sub.regressed {
+	if !ok || sub.regressed || ho.newest > at {
 		return ho.stay(f, handoffNotJoinable, at)
 	}
 	// The client has everything up to the bookmark before anything of the feed's.

@@ -403,3 +403,26 @@ func TestHandoffOwnTimeout(t *testing.T) {
 		t.Errorf("%d upstream watches open, want 1 (the feed)", got)
 	}
 }
+
+// An exempt resource's watch-lists (their policy passes everything, judging nothing) hand off
+// too, and get every event once.
+func TestHandoffExemptResource(t *testing.T) {
+	x := newShareFixture(t, Config{Exempt: []string{"configmaps"}})
+	x.write(t, "before", 2, 10)
+	direct := watchAt(t, x.direct.URL, watchList, nil, true)
+	direct.waitFor(t, "the direct watch-list", 3)
+	const n = 3
+	clients := make([]*client, n)
+	for i := range clients {
+		clients[i] = watchAt(t, x.srv.URL, watchList, nil, true)
+	}
+	x.waitHandedOff(t, n)
+	x.write(t, "cm", 4, 10)
+	want := direct.waitFor(t, "the direct watch-list", 7)
+	for i, c := range clients {
+		sameEvents(t, fmt.Sprintf("watch-list %d", i), c.waitFor(t, fmt.Sprintf("watch-list %d", i), 7), want)
+	}
+	testutil.Eventually(t, 10*time.Second, "one upstream watch for the watch-lists (and the direct one)", func() bool {
+		return x.api.OpenWatches() == 2
+	})
+}
