@@ -32,6 +32,18 @@ func (x *shareFixture) waitHandedOff(t *testing.T, n int) {
 	})
 }
 
+// watchLists opens n watch-lists through watchsan, the i-th with query(i), and waits until
+// all have handed off.
+func (x *shareFixture) watchLists(t *testing.T, n int, query func(i int) string) []*client {
+	t.Helper()
+	clients := make([]*client, n)
+	for i := range clients {
+		clients[i] = watchAt(t, x.srv.URL, query(i), nil, true)
+	}
+	x.waitHandedOff(t, n)
+	return clients
+}
+
 // create creates the configmap name in namespace ns; for a writer's goroutine (no t.Fatal).
 func (x *shareFixture) create(ns, name string) error {
 	body := fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":%q},"data":{"k":"v"}}`, name)
@@ -48,12 +60,10 @@ func TestHandoffWatchListsOntoOneFeed(t *testing.T) {
 	direct := watchAt(t, x.direct.URL, watchList, nil, true)
 	direct.waitFor(t, "the direct watch-list", 4)
 	const n = 5
-	clients := make([]*client, n)
-	for i := range clients {
-		// As client-go's typed clients send it: timeoutSeconds and timeout, random per watch.
-		clients[i] = watchAt(t, x.srv.URL, fmt.Sprintf("%s&timeoutSeconds=%d&timeout=%dm%ds", watchList, 300+i, 5, i), nil, true)
-	}
-	x.waitHandedOff(t, n)
+	// As client-go's typed clients send it: timeoutSeconds and timeout, random per watch.
+	clients := x.watchLists(t, n, func(i int) string {
+		return fmt.Sprintf("%s&timeoutSeconds=%d&timeout=%dm%ds", watchList, 300+i, 5, i)
+	})
 	x.waitSubscribers(t, n)
 	testutil.Eventually(t, 10*time.Second, "one upstream watch for the watch-lists (and the direct one)", func() bool {
 		return x.api.OpenWatches() == 2
@@ -412,11 +422,7 @@ func TestHandoffExemptResource(t *testing.T) {
 	direct := watchAt(t, x.direct.URL, watchList, nil, true)
 	direct.waitFor(t, "the direct watch-list", 3)
 	const n = 3
-	clients := make([]*client, n)
-	for i := range clients {
-		clients[i] = watchAt(t, x.srv.URL, watchList, nil, true)
-	}
-	x.waitHandedOff(t, n)
+	clients := x.watchLists(t, n, func(int) string { return watchList })
 	x.write(t, "cm", 4, 10)
 	want := direct.waitFor(t, "the direct watch-list", 7)
 	for i, c := range clients {
