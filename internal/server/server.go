@@ -155,6 +155,9 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	for _, r := range watch.PrivateFeedReasons {
 		s.metrics.PrivateFeeds.WithLabelValues(r)
 	}
+	for _, r := range watch.HandoffResults {
+		s.metrics.SharedHandoffs.WithLabelValues(r)
+	}
 	for _, r := range watch.SlowClientReasons {
 		s.metrics.SlowClients.WithLabelValues(r)
 	}

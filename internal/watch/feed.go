@@ -105,6 +105,10 @@ type feed struct {
 	events   uint64 // upstream events handed to the sink
 	progress uint64 // events it did not drop (object events and bookmarks, shown or not)
 
+	// handoff, for a watch-list that may move onto a shared feed at its initial-events-end
+	// bookmark (handoff.go); nil: none.
+	handoff *handoff
+
 	// cancel ends ctx; stopDeadline (nil: none) stops the timer that would, and tracked says
 	// the Handler's shutdown would (release).
 	cancel       context.CancelCauseFunc
@@ -312,6 +316,10 @@ func (f *feed) pump(src *source) {
 			src.end = f.clientEnd()
 			return
 		}
+		if ev.InitialEventsEnd && f.handoff != nil && !f.handoff.tried && f.handoff.try(f) {
+			src.end = attemptEnd{end: endHandedOff} // on the shared feed now: this attempt ends
+			return
+		}
 		f.lease.SetMovable(f.movable())
 		if ev.Type == stream.Error {
 			src.end = f.endAfterError(ev)
@@ -382,6 +390,9 @@ func (f *feed) deliver(ev *stream.Event) error {
 	d := f.sub.decide(ev)
 	if d.Action == fix.Drop {
 		return nil
+	}
+	if ho := f.handoff; ho != nil && ev.RVIsInt && d.Action == fix.Pass && ev.Type != stream.Bookmark && ev.Type != stream.Error {
+		ho.newest = max(ho.newest, ev.RVInt)
 	}
 	f.reportProgress(ev, d)
 	f.progress++

@@ -292,14 +292,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // handler's frames under 4 KiB are 8 KiB of stack per idle watch instead of 16
 // (docs/bench/NOTES.md, "Idle memory").
 func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred *upstream.Credentials, requestID string) {
-	if h.cfg.Share && h.serveShared(w, r, info, *cred, requestID) {
-		return // served by a shared feed (share.go); else a private feed, as without sharing
+	var ho *handoff
+	if h.cfg.Share {
+		var served bool
+		if served, ho = h.serveShared(w, r, info, *cred, requestID); served {
+			return // served by a shared feed (share.go); else a private feed, as without sharing
+		}
 	}
 	f, sub, src := h.open(w, r, info, cred, requestID)
 	if f == nil {
+		if ho != nil {
+			ho.count(h, handoffEndedBefore)
+		}
 		return
 	}
 	defer f.release()
+	if ho != nil {
+		f.handoff, ho.sub = ho, sub
+	}
 	serve(f, sub, src)
 }
 
@@ -385,7 +395,17 @@ func serve(f *feed, sub *subscriber, src *source) {
 	open := f.h.deps.Metrics.OpenWatches.WithLabelValues(sub.resource)
 	open.Inc()
 	defer open.Dec()
-	ended(f, sub, f.run(src))
+	end := f.run(src)
+	if ho := f.handoff; ho != nil {
+		if end == endHandedOff {
+			ho.serve(f)
+			return
+		}
+		if !ho.tried {
+			ho.count(f.h, handoffEndedBefore)
+		}
+	}
+	ended(f, sub, end)
 }
 
 // ended counts and logs how the watch's stream ended.

@@ -35,6 +35,10 @@ const (
 	numEndReasons
 )
 
+// endHandedOff: a private feed's watch-list moved onto a shared feed (handoff.go); its stream
+// goes on there. Never a stream's end, so in no metric.
+const endHandedOff = numEndReasons + 1
+
 var endNames = [numEndReasons]string{
 	endNone:          "none",
 	EndClientGone:    "client-gone",

@@ -115,10 +115,13 @@ func shareRule(r *http.Request, cred upstream.Credentials, p params) string {
 
 // perSubscriber are the query parameters that are each subscriber's own and not in a feed's
 // key: its resourceVersion (where it joins the ring), its timeoutSeconds (the feed outlives
-// it) and allowWatchBookmarks (the feed always asks for bookmarks, and passes them only to the
-// subscribers that did). Every other parameter, known or not, is in the key: two watches
-// share a feed only if the apiserver was asked exactly the same (docs/design.md section 11).
-var perSubscriber = []string{"resourceVersion", "timeoutSeconds", "allowWatchBookmarks"}
+// it), allowWatchBookmarks (the feed always asks for bookmarks, and passes them only to the
+// subscribers that did) and timeout, which client-go's typed clients send with every watch
+// (its timeoutSeconds as a duration, random per re-watch) and the apiserver ignores on a watch
+// (ListResource in endpoints/handlers/get.go: "we explicitly ignore ?timeout= and use only
+// ?timeoutSeconds="). Every other parameter, known or not, is in the key: two watches share a
+// feed only if the apiserver was asked exactly the same (docs/design.md section 11).
+var perSubscriber = []string{"resourceVersion", "timeoutSeconds", "allowWatchBookmarks", "timeout"}
 
 // feedKey is what makes two watches the same upstream watch: the path (resource, namespace,
 // name; one Handler has one set of upstreams), every query parameter but perSubscriber's
@@ -140,12 +143,18 @@ type registry struct {
 
 // serveShared serves the watch r on a shared feed when it may be (shareRule) and one covers
 // it, or opens one; false when it gets a private feed (counted by reason), which the caller
-// serves as without sharing.
-func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, requestID string) bool {
+// serves as without sharing. A watch-list that may hand off onto a shared feed once it has its
+// initial events (handoff.go) gets a private feed too, and its handoff, counted there.
+func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, requestID string) (bool, *handoff) {
 	p := parseParams(r)
 	reason := privateExcluded // the operator's word first: no other rule is asked
 	if !h.shareExclude[info.GroupResource()] {
 		reason = shareRule(r, cred, p)
+	}
+	if reason == privateWatchList {
+		if ho := handoffFor(r, info, p); ho != nil {
+			return false, ho
+		}
 	}
 	if reason == "" {
 		var (
@@ -158,17 +167,17 @@ func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqi
 			case <-sf.ready:
 			case <-r.Context().Done():
 				sf.leave(m)
-				return true
+				return true, nil
 			}
 			if sf.ok {
 				sf.serve(w, r, m, p, requestID)
-				return true
+				return true, nil
 			}
 			reason = privateFeedFailed
 		}
 	}
 	h.deps.Metrics.PrivateFeeds.WithLabelValues(reason).Inc()
-	return false
+	return false, nil
 }
 
 // join finds the feed of r's key and joins it at p's resourceVersion, or opens the feed with
@@ -189,12 +198,19 @@ func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Creden
 	if len(g.feeds) >= h.cfg.ShareMaxFeeds {
 		return nil, nil, privateFeedLimit
 	}
-	sf := h.newSharedFeed(key, r, info, cred, p.rv, at)
-	g.feeds[key] = sf
-	m, _ := sf.add(at, p.allowBookmarks)
+	sf, m := h.openFeed(key, r, info, cred, p.rv, at, p.allowBookmarks)
+	return sf, m, ""
+}
+
+// openFeed opens the feed for key from resourceVersion rv (at), r its template, with a first
+// member at at; the registry's lock is held, and the caller has checked --share-max-feeds.
+func (h *Handler) openFeed(key string, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, rv string, at uint64, bookmarks bool) (*sharedFeed, *member) {
+	sf := h.newSharedFeed(key, r, info, cred, rv, at)
+	h.feeds.feeds[key] = sf
+	m, _ := sf.add(at, bookmarks)
 	h.deps.Metrics.SharedFeeds.Inc()
 	go sf.run() // exits when the feed ends: its last subscriber gone, shutdown, or its upstream's end
-	return sf, m, ""
+	return sf, m
 }
 
 // sharedFeed is a shared feed's sink (feed.go's contract): its policy, its ring, its members.
@@ -233,8 +249,13 @@ type sharedFeed struct {
 	last    uint64 // the newest resourceVersion delivered (object events and bookmarks)
 	// notJoinable, when set, is why no one may join any more (privateNotJoinable).
 	notJoinable string
-	closed      bool
-	idleTimer   clock.Timer
+	// rewrote: the policy rewrote a delivered resourceVersion; no watch-list hands off onto
+	// the feed (handoff.go).
+	rewrote   bool
+	closed    bool
+	idleTimer clock.Timer
+	// waiters are handoffs waiting for the feed to deliver a resourceVersion (handoff.go).
+	waiters []rvWaiter
 }
 
 // newSharedFeed makes the feed for key, opened by the watch r from resourceVersion rv (at),
@@ -243,6 +264,7 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, info *reqinfo.Info,
 	tmpl := r.Clone(context.Background())
 	q := tmpl.URL.Query()
 	q.Del("timeoutSeconds")
+	q.Del("timeout") // the first client's, ignored on a watch (perSubscriber)
 	tmpl.URL = &url.URL{Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: q.Encode()}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	log := newWatchLog(h.log.Named("feed").With(zap.String("feed", r.URL.Path+"?"+q.Encode())), r.RemoteAddr, "")
@@ -316,6 +338,7 @@ func (sf *sharedFeed) close(end EndReason) {
 	if sf.idleTimer != nil {
 		sf.idleTimer.Stop()
 	}
+	sf.wakeWaiters(true)
 	members := sf.members
 	sf.members = map[*member]struct{}{}
 	sf.h.deps.Metrics.SharedSubscribers.Sub(float64(len(members)))
@@ -337,6 +360,11 @@ func (sf *sharedFeed) close(end EndReason) {
 func (sf *sharedFeed) add(at uint64, bookmarks bool) (*member, string) {
 	sf.mu.Lock()
 	defer sf.mu.Unlock()
+	return sf.addLocked(at, bookmarks)
+}
+
+// addLocked is add with mu held.
+func (sf *sharedFeed) addLocked(at uint64, bookmarks bool) (*member, string) {
 	switch {
 	case sf.closed:
 		return nil, privateNotCovered
@@ -439,6 +467,7 @@ func (sf *sharedFeed) write(ev *stream.Event, d fix.Decision) error {
 	defer sf.mu.Unlock()
 	switch ev.Type {
 	case stream.Error:
+		rv = 0
 	case stream.Bookmark:
 		sf.advance(rv, isInt, false)
 	default:
@@ -446,7 +475,13 @@ func (sf *sharedFeed) write(ev *stream.Event, d fix.Decision) error {
 			sf.ring.add(rv, raw)
 		}
 	}
-	sf.fanOut(raw, ev.Type == stream.Bookmark)
+	if !isInt {
+		rv = 0
+	}
+	if d.Action == fix.Rewrite {
+		sf.rewrote = true
+	}
+	sf.fanOut(raw, ev.Type == stream.Bookmark, rv, d.Action == fix.Rewrite)
 	return nil
 }
 
@@ -459,17 +494,26 @@ func (sf *sharedFeed) advance(rv uint64, isInt, event bool) bool {
 			sf.notJoinable = privateNotJoinable
 			sf.log.Info("the shared feed delivered a resourceVersion out of order or no integer; no one joins it any more",
 				zap.Uint64("rv", rv), zap.Uint64("last", sf.last))
+			sf.wakeWaiters(true)
 		}
 		return false
 	}
 	sf.last = rv
+	if len(sf.waiters) > 0 {
+		sf.wakeWaiters(false)
+	}
 	return true
 }
 
-// fanOut appends raw to every member's queue (a bookmark: those that asked for them). mu is held.
-func (sf *sharedFeed) fanOut(raw []byte, bookmark bool) {
+// fanOut appends raw, delivered at resourceVersion rv (0: none, an ERROR or no integer), to
+// every member's queue (a bookmark: those that asked for them), but those a handoff joined
+// ahead of the feed skip what their initial events already hold (member.skip). mu is held.
+func (sf *sharedFeed) fanOut(raw []byte, bookmark bool, rv uint64, rewritten bool) {
 	for m := range sf.members {
 		if bookmark && !m.bookmarks {
+			continue
+		}
+		if m.skip != 0 && sf.skips(m, rv, rewritten) {
 			continue
 		}
 		if !m.push(raw) {
@@ -509,7 +553,7 @@ func (sf *sharedFeed) relist(st *metav1.Status) {
 	}
 	raw := sf.frame.take()
 	sf.mu.Lock()
-	sf.fanOut(raw, false)
+	sf.fanOut(raw, false, 0, false)
 	sf.mu.Unlock()
 	_ = sf.flush()
 }
@@ -535,6 +579,10 @@ type member struct {
 	bookmarks bool
 	max       int
 	wake      chan struct{} // capacity 1: something to take
+	// skip, when not 0, is the resourceVersion up to which the member's client has what the
+	// feed delivers: a watch-list handed off ahead of the feed (handoff.go). The feed's mu
+	// guards it.
+	skip uint64
 
 	mu     sync.Mutex
 	q      [][]byte

@@ -23,6 +23,7 @@ import (
 	"github.com/watchsan/watchsan/internal/memapi"
 	"github.com/watchsan/watchsan/internal/metrics"
 	"github.com/watchsan/watchsan/internal/reqinfo"
+	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/testutil"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -35,6 +36,8 @@ type apiGate struct {
 	watches atomic.Int32
 	mu      sync.Mutex
 	open    map[*context.CancelFunc]struct{}
+	// wrap, when set, is what the api answers each watch on (set before the first request).
+	wrap func(http.ResponseWriter, *http.Request) http.ResponseWriter
 }
 
 func (g *apiGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -53,7 +56,11 @@ func (g *apiGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.mu.Unlock()
 		cancel()
 	}()
-	g.api.ServeHTTP(w, r.WithContext(ctx))
+	r = r.WithContext(ctx)
+	if g.wrap != nil {
+		w = g.wrap(w, r)
+	}
+	g.api.ServeHTTP(w, r)
 }
 
 // breakAll ends every watch open through the gate.
@@ -116,17 +123,31 @@ func (x *shareFixture) write(t *testing.T, prefix string, n, size int) uint64 {
 	data := strings.Repeat("x", size)
 	for i := 0; i < n; i++ {
 		body := fmt.Sprintf(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"%s-%d"},"data":{"k":%q}}`, prefix, i, data)
-		resp, err := http.Post(x.direct.URL+"/api/v1/namespaces/d/configmaps", "application/json", strings.NewReader(body))
-		if err != nil {
+		if err := x.send(http.MethodPost, "/api/v1/namespaces/d/configmaps", body, http.StatusCreated); err != nil {
 			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusCreated {
-			t.Fatalf("create %s-%d: %s", prefix, i, resp.Status)
 		}
 	}
 	return x.api.ResourceVersion()
+}
+
+// send sends method with the JSON body to memapi at path, and says so unless it answered want;
+// for any goroutine (no t.Fatal).
+func (x *shareFixture) send(method, path, body string, want int) error {
+	req, err := http.NewRequest(method, x.direct.URL+path, strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != want {
+		return fmt.Errorf("%s %s: %s", method, path, resp.Status)
+	}
+	return nil
 }
 
 // client is one client watch's stream, as read: each event "TYPE name rv".
@@ -174,14 +195,21 @@ func watchAt(t *testing.T, base, query string, hdr http.Header, read bool) *clie
 			var ev struct {
 				Type   string
 				Object struct {
-					Metadata struct{ Name, ResourceVersion string }
+					Metadata struct {
+						Name, ResourceVersion string
+						Annotations           map[string]string
+					}
 				}
 			}
 			if dec.Decode(&ev) != nil {
 				return
 			}
+			name := ev.Object.Metadata.Name
+			if ev.Type == "BOOKMARK" && ev.Object.Metadata.Annotations[stream.InitialEventsEndAnnotation] == "true" {
+				name = "initial-events-end"
+			}
 			c.mu.Lock()
-			c.got = append(c.got, ev.Type+" "+ev.Object.Metadata.Name+" "+ev.Object.Metadata.ResourceVersion)
+			c.got = append(c.got, ev.Type+" "+name+" "+ev.Object.Metadata.ResourceVersion)
 			c.mu.Unlock()
 		}
 	}()
@@ -277,12 +305,17 @@ func TestShareOlderThanRingGoesPrivate(t *testing.T) {
 	sameEvents(t, "the watch from before the ring", old.waitFor(t, "the old watch", 8), directOld.waitFor(t, "its direct watch", 8))
 	watchAt(t, x.srv.URL, "resourceVersion=0", nil, true)
 	watchAt(t, x.srv.URL, "", nil, true)
+	// A watch-list starts private, and hands off onto the feed at its initial-events-end
+	// bookmark (handoff_test.go).
 	watchAt(t, x.srv.URL, "sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true", nil, true)
-	for reason, want := range map[string]float64{privateNotCovered: 1, privateInitial: 2, privateWatchList: 1} {
+	for reason, want := range map[string]float64{privateNotCovered: 1, privateInitial: 2, privateWatchList: 0} {
 		testutil.Eventually(t, 10*time.Second, "private feeds "+reason, func() bool {
 			return promtest.ToFloat64(x.m.PrivateFeeds.WithLabelValues(reason)) == want
 		})
 	}
+	testutil.Eventually(t, 10*time.Second, "the watch-list's handoff", func() bool {
+		return promtest.ToFloat64(x.m.SharedHandoffs.WithLabelValues(handoffJoined)) == 1
+	})
 	if got := x.gate.watches.Load(); got != 5 {
 		t.Errorf("%d upstream watches, want 5 (the feed and 4 private)", got)
 	}
