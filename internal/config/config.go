@@ -104,6 +104,7 @@ type Config struct {
 	ShareRingBytes             int
 	ShareRingEvents            int
 	ShareSubscriberBufferBytes int
+	ShareReviewCacheEntries    int
 
 	// ShutdownDelay is how long readiness fails before the listeners close at shutdown.
 	ShutdownDelay   time.Duration
@@ -156,5 +157,6 @@ func Default() Config {
 		ShareRingBytes:             watch.DefaultShareRingBytes,
 		ShareRingEvents:            watch.DefaultShareRingEvents,
 		ShareSubscriberBufferBytes: watch.DefaultShareSubscriberBytes,
+		ShareReviewCacheEntries:    watch.DefaultShareReviewEntries,
 	}
 }

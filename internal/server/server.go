@@ -140,6 +140,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		ShareRingBytes:       cfg.ShareRingBytes,
 		ShareRingEvents:      cfg.ShareRingEvents,
 		ShareSubscriberBytes: cfg.ShareSubscriberBufferBytes,
+		ShareReviewEntries:   cfg.ShareReviewCacheEntries,
 	}, watch.Deps{Attempts: attempts, Metrics: s.metrics, Memory: memory, Done: s.watchesDone, Logger: log, OnBreak: s.onBreak})
 	if err != nil {
 		return nil, err
@@ -152,6 +153,9 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	}
 	for _, r := range watch.PrivateFeedReasons {
 		s.metrics.PrivateFeeds.WithLabelValues(r)
+	}
+	for _, r := range watch.ReviewResults {
+		s.metrics.SharedAccessReviews.WithLabelValues(r)
 	}
 	for _, r := range watch.SlowClientReasons {
 		s.metrics.SlowClients.WithLabelValues(r)
