@@ -101,6 +101,7 @@ type reviewEntry struct {
 // reviewFlight is one review being made; done is closed once allowed and result are set.
 type reviewFlight struct {
 	done    chan struct{}
+	waiters int // the watches waiting for it (under reviews.mu)
 	allowed bool
 	result  string
 }
@@ -202,6 +203,7 @@ func (h *Handler) review(r *http.Request, info *reqinfo.Info, cred upstream.Cred
 		fl = &reviewFlight{done: make(chan struct{})}
 		rv.flights[key] = fl
 	}
+	fl.waiters++
 	rv.mu.Unlock()
 	if first {
 		req := h.reviewRequest(r, ra)
