@@ -57,7 +57,7 @@ func TestSharedFeedAccessReviewRealAPIServer(t *testing.T) {
 		tokens[sa] = tr.Status.Token
 	}
 	if _, err := admin.RbacV1().RoleBindings(nsA).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "cm-readers"},
-		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "cm-reader"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "cm-reader"},
 		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: nsA, Name: "reader-1"}, {Kind: rbacv1.ServiceAccountKind, Namespace: nsA, Name: "reader-2"}}},
 		metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
