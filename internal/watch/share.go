@@ -130,9 +130,9 @@ func feedKey(r *http.Request, cred upstream.Credentials) string {
 	return r.URL.Path + "?" + q.Encode() + "\x00accept=" + r.Header.Get("Accept") + "\x00as=" + feedPrincipal(cred)
 }
 
-// feedPrincipal is who a shared feed's subscribers are, in its key and its delete memory's
-// scope: "lent" for the lent identity; "reviewed" for clients with credentials of their own that
-// an access review allowed to watch the scope, whoever they are: the apiserver sends every
+// feedPrincipal is who a shared feed's subscribers are, in its key: "lent" for the lent
+// identity; "reviewed" for clients with credentials of their own that an access review
+// allowed to watch the scope, whoever they are: the apiserver sends every
 // identity allowed to watch a scope the same events, and the feed goes with its opener's
 // credentials (docs/design.md section 11). The two never share: a lent client was never
 // reviewed, and the lent identity may not be allowed what a reviewed client is.
@@ -267,7 +267,10 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, info *reqinfo.Info,
 	if h.exempt[info.GroupResource()] {
 		mode = fix.PassAll
 	}
-	sf.policy = fix.Options{Scope: scope + "&u=" + feedPrincipal(cred), StartRV: rv, Mode: mode, Memory: h.deps.Memory}
+	// The delete memory's scope is the opener's principal, whom the feed goes as upstream (for a
+	// reviewed feed not "reviewed": one reviewed client's remembered deletes must not suppress
+	// a delete another one's own feed replays to it, issue 16).
+	sf.policy = fix.Options{Scope: scopeOf(scope, cred), StartRV: rv, Mode: mode, Memory: h.deps.Memory}
 	// A subscriber with no response: the policy's decisions are counted as a private watch's.
 	sf.pol = newSubscriber(h, nil, tmpl, params{}, h.deps.Metrics.Resource(info.FullResource()), log)
 	sf.f = &feed{
