@@ -104,6 +104,7 @@ type Config struct {
 	ShareRingBytes             int
 	ShareRingEvents            int
 	ShareSubscriberBufferBytes int
+	ShareReviewCacheEntries    int
 	// ShareExcludeResources are resources (as --fix-exempt-resource names them) whose watches
 	// never share; ShareMaxFeeds bounds the shared feeds open at once.
 	ShareExcludeResources []string
@@ -160,6 +161,7 @@ func Default() Config {
 		ShareRingBytes:             watch.DefaultShareRingBytes,
 		ShareRingEvents:            watch.DefaultShareRingEvents,
 		ShareSubscriberBufferBytes: watch.DefaultShareSubscriberBytes,
+		ShareReviewCacheEntries:    watch.DefaultShareReviewEntries,
 		ShareMaxFeeds:              watch.DefaultShareMaxFeeds,
 	}
 }

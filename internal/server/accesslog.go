@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/watchsan/watchsan/internal/metrics"
+	"github.com/watchsan/watchsan/internal/upstream"
 )
 
 // recorder remembers the status and body size of a response. It unwraps for
@@ -130,11 +131,33 @@ func (in *instrumented) done() {
 			zap.String("requestID", c.id),
 			zap.String("route", c.route),
 			zap.String("userAgent", r.UserAgent()),
+			// who the apiserver takes it for (docs/design.md section 11): the kind of
+			// credentials, a digest naming them (never a credential), and a verified
+			// certificate's user and groups when they are asserted
+			zap.Stringer("credentials", c.cred),
+			zap.String("principal", c.cred.Principal()),
+			zap.Inline(assertedUser(c.cred)),
 			// the apiserver's id of the request in its audit log (every attempt's answer
 			// carries one; this is the one relayed)
 			zap.String("auditID", rec.Header().Get("Audit-Id")),
 		)
 	}
+}
+
+// assertedUser logs the user and groups of an asserted certificate identity; nothing otherwise.
+type assertedUser upstream.Credentials
+
+func (a assertedUser) MarshalLogObject(enc zapcore.ObjectEncoder) error {
+	if id, ok := upstream.Credentials(a).Asserted(); ok {
+		enc.AddString("user", id.User)
+		return enc.AddArray("groups", zapcore.ArrayMarshalerFunc(func(ae zapcore.ArrayEncoder) error {
+			for _, g := range id.Groups {
+				ae.AppendString(g)
+			}
+			return nil
+		}))
+	}
+	return nil
 }
 
 // countingBody counts the request body bytes read (by the proxy, towards the upstream).

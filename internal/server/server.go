@@ -142,6 +142,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		ShareSubscriberBytes: cfg.ShareSubscriberBufferBytes,
 		ShareExclude:         cfg.ShareExcludeResources,
 		ShareMaxFeeds:        cfg.ShareMaxFeeds,
+		ShareReviewEntries:   cfg.ShareReviewCacheEntries,
 	}, watch.Deps{Attempts: attempts, Metrics: s.metrics, Memory: memory, Done: s.watchesDone, Logger: log, OnBreak: s.onBreak})
 	if err != nil {
 		return nil, err
@@ -157,6 +158,9 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	}
 	for _, r := range watch.HandoffResults {
 		s.metrics.SharedHandoffs.WithLabelValues(r)
+	}
+	for _, r := range watch.ReviewResults {
+		s.metrics.SharedAccessReviews.WithLabelValues(r)
 	}
 	for _, r := range watch.SlowClientReasons {
 		s.metrics.SlowClients.WithLabelValues(r)

@@ -16,7 +16,8 @@ import (
 
 // --share-watches through the whole server in lending mode (the sidecar's): identical watches
 // without credentials are one upstream watch, each client gets every event; a client with its
-// own token is not shared. Without the flag, each watch is its own.
+// own token is not shared: it would be only once an access review allowed it, and memapi
+// answers none (a 404, access-review-failed). Without the flag, each watch is its own.
 func TestShareWatchesLending(t *testing.T) {
 	for _, share := range []bool{true, false} {
 		t.Run(fmt.Sprintf("share=%v", share), func(t *testing.T) {
@@ -71,6 +72,9 @@ func TestShareWatchesLending(t *testing.T) {
 			}
 			if got := watches.Load(); got != want {
 				t.Errorf("%d upstream watches, want %d", got, want)
+			}
+			if got := promtest.ToFloat64(s.Metrics().PrivateFeeds.WithLabelValues("access-review-failed")); share && got != 1 {
+				t.Errorf("private feeds (access-review-failed) %v, want 1: the token's", got)
 			}
 		})
 	}

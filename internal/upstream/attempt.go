@@ -158,6 +158,10 @@ type Plan struct {
 	// request (Decide), or Self for watchsan's own; the zero value sends only what the request
 	// carries.
 	Credentials Credentials
+	// Idempotent: the request changes nothing whatever its method (a POST of a
+	// SelfSubjectAccessReview, which the apiserver answers without storing anything), so it is
+	// retried as a GET is.
+	Idempotent bool
 }
 
 // servable returns the test of which backends can serve a watch's resume point; nil: any.
@@ -216,7 +220,7 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 		bo = &b
 	}
 	body := newCountingBody(req)
-	idempotent := req.Method == http.MethodGet || req.Method == http.MethodHead || req.Method == http.MethodOptions
+	idempotent := plan.Idempotent || req.Method == http.MethodGet || req.Method == http.MethodHead || req.Method == http.MethodOptions
 	if t := plan.Target; t != nil {
 		if t.State() == Unhealthy { // a removed one still serves what is asked of it by name
 			return Attempt{}, &Error{Backend: t, Err: fmt.Errorf("%w (%s is %s)", ErrNoBackend, t, t.State())}

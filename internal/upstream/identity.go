@@ -138,6 +138,9 @@ func Decide(h http.Header, cs *tls.ConnectionState, lend bool, mode IdentityMode
 // Lent reports whether the request gets watchsan's own identity (the lending guard applies).
 func (c Credentials) Lent() bool { return c.how == credLent }
 
+// Own reports whether the request goes with the client's own Authorization, as sent.
+func (c Credentials) Own() bool { return c.how == credOwn }
+
 // Asserted returns the client identity asserted upstream, if the request asserts one.
 func (c Credentials) Asserted() (Identity, bool) { return c.identity, c.how == credAsserted }
 

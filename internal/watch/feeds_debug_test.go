@@ -30,18 +30,19 @@ func (x *shareFixture) listing(t *testing.T) (FeedsListing, string) {
 
 // /debug/feeds lists an open feed with what it watches, its subscribers and its ring, as two
 // clients joined it and it delivered; it never shows the feed's key, the principal in it (the
-// lent identity's "lent") or any client's credentials: a client with a token of its own is
-// not listed at all (private), nor anything of it.
+// lent identity's "lent", a reviewed feed's "reviewed") or any client's credentials: the feed
+// of a client with a token of its own, which the access review let share, is listed as any
+// other, and nothing of its token is.
 func TestFeedsListing(t *testing.T) {
 	x := newShareFixture(t, Config{})
 	from := x.write(t, "before", 1, 10)
 	q := "resourceVersion=" + rv(from) + "&labelSelector=app%3Dweb"
 	a := watchAt(t, x.srv.URL, q, nil, true)
 	b := watchAt(t, x.srv.URL, q, http.Header{"Accept": {"application/json"}}, true)             // another key: another feed
-	own := watchAt(t, x.srv.URL, q, http.Header{"Authorization": {"Bearer s3cret-t0ken"}}, true) // private: identity
-	x.waitSubscribers(t, 2)
-	c := watchAt(t, x.srv.URL, q, nil, true) // joins a's feed
+	own := watchAt(t, x.srv.URL, q, http.Header{"Authorization": {"Bearer s3cret-t0ken"}}, true) // reviewed: a feed of its own
 	x.waitSubscribers(t, 3)
+	c := watchAt(t, x.srv.URL, q, nil, true) // joins a's feed
+	x.waitSubscribers(t, 4)
 	for i := 0; i < 3; i++ {
 		body := `{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"web-` + rv(uint64(i)) + `","labels":{"app":"web"}}}`
 		resp, err := http.Post(x.direct.URL+"/api/v1/namespaces/d/configmaps", "application/json", strings.NewReader(body))
@@ -56,16 +57,16 @@ func TestFeedsListing(t *testing.T) {
 	}
 	var l FeedsListing
 	var body string
-	testutil.Eventually(t, 10*time.Second, "the listing to show both feeds' deliveries", func() bool {
+	testutil.Eventually(t, 10*time.Second, "the listing to show the three feeds' deliveries", func() bool {
 		l, body = x.listing(t)
-		return len(l.Feeds) == 2 && l.Feeds[0].Ring.Events == 3 && l.Feeds[1].Ring.Events == 3
+		return len(l.Feeds) == 3 && l.Feeds[0].Ring.Events == 3 && l.Feeds[1].Ring.Events == 3 && l.Feeds[2].Ring.Events == 3
 	})
-	if !l.Sharing || l.Open != 2 || l.More != 0 || l.MaxFeeds != DefaultShareMaxFeeds {
+	if !l.Sharing || l.Open != 3 || l.More != 0 || l.MaxFeeds != DefaultShareMaxFeeds {
 		t.Errorf("listing header %+v", l)
 	}
 	f := l.Feeds[0] // the oldest: a's, which c joined
-	if f.Subscribers != 2 || l.Feeds[1].Subscribers != 1 {
-		t.Errorf("subscribers %d and %d, want 2 and 1", f.Subscribers, l.Feeds[1].Subscribers)
+	if f.Subscribers != 2 || l.Feeds[1].Subscribers != 1 || l.Feeds[2].Subscribers != 1 {
+		t.Errorf("subscribers %d, %d and %d, want 2, 1 and 1", f.Subscribers, l.Feeds[1].Subscribers, l.Feeds[2].Subscribers)
 	}
 	if f.Group != "" || f.Version != "v1" || f.Resource != "configmaps" || f.Namespace != "d" || f.Name != "" ||
 		f.LabelSelector != "app=web" || f.FieldSelector != "" || f.Format != "json" || f.Opening {
@@ -77,7 +78,7 @@ func TestFeedsListing(t *testing.T) {
 	if !strings.HasPrefix(f.Backend, "http://127.0.0.1:") || f.Events < 3 || f.Resumes != 0 || f.AgeSeconds <= 0 {
 		t.Errorf("backend %q, events %d, resumes %d, age %v", f.Backend, f.Events, f.Resumes, f.AgeSeconds)
 	}
-	for _, secret := range []string{"lent", "s3cret", "Bearer", "as=", "accept=", `\u0000`, "Authorization"} {
+	for _, secret := range []string{"lent", "reviewed", "s3cret", "Bearer", "as=", "accept=", `\u0000`, "Authorization"} {
 		if strings.Contains(body, secret) {
 			t.Errorf("/debug/feeds shows %q:\n%s", secret, body)
 		}
@@ -87,7 +88,7 @@ func TestFeedsListing(t *testing.T) {
 	x.gate.breakAll()
 	testutil.Eventually(t, 10*time.Second, "the listing to show the feeds' resumes", func() bool {
 		l, _ = x.listing(t)
-		return len(l.Feeds) == 2 && l.Feeds[0].Resumes == 1 && l.Feeds[1].Resumes == 1
+		return len(l.Feeds) == 3 && l.Feeds[0].Resumes == 1 && l.Feeds[1].Resumes == 1 && l.Feeds[2].Resumes == 1
 	})
 }
 

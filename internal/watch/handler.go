@@ -71,13 +71,18 @@ type Config struct {
 	// to the client is never the upstream's silence or lag. 0: DefaultWriteTimeout.
 	WriteTimeout time.Duration
 
-	// Shared feeds (share.go, issue 15 item 2). Share serves identical watches of the lent
-	// identity from one upstream watch; the bounds' zero values are their defaults.
+	// Shared feeds (share.go, issue 15 items 2 and 3). Share serves identical watches of the
+	// lent identity from one upstream watch, and those of clients with their own credentials
+	// that an access review allowed (access.go) from another; the bounds' zero values are their
+	// defaults.
 	Share                bool
 	ShareRingBytes       int           // a feed's ring of recent events, bytes; 0: DefaultShareRingBytes
 	ShareRingEvents      int           // and events; 0: DefaultShareRingEvents
 	ShareSubscriberBytes int           // how far behind its feed a subscriber may be; 0: DefaultShareSubscriberBytes
 	ShareGrace           time.Duration // how long a feed outlives its last subscriber; 0: DefaultShareGrace
+	// ShareReviewEntries bounds the cache of access reviews (access.go), oldest out; 0:
+	// DefaultShareReviewEntries.
+	ShareReviewEntries int
 	// ShareExclude lists resources ("secrets", "coordination.k8s.io/leases") whose watches
 	// never share (privateExcluded).
 	ShareExclude []string
@@ -117,6 +122,8 @@ type Handler struct {
 	log    *zap.Logger
 	clk    clock.WithDelayedExecution // deps.Clock
 	feeds  *registry                  // the open shared feeds (Config.Share, share.go)
+	// reviews caches what the apiserver said of clients' own credentials (access.go).
+	reviews *reviews
 	// live holds every open watch's feed while Done is open; at shutdown each one's context
 	// is ended (errShutdown) and stopped is set, so that a watch opened after ends at once. A
 	// set, not a callback per watch (context.AfterFunc on a shutdown context was about 200
@@ -159,6 +166,7 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	defInt(&cfg.ShareRingEvents, DefaultShareRingEvents)
 	defInt(&cfg.ShareSubscriberBytes, DefaultShareSubscriberBytes)
 	def(&cfg.ShareGrace, DefaultShareGrace)
+	defInt(&cfg.ShareReviewEntries, DefaultShareReviewEntries)
 	defInt(&cfg.ShareMaxFeeds, DefaultShareMaxFeeds)
 	if d.Logger == nil {
 		d.Logger = zap.NewNop()
@@ -170,7 +178,7 @@ func New(cfg Config, d Deps) (*Handler, error) {
 		d.Metrics.WatchMovesFailed.WithLabelValues(r.String())
 	}
 	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, clk: d.Clock,
-		feeds: &registry{feeds: map[string]*sharedFeed{}}}
+		feeds: &registry{feeds: map[string]*sharedFeed{}}, reviews: newReviews(cfg.ShareReviewEntries)}
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
 	}

@@ -200,7 +200,7 @@ func (ho *handoff) feedFor(f *feed, at uint64) (*sharedFeed, *member) {
 	if len(g.feeds) >= h.cfg.ShareMaxFeeds {
 		return nil, nil
 	}
-	return h.openFeed(key, r, &ho.info, f.cred, strconv.FormatUint(at, 10), at, ho.sub.allowBookmarks)
+	return h.openFeed(key, r, &ho.info, f.cred, nil, strconv.FormatUint(at, 10), at, ho.sub.allowBookmarks) // lent: no review
 }
 
 func (ho *handoff) moved(f *feed, sf *sharedFeed, m *member, result string, at uint64) bool {

@@ -31,8 +31,10 @@ import (
 // re-watches from its last resourceVersion. Each member is its client's request goroutine,
 // which writes its queue out with its own bookmarks and its own timeoutSeconds.
 //
-// Sharing is only where no identity question arises: every client of a shared feed gets the
-// lent identity (shareRule). Everything else gets a private feed, counted by reason.
+// Sharing is only where the identity question has an answer: a client that gets the lent
+// identity shares with the others that get it, and a client with credentials of its own (a
+// token, an asserted certificate) shares only once the apiserver said that it may watch that
+// scope (access.go). Everything else gets a private feed, counted by reason.
 
 // Defaults of the sharing bounds, the flags' defaults.
 const (
@@ -58,10 +60,15 @@ const (
 // The values of watchsan_watch_private_feeds_total's reason label: why a client watch got a
 // private feed with sharing on (PrivateFeedReasons).
 const (
-	// privateIdentity: the client's credentials are not the lent identity (its own token, a
-	// verified certificate, anonymous): whether it may watch a shared scope is the apiserver's
-	// to say (issue 15 item 3), so it watches on its own.
+	// privateIdentity: the client is anonymous (or went as sent, undecided): no review can say
+	// what the apiserver would answer its watch, so it watches on its own.
 	privateIdentity = "identity"
+	// privateDenied: its own credentials were refused by the apiserver's access review (a 401,
+	// a 403, not allowed): its watch goes to the apiserver, which answers it itself.
+	privateDenied = "access-denied"
+	// privateReviewFailed: the access review got no answer in time (or one watchsan does not
+	// read), or the client left while it waited.
+	privateReviewFailed = "access-review-failed"
 	// privateInitial: resourceVersion "" or "0": it starts with the current state.
 	privateInitial = "initial-state"
 	// privateWatchList: sendInitialEvents or resourceVersionMatch: a watch-list.
@@ -87,15 +94,17 @@ const (
 )
 
 // PrivateFeedReasons lists watchsan_watch_private_feeds_total's reasons (to initialise series).
-var PrivateFeedReasons = []string{privateIdentity, privateInitial, privateWatchList, privateRV,
+var PrivateFeedReasons = []string{privateIdentity, privateDenied, privateReviewFailed, privateInitial, privateWatchList, privateRV,
 	privateNotCovered, privateBacklog, privateNotJoinable, privateFeedFailed, privateExcluded, privateFeedLimit}
 
 // shareRule is the one rule for which watches may be served by a shared feed: "" when it may
 // (it still needs a feed whose ring covers its resourceVersion), else why not, a
-// PrivateFeedReasons value. Only the lent identity shares: every client that gets it is the
-// same user to the apiserver, which the lending guard decided it may be.
+// PrivateFeedReasons value. The lent identity shares: every client that gets it is the same
+// user to the apiserver, which the lending guard decided it may be. A client's own credentials
+// may share once an access review allowed them (needsReview; serveShared asks only for a watch
+// this rule lets share, so a review is spent only where it can matter).
 func shareRule(r *http.Request, cred upstream.Credentials, p params) string {
-	if !cred.Lent() {
+	if !cred.Lent() && !needsReview(cred) {
 		return privateIdentity
 	}
 	q := r.URL.Query()
@@ -126,13 +135,26 @@ var perSubscriber = []string{"resourceVersion", "timeoutSeconds", "allowWatchBoo
 // feedKey is what makes two watches the same upstream watch: the path (resource, namespace,
 // name; one Handler has one set of upstreams), every query parameter but perSubscriber's
 // (selectors, watch-list options, anything else), the Accept header (the wire format the
-// apiserver answers in) and who it goes as.
+// apiserver answers in) and who it goes as (feedPrincipal).
 func feedKey(r *http.Request, cred upstream.Credentials) string {
 	q := r.URL.Query()
 	for _, k := range perSubscriber {
 		q.Del(k)
 	}
-	return r.URL.Path + "?" + q.Encode() + "\x00accept=" + r.Header.Get("Accept") + "\x00as=" + cred.Principal()
+	return r.URL.Path + "?" + q.Encode() + "\x00accept=" + r.Header.Get("Accept") + "\x00as=" + feedPrincipal(cred)
+}
+
+// feedPrincipal is who a shared feed's subscribers are, in its key: "lent" for the lent
+// identity; "reviewed" for clients with credentials of their own that an access review
+// allowed to watch the scope, whoever they are: the apiserver sends every
+// identity allowed to watch a scope the same events, and the feed goes with its opener's
+// credentials (docs/design.md section 11). The two never share: a lent client was never
+// reviewed, and the lent identity may not be allowed what a reviewed client is.
+func feedPrincipal(cred upstream.Credentials) string {
+	if cred.Lent() {
+		return "lent"
+	}
+	return "reviewed"
 }
 
 // registry holds the open shared feeds by feedKey. Its lock is taken before a feed's.
@@ -151,9 +173,20 @@ func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqi
 	if !h.shareExclude[info.GroupResource()] {
 		reason = shareRule(r, cred, p)
 	}
-	if reason == privateWatchList {
+	// A watch-list hands off onto a feed only with the lent identity: the handoff asks no
+	// access review (a client with its own credentials keeps its watch-list private).
+	if reason == privateWatchList && cred.Lent() {
 		if ho := handoffFor(r, info, p); ho != nil {
 			return false, ho
+		}
+	}
+	var ck *credKey // the client's credentials' digest when they were reviewed
+	if reason == "" && needsReview(cred) {
+		k := credentialsKey(r, cred)
+		ck = &k
+		reason = h.review(r, info, cred, k)
+		if p.timeout == 0 || p.timeout > reviewedMaxStream {
+			p.timeout = reviewedMaxStream // it is reviewed again when it re-watches (access.go)
 		}
 	}
 	if reason == "" {
@@ -161,7 +194,7 @@ func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqi
 			sf *sharedFeed
 			m  *member
 		)
-		sf, m, reason = h.join(r, info, cred, p)
+		sf, m, reason = h.join(r, info, cred, ck, p)
 		if reason == "" {
 			select {
 			case <-sf.ready:
@@ -182,7 +215,7 @@ func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqi
 
 // join finds the feed of r's key and joins it at p's resourceVersion, or opens the feed with
 // r's request as its template. Else it says why not.
-func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, p params) (*sharedFeed, *member, string) {
+func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck *credKey, p params) (*sharedFeed, *member, string) {
 	at, _ := stream.ParseRV(p.rv)
 	key := feedKey(r, cred)
 	g := h.feeds
@@ -198,14 +231,16 @@ func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Creden
 	if len(g.feeds) >= h.cfg.ShareMaxFeeds {
 		return nil, nil, privateFeedLimit
 	}
-	sf, m := h.openFeed(key, r, info, cred, p.rv, at, p.allowBookmarks)
+	sf, m := h.openFeed(key, r, info, cred, ck, p.rv, at, p.allowBookmarks)
 	return sf, m, ""
 }
 
 // openFeed opens the feed for key from resourceVersion rv (at), r its template, with a first
-// member at at; the registry's lock is held, and the caller has checked --share-max-feeds.
-func (h *Handler) openFeed(key string, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, rv string, at uint64, bookmarks bool) (*sharedFeed, *member) {
+// member at at; the registry's lock is held, and the caller has checked --share-max-feeds. ck
+// is the digest of cred when it was reviewed (access.go), nil for the lent identity.
+func (h *Handler) openFeed(key string, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck *credKey, rv string, at uint64, bookmarks bool) (*sharedFeed, *member) {
 	sf := h.newSharedFeed(key, r, info, cred, rv, at)
+	sf.reviewed = ck
 	h.feeds.feeds[key] = sf
 	m, _ := sf.add(at, bookmarks)
 	h.deps.Metrics.SharedFeeds.Inc()
@@ -226,6 +261,10 @@ type sharedFeed struct {
 	// policy is what pol's stream is made with once the format is known.
 	policy fix.Options
 	from   uint64
+	// reviewed is the digest of the opener's credentials, which the feed goes with, when they
+	// were reviewed (access.go); nil for the lent identity. When the apiserver refuses the
+	// feed's watch, their cached allowances are forgotten.
+	reviewed *credKey
 
 	// ready is closed once the first attempt answered: ok, header and format are set then.
 	ready  chan struct{}
@@ -276,6 +315,9 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, info *reqinfo.Info,
 	if h.exempt[info.GroupResource()] {
 		mode = fix.PassAll
 	}
+	// The delete memory's scope is the opener's principal, whom the feed goes as upstream (for a
+	// reviewed feed not "reviewed": one reviewed client's remembered deletes must not suppress
+	// a delete another one's own feed replays to it, issue 16).
 	sf.policy = fix.Options{Scope: scopeOf(scope, cred), StartRV: rv, Mode: mode, Memory: h.deps.Memory}
 	// A subscriber with no response: the policy's decisions are counted as a private watch's.
 	sf.pol = newSubscriber(h, nil, tmpl, params{}, h.deps.Metrics.Resource(info.FullResource()), log)
@@ -305,6 +347,9 @@ func (sf *sharedFeed) run() {
 	if first.Resp.StatusCode != http.StatusOK || !ok || !identity(first.Resp.Header) {
 		sf.log.Info("shared feed's first answer is no stream watchsan reads; its subscribers watch on their own",
 			zap.Int("code", first.Resp.StatusCode), zap.String("contentType", first.Resp.Header.Get("Content-Type")))
+		if c := first.Resp.StatusCode; c == http.StatusUnauthorized || c == http.StatusForbidden {
+			sf.forgetReview()
+		}
 		drain(first.Resp)
 		first.Cancel(nil)
 		sf.close(endNone)
@@ -319,9 +364,22 @@ func (sf *sharedFeed) run() {
 	sf.publish()
 	close(sf.ready)
 	end := f.run(f.source(first, slot))
+	if end == EndResumeRefused {
+		// The opener's credentials expired or were revoked (a 401 or 403), or the scope is
+		// gone: every subscriber's stream ends cleanly, and each re-watches with its own.
+		sf.forgetReview()
+	}
 	sf.log.Debug("shared feed ended", zap.Stringer("reason", end), zap.Uint64("events", f.events), zap.Int("resumes", f.resumes))
 	sf.pol.logEnd(end)
 	sf.close(end)
+}
+
+// forgetReview drops the cached allowances of the credentials the feed went with, when they
+// were reviewed: the apiserver refused them a watch it had allowed.
+func (sf *sharedFeed) forgetReview() {
+	if sf.reviewed != nil {
+		sf.h.reviews.forget(*sf.reviewed)
+	}
 }
 
 // close ends the feed: out of the registry, every member ended with end (endNone: before the

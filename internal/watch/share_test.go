@@ -18,6 +18,7 @@ import (
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/clock"
 
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/memapi"
@@ -75,6 +76,7 @@ func (g *apiGate) breakAll() {
 type shareFixture struct {
 	api    *memapi.Server
 	gate   *apiGate
+	auth   *authAPI         // the apiserver's authentication and authorization, before the gate
 	direct *httptest.Server // memapi itself, for direct watches
 	srv    *httptest.Server // watchsan in lending mode: a request with no Authorization is lent
 	m      *metrics.Metrics
@@ -83,10 +85,17 @@ type shareFixture struct {
 
 func newShareFixture(t *testing.T, cfg Config) *shareFixture {
 	t.Helper()
+	return newShareFixtureClock(t, cfg, nil)
+}
+
+// newShareFixtureClock is newShareFixture with the Handler's clock clk (nil: the real one).
+func newShareFixtureClock(t *testing.T, cfg Config, clk clock.WithDelayedExecution) *shareFixture {
+	t.Helper()
 	log := zaptest.NewLogger(t)
 	x := &shareFixture{api: memapi.New(log), m: metrics.New(nil)}
 	x.gate = &apiGate{api: x.api, open: map[*context.CancelFunc]struct{}{}}
-	gateSrv := httptest.NewServer(x.gate)
+	x.auth = newAuthAPI(x.gate)
+	gateSrv := httptest.NewServer(x.auth)
 	x.direct = httptest.NewServer(x.api)
 	t.Cleanup(func() { x.api.Close(); gateSrv.Close(); x.direct.Close() })
 	u, _ := url.Parse(gateSrv.URL)
@@ -98,7 +107,7 @@ func newShareFixture(t *testing.T, cfg Config) *shareFixture {
 	done := make(chan struct{})
 	cfg.Share = true
 	h, err := New(cfg, Deps{Attempts: upstream.NewAttempter(pool, upstream.AttempterOptions{}), Metrics: x.m,
-		Memory: fix.NewDeleteMemory(0, 0, nil), Logger: log, Done: done})
+		Memory: fix.NewDeleteMemory(0, 0, nil), Logger: log, Done: done, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,32 +432,6 @@ func TestShareUpstreamBreakOneResume(t *testing.T) {
 	}
 	if got := promtest.ToFloat64(x.m.Resumes.WithLabelValues(ResumeEOF.String())); got != 1 {
 		t.Errorf("resumes %v, want 1", got)
-	}
-}
-
-// Clients with credentials of their own (frontend mode) never share: whether they may watch
-// is the apiserver's to say (issue 15 item 3, not in this slice).
-func TestShareNeverWithOwnCredentials(t *testing.T) {
-	x := newShareFixture(t, Config{})
-	from := x.write(t, "before", 1, 10)
-	own := http.Header{"Authorization": {"Bearer alice"}}
-	cs := []*client{
-		watchAt(t, x.srv.URL, "resourceVersion="+rv(from), own, true),
-		watchAt(t, x.srv.URL, "resourceVersion="+rv(from), own, true),
-		watchAt(t, x.srv.URL, "resourceVersion="+rv(from), http.Header{"Authorization": {"Bearer bob"}}, true),
-	}
-	x.write(t, "cm", 2, 10)
-	for i, c := range cs {
-		c.waitFor(t, fmt.Sprintf("client %d", i), 2)
-	}
-	if got := x.gate.watches.Load(); got != 3 {
-		t.Errorf("%d upstream watches for 3 clients with their own tokens, want 3", got)
-	}
-	if got := promtest.ToFloat64(x.m.PrivateFeeds.WithLabelValues(privateIdentity)); got != 3 {
-		t.Errorf("private feeds (identity) %v, want 3", got)
-	}
-	if promtest.ToFloat64(x.m.SharedFeeds) != 0 {
-		t.Error("a shared feed opened for clients with their own tokens")
 	}
 }
 

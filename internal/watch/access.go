@@ -1,0 +1,337 @@
+package watch
+
+import (
+	"bytes"
+	"container/list"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/watchsan/watchsan/internal/reqinfo"
+	"github.com/watchsan/watchsan/internal/upstream"
+)
+
+// Access reviews (issue 15 item 3, docs/design.md section 11): a client that brings its own
+// credentials (a bearer token, or a verified certificate whose identity watchsan asserts) joins
+// or opens a shared feed only after the apiserver said, to a SelfSubjectAccessReview sent with
+// those same credentials through the same transport as its watch, that it may watch exactly
+// that scope, selectors included. Anything but status.allowed (a 401, a 403 on the review
+// itself, allowed false, an error, a timeout) sends the watch to a private feed: the apiserver
+// then answers the client itself, its own 401 or 403, and no byte of a feed reaches it.
+//
+// Decisions are cached as the apiserver's webhook authorizer caches its own (allowed 5 min,
+// denied 30 s), keyed by a digest of the credentials and the review's attributes (never a
+// credential in clear), bounded in entries, oldest out; concurrent identical reviews are one
+// request.
+
+// Defaults of the review cache.
+const (
+	// DefaultShareReviewEntries bounds the access review cache (--share-access-review-cache-entries).
+	DefaultShareReviewEntries = 10000
+	// reviewAllowedTTL and reviewDeniedTTL are the apiserver's webhook authorizer's cache
+	// lifetimes (--authorization-webhook-cache-authorized-ttl, -unauthorized-ttl defaults): a
+	// decision is never trusted longer than the apiserver trusts one.
+	reviewAllowedTTL = 5 * time.Minute
+	reviewDeniedTTL  = 30 * time.Second
+	// reviewTimeout bounds one review, its retries included (the request budget).
+	reviewTimeout = upstream.DefaultRetryBudget
+	// reviewedMaxStream: a subscriber admitted by a review is served at most this long before its
+	// stream ends cleanly and it re-watches (and is reviewed again). It is the apiserver's
+	// --min-request-timeout default, the shortest a watch without timeoutSeconds lasts there
+	// before the client re-watches and is authorized again.
+	reviewedMaxStream = 30 * time.Minute
+)
+
+// reviewPath is where a SelfSubjectAccessReview is created.
+const reviewPath = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+
+// The values of watchsan_shared_feed_access_reviews_total's result label (ReviewResults): what
+// decided one watch's access to a shared feed.
+const (
+	reviewAllowed      = "allowed"      // the apiserver's review said allowed
+	reviewDenied       = "denied"       // the review said not allowed (or denied)
+	reviewUnauthorized = "unauthorized" // the review was answered 401: the credentials are no one's
+	reviewForbidden    = "forbidden"    // the review was answered 403: the identity may not even ask
+	reviewError        = "error"        // no answer, a timeout, or one watchsan does not read
+	reviewCachedAllow  = "cached-allowed"
+	reviewCachedDeny   = "cached-denied" // a denial, a 401, 403 or error within reviewDeniedTTL
+	reviewCoalesced    = "coalesced"     // waited for an identical review in flight
+)
+
+// ReviewResults lists watchsan_shared_feed_access_reviews_total's results (to initialise series).
+var ReviewResults = []string{reviewAllowed, reviewDenied, reviewUnauthorized, reviewForbidden, reviewError,
+	reviewCachedAllow, reviewCachedDeny, reviewCoalesced}
+
+// reviewKey is a digest of the credentials and the review's attributes; credKey one of the
+// credentials alone.
+type (
+	reviewKey [sha256.Size]byte
+	credKey   [sha256.Size]byte
+)
+
+// reviews is the Handler's access review cache and its reviews in flight.
+type reviews struct {
+	max int
+
+	mu      sync.Mutex
+	entries map[reviewKey]*list.Element // of *reviewEntry
+	order   *list.List                  // oldest first
+	flights map[reviewKey]*reviewFlight
+}
+
+type reviewEntry struct {
+	key     reviewKey
+	cred    credKey
+	allowed bool
+	until   time.Time
+}
+
+// reviewFlight is one review being made; done is closed once allowed and result are set.
+type reviewFlight struct {
+	done    chan struct{}
+	waiters int // the watches waiting for it (under reviews.mu)
+	allowed bool
+	result  string
+}
+
+func newReviews(max int) *reviews {
+	return &reviews{max: max, entries: map[reviewKey]*list.Element{}, order: list.New(), flights: map[reviewKey]*reviewFlight{}}
+}
+
+// needsReview says whether a watch with cred may share only after an access review: the
+// client's own token, or its verified certificate's identity asserted. The lent identity needs
+// none (the lending guard decided who gets it); anonymous and undecided credentials never
+// share (an anonymous review may be allowed where the anonymous watch is not: the apiserver's
+// anonymous authenticator may be limited to some paths).
+func needsReview(cred upstream.Credentials) bool {
+	_, asserted := cred.Asserted()
+	return asserted || cred.Own()
+}
+
+// credentialsKey is a digest of what names the identity a request with cred goes as: its kind
+// and principal, and every header that may carry an identity upstream (Authorization, the
+// client's own Impersonate-* and X-Remote-*; the transport strips these where it asserts one),
+// so two requests with the same key are the same user to the apiserver.
+func credentialsKey(r *http.Request, cred upstream.Credentials) credKey {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00", cred.String(), cred.Principal())
+	if id, ok := cred.Asserted(); ok {
+		fmt.Fprintf(h, "%q\x00%q\x00", id.User, id.Groups)
+	}
+	names := make([]string, 0, 2)
+	for k := range r.Header {
+		if k == "Authorization" || strings.HasPrefix(k, "Impersonate-") || strings.HasPrefix(k, "X-Remote-") {
+			names = append(names, k)
+		}
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		fmt.Fprintf(h, "%s:%q\x00", k, r.Header[k])
+	}
+	var out credKey
+	h.Sum(out[:0])
+	return out
+}
+
+// reviewAttributes are what the apiserver authorizes the watch r for: verb watch on its group,
+// version, resource, subresource, namespace and name, with its label and field selectors (the
+// apiserver authorizes selectors since 1.31; the Node authorizer lets a kubelet watch pods only
+// with its own spec.nodeName).
+func reviewAttributes(r *http.Request, info *reqinfo.Info) *authorizationv1.ResourceAttributes {
+	q := r.URL.Query()
+	ra := &authorizationv1.ResourceAttributes{
+		Verb: "watch", Group: info.APIGroup, Version: info.APIVersion, Resource: info.Resource,
+		Subresource: info.Subresource, Namespace: info.Namespace, Name: info.Name,
+	}
+	if s := q.Get("labelSelector"); s != "" {
+		ra.LabelSelector = &authorizationv1.LabelSelectorAttributes{RawSelector: s}
+	}
+	if s := q.Get("fieldSelector"); s != "" {
+		ra.FieldSelector = &authorizationv1.FieldSelectorAttributes{RawSelector: s}
+	}
+	return ra
+}
+
+func (k credKey) review(ra *authorizationv1.ResourceAttributes) reviewKey {
+	h := sha256.New()
+	h.Write(k[:])
+	b, _ := json.Marshal(ra) // plain strings: never fails
+	h.Write(b)
+	var out reviewKey
+	h.Sum(out[:0])
+	return out
+}
+
+// review says whether the client of the watch r, with cred, may share a feed: "" when the
+// apiserver allowed it (now or within the cache's lifetime), else why not (a
+// PrivateFeedReasons value). It waits at most for one review, and not after r's client left.
+func (h *Handler) review(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck credKey) string {
+	ra := reviewAttributes(r, info)
+	key := ck.review(ra)
+	rv := h.reviews
+	now := h.clk.Now()
+	rv.mu.Lock()
+	if el := rv.entries[key]; el != nil {
+		e := el.Value.(*reviewEntry)
+		if now.Before(e.until) {
+			rv.mu.Unlock()
+			if e.allowed {
+				h.countReview(reviewCachedAllow)
+				return ""
+			}
+			h.countReview(reviewCachedDeny)
+			return privateDenied
+		}
+		rv.order.Remove(el)
+		delete(rv.entries, key)
+	}
+	fl := rv.flights[key]
+	first := fl == nil
+	if first {
+		fl = &reviewFlight{done: make(chan struct{})}
+		rv.flights[key] = fl
+	}
+	fl.waiters++
+	rv.mu.Unlock()
+	if first {
+		req := h.reviewRequest(r, ra)
+		go h.runReview(req, cred, key, ck, fl) // exits when the review is answered or times out
+	}
+	select {
+	case <-fl.done:
+	case <-r.Context().Done():
+		return privateReviewFailed // the client left: it is served nothing anyway
+	}
+	if !first {
+		h.countReview(reviewCoalesced)
+	}
+	switch {
+	case fl.allowed:
+		return ""
+	case fl.result == reviewError:
+		return privateReviewFailed
+	}
+	return privateDenied
+}
+
+// reviewRequest is the SelfSubjectAccessReview for ra, with every header of the client's watch r
+// (its credentials, its own impersonation: what the watch would go with) but the ones about the
+// body and the answer's format.
+func (h *Handler) reviewRequest(r *http.Request, ra *authorizationv1.ResourceAttributes) *http.Request {
+	body, _ := json.Marshal(&authorizationv1.SelfSubjectAccessReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: "authorization.k8s.io/v1", Kind: "SelfSubjectAccessReview"},
+		Spec:     authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: ra},
+	})
+	out := (&http.Request{Method: http.MethodPost, URL: &url.URL{Path: reviewPath}, Header: make(http.Header, len(r.Header)+2),
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1}).WithContext(context.Background())
+	copyHeader(out.Header, r.Header)
+	for _, k := range []string{"Accept-Encoding", "Content-Length", "Content-Encoding", "If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since"} {
+		out.Header.Del(k)
+	}
+	out.Header.Set("Accept", "application/json")
+	out.Header.Set("Content-Type", "application/json")
+	upstream.SetForwarded(out, r)
+	out.Body = io.NopCloser(bytes.NewReader(body))
+	out.ContentLength = int64(len(body))
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	return out
+}
+
+// runReview sends the review req with cred (the Attempter's retries and backoff, within
+// reviewTimeout), caches its decision under key and ends the flight fl.
+func (h *Handler) runReview(req *http.Request, cred upstream.Credentials, key reviewKey, ck credKey, fl *reviewFlight) {
+	ctx, cancel := context.WithTimeout(context.Background(), reviewTimeout)
+	defer cancel()
+	allowed, result, auditID, err := h.sendReview(ctx, req, cred)
+	h.countReview(result)
+	if ce := h.log.Check(zap.DebugLevel, "access review"); ce != nil {
+		fields := []zap.Field{zap.String("result", result), zap.String("reviewAuditID", auditID)}
+		if err != nil {
+			fields = append(fields, zap.Error(err))
+		}
+		ce.Write(fields...)
+	}
+	if result == reviewError && err != nil {
+		h.log.Info("an access review for a shared feed failed; the watch goes private", zap.Error(err))
+	}
+	ttl := reviewDeniedTTL
+	if allowed {
+		ttl = reviewAllowedTTL
+	}
+	rv := h.reviews
+	rv.mu.Lock()
+	fl.allowed, fl.result = allowed, result
+	delete(rv.flights, key)
+	if el := rv.entries[key]; el != nil { // a flight started after this one's entry expired: replaced
+		rv.order.Remove(el)
+	}
+	for rv.order.Len() >= rv.max {
+		old := rv.order.Remove(rv.order.Front()).(*reviewEntry)
+		delete(rv.entries, old.key)
+	}
+	rv.entries[key] = rv.order.PushBack(&reviewEntry{key: key, cred: ck, allowed: allowed, until: h.clk.Now().Add(ttl)})
+	rv.mu.Unlock()
+	close(fl.done)
+}
+
+// sendReview sends one review and reads its answer: whether it allowed, the result label, and
+// the answer's Audit-Id (the apiserver's audit log names the reviewed user under it).
+func (h *Handler) sendReview(ctx context.Context, req *http.Request, cred upstream.Credentials) (bool, string, string, error) {
+	at, err := h.deps.Attempts.Do(ctx, req.WithContext(ctx), upstream.Plan{
+		Credentials: cred, Idempotent: true, Deadline: h.clk.Now().Add(reviewTimeout)})
+	if err != nil {
+		return false, reviewError, "", err
+	}
+	defer at.Cancel(nil)
+	resp := at.Resp
+	defer drain(resp)
+	auditID := resp.Header.Get("Audit-Id")
+	switch resp.StatusCode {
+	case http.StatusUnauthorized:
+		return false, reviewUnauthorized, auditID, nil
+	case http.StatusForbidden:
+		return false, reviewForbidden, auditID, nil
+	case http.StatusOK, http.StatusCreated:
+	default:
+		return false, reviewError, auditID, fmt.Errorf("%s answered the access review %s", at.Backend, resp.Status)
+	}
+	var out authorizationv1.SelfSubjectAccessReview
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&out); err != nil {
+		return false, reviewError, auditID, fmt.Errorf("reading the access review's answer from %s: %w", at.Backend, err)
+	}
+	if out.Status.Allowed && !out.Status.Denied {
+		return true, reviewAllowed, auditID, nil
+	}
+	return false, reviewDenied, auditID, nil
+}
+
+// forget drops every cached decision for the credentials ck: the apiserver refused a feed's
+// watch that went with them (expired, revoked), so none of its allowances is trusted any more.
+func (rv *reviews) forget(ck credKey) {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	for el := rv.order.Front(); el != nil; {
+		next := el.Next()
+		if e := el.Value.(*reviewEntry); e.cred == ck {
+			rv.order.Remove(el)
+			delete(rv.entries, e.key)
+		}
+		el = next
+	}
+}
+
+func (h *Handler) countReview(result string) {
+	h.deps.Metrics.SharedAccessReviews.WithLabelValues(result).Inc()
+}

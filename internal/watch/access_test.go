@@ -1,0 +1,425 @@
+package watch
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/watchsan/watchsan/internal/reqinfo"
+	"github.com/watchsan/watchsan/internal/testutil"
+)
+
+// authAPI is the apiserver's authentication and authorization in front of a memapi, as far as
+// these tests need them: a bearer token names a user (an unknown one is answered 401), a user
+// may get, list and watch in its namespaces (else 403), optionally only with one field
+// selector (as the Node authorizer lets a kubelet watch its own pods only), and a
+// SelfSubjectAccessReview is answered for the user the request authenticates as, by the same
+// rule, the way the apiserver answers one: 201 with status.allowed.
+type authAPI struct {
+	next http.Handler
+
+	mu      sync.Mutex
+	users   map[string]*authUser // by token
+	reviews []authorizationv1.ResourceAttributes
+	tokens  []string      // the token of every watch that reached next
+	hold    chan struct{} // when set, every review waits for it to close
+}
+
+type authUser struct {
+	namespaces map[string]bool // "*": all
+	// field, if set, is the one fieldSelector its watches and lists are allowed with.
+	field string
+}
+
+func newAuthAPI(next http.Handler) *authAPI {
+	return &authAPI{next: next, users: map[string]*authUser{
+		"lent":  {namespaces: map[string]bool{"*": true}},
+		"alice": {namespaces: map[string]bool{"d": true}},
+		"bob":   {namespaces: map[string]bool{"d": true}},
+		"carol": {namespaces: map[string]bool{}},
+		"node":  {namespaces: map[string]bool{"d": true}, field: "metadata.name=cm-1"},
+		// TestFeedsListing's client with a token of its own: reviewed, its feed listed
+		"s3cret-t0ken": {namespaces: map[string]bool{"d": true}},
+	}}
+}
+
+func (u *authUser) may(ra *authorizationv1.ResourceAttributes) bool {
+	switch ra.Verb {
+	case "get", "list", "watch":
+	default:
+		return false
+	}
+	if !u.namespaces["*"] && !u.namespaces[ra.Namespace] {
+		return false
+	}
+	return u.field == "" || ra.FieldSelector != nil && ra.FieldSelector.RawSelector == u.field
+}
+
+func (a *authAPI) revoke(token string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.users, token)
+}
+
+func (a *authAPI) sent() []authorizationv1.ResourceAttributes {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]authorizationv1.ResourceAttributes(nil), a.reviews...)
+}
+
+func (a *authAPI) watchTokens() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.tokens...)
+}
+
+func writeStatus(w http.ResponseWriter, st metav1.Status) {
+	st.TypeMeta = metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(int(st.Code))
+	_ = json.NewEncoder(w).Encode(&st)
+}
+
+func (a *authAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	token := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+	a.mu.Lock()
+	u := a.users[token]
+	hold := a.hold
+	a.mu.Unlock()
+	if u == nil {
+		writeStatus(w, apierrors.NewUnauthorized("Unauthorized").ErrStatus)
+		return
+	}
+	if r.Method == http.MethodPost && r.URL.Path == reviewPath {
+		var ssar authorizationv1.SelfSubjectAccessReview
+		if err := json.NewDecoder(r.Body).Decode(&ssar); err != nil || ssar.Spec.ResourceAttributes == nil {
+			writeStatus(w, apierrors.NewBadRequest(fmt.Sprintf("not a review: %v", err)).ErrStatus)
+			return
+		}
+		a.mu.Lock()
+		a.reviews = append(a.reviews, *ssar.Spec.ResourceAttributes)
+		a.mu.Unlock()
+		if hold != nil {
+			<-hold
+		}
+		ssar.Status.Allowed = u.may(ssar.Spec.ResourceAttributes)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Audit-Id", "review-1")
+		w.WriteHeader(http.StatusCreated)
+		_ = json.NewEncoder(w).Encode(&ssar)
+		return
+	}
+	info := reqinfo.Parse(r)
+	ra := reviewAttributes(r, &info)
+	ra.Verb = info.Verb
+	if !u.may(ra) {
+		writeStatus(w, apierrors.NewForbidden(schema.GroupResource{Group: info.APIGroup, Resource: info.Resource}, info.Name, fmt.Errorf("not allowed")).ErrStatus)
+		return
+	}
+	if info.IsWatch() {
+		a.mu.Lock()
+		a.tokens = append(a.tokens, token)
+		a.mu.Unlock()
+	}
+	a.next.ServeHTTP(w, r)
+}
+
+func bearer(token string) http.Header { return http.Header{"Authorization": {"Bearer " + token}} }
+
+// answer is a watch's whole answer when it is no stream: its status and (bounded) body.
+func answer(t *testing.T, url string, hdr http.Header) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	for k, v := range hdr {
+		req.Header[k] = v
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		t.Fatalf("%s: 200, want a refusal", url)
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	return resp.StatusCode, string(b)
+}
+
+func (x *shareFixture) reviews(result string) float64 {
+	return promtest.ToFloat64(x.m.SharedAccessReviews.WithLabelValues(result))
+}
+
+// Issue 15 item 3: clients with tokens of their own, each allowed by the apiserver to watch
+// the scope, share one upstream watch, and each gets what a direct watch gets; each token cost
+// one review, a second watch with one of them none. The lent identity's watch of the same
+// scope is a feed of its own: it was never reviewed.
+func TestShareReviewedTokensShareOneWatch(t *testing.T) {
+	x := newShareFixture(t, Config{})
+	from := x.write(t, "before", 1, 10)
+	q := "resourceVersion=" + rv(from)
+	clients := []*client{watchAt(t, x.srv.URL, q, bearer("alice"), true), watchAt(t, x.srv.URL, q, bearer("bob"), true),
+		watchAt(t, x.srv.URL, q, bearer("alice"), true)}
+	direct := watchAt(t, x.direct.URL, q, nil, true)
+	x.waitSubscribers(t, 3)
+	x.write(t, "cm", 5, 10)
+	want := direct.waitFor(t, "the direct watch", 5)
+	for i, c := range clients {
+		sameEvents(t, fmt.Sprintf("client %d", i), c.waitFor(t, fmt.Sprintf("client %d", i), 5), want)
+	}
+	if got := x.gate.watches.Load(); got != 1 {
+		t.Errorf("%d upstream watches for 3 allowed token clients, want 1", got)
+	}
+	if got := x.auth.watchTokens(); len(got) != 1 || got[0] != "alice" {
+		t.Errorf("the feed's watch went with %v, want its opener's token (alice)", got)
+	}
+	sent := x.auth.sent()
+	if len(sent) != 2 || x.reviews(reviewAllowed) != 2 || x.reviews(reviewCachedAllow) != 1 {
+		t.Errorf("%d reviews sent (%v allowed, %v cached), want 2 (one per token) and 1 cached", len(sent), x.reviews(reviewAllowed), x.reviews(reviewCachedAllow))
+	}
+	for _, ra := range sent {
+		want := authorizationv1.ResourceAttributes{Verb: "watch", Version: "v1", Resource: "configmaps", Namespace: "d"}
+		if ra != want {
+			t.Errorf("review of %+v, want %+v", ra, want)
+		}
+	}
+	lent := watchAt(t, x.srv.URL, q, nil, true)
+	x.waitSubscribers(t, 4)
+	x.write(t, "after", 1, 10)
+	lent.waitFor(t, "the lent client", 1)
+	if got := x.gate.watches.Load(); got != 2 {
+		t.Errorf("%d upstream watches with a lent client besides, want 2 (the lent and the reviewed feed)", got)
+	}
+}
+
+// A token without RBAC for the scope, and one allowed elsewhere only, get the apiserver's own
+// 403, an unknown token its 401: not one byte of the feed open for the scope.
+func TestShareRefusedTokenGetsTheApiserversAnswer(t *testing.T) {
+	x := newShareFixture(t, Config{})
+	from := x.write(t, "before", 1, 10)
+	q := "resourceVersion=" + rv(from)
+	alice := watchAt(t, x.srv.URL, q, bearer("alice"), true)
+	x.waitSubscribers(t, 1)
+	x.write(t, "cm", 3, 10)
+	alice.waitFor(t, "alice", 3)
+	for _, c := range []struct {
+		token, ns string
+		code      int
+		reason    metav1.StatusReason
+	}{
+		{"carol", "d", http.StatusForbidden, metav1.StatusReasonForbidden},
+		{"alice", "e", http.StatusForbidden, metav1.StatusReasonForbidden},
+		{"mallory", "d", http.StatusUnauthorized, metav1.StatusReasonUnauthorized},
+	} {
+		code, body := answer(t, x.srv.URL+"/api/v1/namespaces/"+c.ns+"/configmaps?watch=true&"+q, bearer(c.token))
+		var st metav1.Status
+		if code != c.code || json.Unmarshal([]byte(body), &st) != nil || st.Kind != "Status" || st.Reason != c.reason {
+			t.Errorf("%s watching %s: %d %s, want the apiserver's %d %s", c.token, c.ns, code, body, c.code, c.reason)
+		}
+		if strings.Contains(body, "ConfigMap") {
+			t.Errorf("%s watching %s got a byte of a feed: %s", c.token, c.ns, body)
+		}
+	}
+	if got := promtest.ToFloat64(x.m.PrivateFeeds.WithLabelValues(privateDenied)); got != 3 {
+		t.Errorf("private feeds (access-denied) %v, want 3", got)
+	}
+	if x.reviews(reviewDenied) != 2 || x.reviews(reviewUnauthorized) != 1 {
+		t.Errorf("reviews denied %v, unauthorized %v, want 2 and 1", x.reviews(reviewDenied), x.reviews(reviewUnauthorized))
+	}
+	if got := promtest.ToFloat64(x.m.SharedSubscribers); got != 1 {
+		t.Errorf("%v subscribers, want alice's alone", got)
+	}
+}
+
+// A decision is cached as the apiserver's webhook authorizer caches it: an allowance 5 minutes,
+// a denial 30 seconds, on the watch's clock (a FakeClock whose AfterFuncs run on goroutines of
+// their own: stepClock).
+func TestShareReviewCached(t *testing.T) {
+	clk := newStepClock()
+	x := newShareFixtureClock(t, Config{}, clk)
+	from := x.write(t, "before", 1, 10)
+	q := "resourceVersion=" + rv(from)
+	sent := func(want int, what string) {
+		t.Helper()
+		if got := len(x.auth.sent()); got != want {
+			t.Fatalf("%s: %d reviews sent, want %d", what, got, want)
+		}
+	}
+	watchAt(t, x.srv.URL, q, bearer("alice"), true).cancel()
+	sent(1, "alice's first watch")
+	watchAt(t, x.srv.URL, q, bearer("alice"), true).cancel()
+	clk.Step(4 * time.Minute)
+	watchAt(t, x.srv.URL, q, bearer("alice"), true).cancel()
+	sent(1, "alice's watches within 5 minutes")
+	clk.Step(time.Minute + time.Second)
+	watchAt(t, x.srv.URL, q, bearer("alice"), true).cancel()
+	sent(2, "alice's watch after 5 minutes")
+
+	carol := x.srv.URL + "/api/v1/namespaces/d/configmaps?watch=true&" + q
+	for i := 0; i < 2; i++ {
+		if code, _ := answer(t, carol, bearer("carol")); code != http.StatusForbidden {
+			t.Errorf("carol: %d, want 403", code)
+		}
+	}
+	sent(3, "carol's two watches within 30 s")
+	clk.Step(29 * time.Second)
+	answer(t, carol, bearer("carol"))
+	sent(3, "carol's watch 29 s after")
+	clk.Step(2 * time.Second)
+	answer(t, carol, bearer("carol"))
+	sent(4, "carol's watch 31 s after her denial")
+	if x.reviews(reviewCachedAllow) != 2 || x.reviews(reviewCachedDeny) != 2 {
+		t.Errorf("cached-allowed %v, cached-denied %v, want 2 and 2", x.reviews(reviewCachedAllow), x.reviews(reviewCachedDeny))
+	}
+}
+
+// The review carries the watch's selectors (and the name a metadata.name selector names), so a
+// client allowed a watch only with its own field selector (a kubelet's spec.nodeName) is
+// allowed that watch and refused the same one without it.
+func TestShareReviewCarriesSelectors(t *testing.T) {
+	x := newShareFixture(t, Config{})
+	from := x.write(t, "cm", 3, 10)
+	q := "fieldSelector=metadata.name%3Dcm-1&labelSelector=app%21%3Dx&resourceVersion=" + rv(from-2)
+	node := watchAt(t, x.srv.URL, q, bearer("node"), true)
+	direct := watchAt(t, x.direct.URL, q, nil, true)
+	x.waitSubscribers(t, 1)
+	sameEvents(t, "the node's watch", node.waitFor(t, "the node's watch", 1), direct.waitFor(t, "its direct watch", 1))
+	sent := x.auth.sent()
+	want := authorizationv1.ResourceAttributes{Verb: "watch", Version: "v1", Resource: "configmaps", Namespace: "d", Name: "cm-1",
+		FieldSelector: &authorizationv1.FieldSelectorAttributes{RawSelector: "metadata.name=cm-1"},
+		LabelSelector: &authorizationv1.LabelSelectorAttributes{RawSelector: "app!=x"}}
+	if len(sent) != 1 || fmt.Sprintf("%+v %+v %+v", sent[0], *sent[0].FieldSelector, *sent[0].LabelSelector) !=
+		fmt.Sprintf("%+v %+v %+v", want, *want.FieldSelector, *want.LabelSelector) {
+		t.Errorf("reviews %+v, want one of %+v", sent, want)
+	}
+	if code, _ := answer(t, x.srv.URL+"/api/v1/namespaces/d/configmaps?watch=true&resourceVersion="+rv(from), bearer("node")); code != http.StatusForbidden {
+		t.Errorf("the node's watch without its field selector: %d, want 403", code)
+	}
+}
+
+// The feed goes with its opener's token. Once the apiserver refuses it (revoked: the feed's
+// resume is answered 401), every subscriber's stream ends cleanly, no ERROR, no event more;
+// each re-watches with its own credentials: the revoked one's cached allowance is forgotten
+// and it gets its 401, the other opens a new feed, with its own token, where it left off.
+func TestShareOpenersRevokedTokenEndsTheFeedCleanly(t *testing.T) {
+	x := newShareFixture(t, Config{})
+	from := x.write(t, "before", 1, 10)
+	q := "resourceVersion=" + rv(from)
+	alice := watchAt(t, x.srv.URL, q, bearer("alice"), true)
+	x.waitSubscribers(t, 1) // alice opens the feed
+	bob := watchAt(t, x.srv.URL, q, bearer("bob"), true)
+	x.waitSubscribers(t, 2)
+	last := x.write(t, "cm", 2, 10)
+	alice.waitFor(t, "alice", 2)
+	bob.waitFor(t, "bob", 2)
+
+	x.auth.revoke("alice")
+	x.gate.breakAll()
+	for name, c := range map[string]*client{"alice": alice, "bob": bob} {
+		select {
+		case <-c.ended:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("%s's stream still open 20 s after the feed's watch was refused", name)
+		}
+		if got := c.events(); len(got) != 2 {
+			t.Errorf("%s got %v, want its 2 events and a clean end", name, got)
+		}
+	}
+	testutil.Eventually(t, 10*time.Second, "the feed ended", func() bool { return promtest.ToFloat64(x.m.SharedFeeds) == 0 })
+	if got := promtest.ToFloat64(x.m.StreamEnds.WithLabelValues(EndResumeRefused.String())); got != 2 {
+		t.Errorf("stream ends (resume-refused) %v, want 2", got)
+	}
+
+	if code, _ := answer(t, x.srv.URL+"/api/v1/namespaces/d/configmaps?watch=true&resourceVersion="+rv(last), bearer("alice")); code != http.StatusUnauthorized {
+		t.Errorf("alice's re-watch: %d, want 401", code)
+	}
+	bob = watchAt(t, x.srv.URL, "resourceVersion="+rv(last), bearer("bob"), true)
+	x.waitSubscribers(t, 1)
+	x.write(t, "after", 1, 10)
+	if got := bob.waitFor(t, "bob's re-watch", 1); len(got) != 1 || !strings.Contains(got[0], "after-0") {
+		t.Errorf("bob's re-watch got %v, want the one event after", got)
+	}
+	if got := x.auth.watchTokens(); len(got) != 2 || got[0] != "alice" || got[1] != "bob" {
+		t.Errorf("watches that reached the apiserver went with %v, want alice's feed, then bob's new one (the refused resume is refused before)", got)
+	}
+	if x.reviews(reviewUnauthorized) != 1 || x.reviews(reviewCachedAllow) != 1 {
+		t.Errorf("alice's re-watch: unauthorized %v; bob's: cached-allowed %v; want 1 and 1", x.reviews(reviewUnauthorized), x.reviews(reviewCachedAllow))
+	}
+}
+
+// Identical reviews at once are one request.
+func TestShareReviewsCoalesce(t *testing.T) {
+	x := newShareFixture(t, Config{})
+	from := x.write(t, "before", 1, 10)
+	hold := make(chan struct{})
+	x.auth.mu.Lock()
+	x.auth.hold = hold
+	x.auth.mu.Unlock()
+	const n = 3
+	codes := make(chan int, n)
+	for i := 0; i < n; i++ {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, "GET", x.srv.URL+"/api/v1/namespaces/d/configmaps?watch=true&timeoutSeconds=1&resourceVersion="+rv(from), nil)
+			req.Header = bearer("alice")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				codes <- 0
+				return
+			}
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	testutil.Eventually(t, 10*time.Second, fmt.Sprintf("%d watches waiting for one review", n), func() bool {
+		x.h.reviews.mu.Lock()
+		defer x.h.reviews.mu.Unlock()
+		for _, fl := range x.h.reviews.flights {
+			return fl.waiters == n
+		}
+		return false
+	})
+	close(hold)
+	for i := 0; i < n; i++ {
+		if code := <-codes; code != http.StatusOK {
+			t.Errorf("a watch: %d, want 200", code)
+		}
+	}
+	if got := len(x.auth.sent()); got != 1 {
+		t.Errorf("%d reviews sent for %d identical watches at once, want 1", got, n)
+	}
+	if x.reviews(reviewAllowed) != 1 || x.reviews(reviewCoalesced) != n-1 {
+		t.Errorf("allowed %v, coalesced %v, want 1 and %d", x.reviews(reviewAllowed), x.reviews(reviewCoalesced), n-1)
+	}
+}
+
+// The cache is bounded, oldest out.
+func TestShareReviewCacheBounded(t *testing.T) {
+	x := newShareFixture(t, Config{ShareReviewEntries: 2})
+	from := x.write(t, "before", 1, 10)
+	for _, ns := range []string{"d", "e", "f", "d"} {
+		answer(t, x.srv.URL+"/api/v1/namespaces/"+ns+"/configmaps?watch=true&resourceVersion="+rv(from), bearer("carol"))
+	}
+	if got := len(x.auth.sent()); got != 4 {
+		t.Errorf("%d reviews sent, want 4: the first (d) was out of a cache of 2 by the third", got)
+	}
+	x.h.reviews.mu.Lock()
+	defer x.h.reviews.mu.Unlock()
+	if n := x.h.reviews.order.Len(); n != 2 || len(x.h.reviews.entries) != 2 {
+		t.Errorf("%d cached decisions, want 2", n)
+	}
+}
