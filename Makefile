@@ -68,12 +68,16 @@ test-node-ha: cluster-bins
 # minute). SOAK_TIMEOUT must exceed SOAK_DURATION plus a few minutes. The test process runs
 # without -race here so it takes less of the CPU the report measures; watchsan itself is always
 # built with -race by the e2e tests, and `make test` runs the soak's harness with it.
+# SOAK_SHARE=1 is the soak of shared watch feeds (issue 15): watchsan lends an identity with
+# --share-watches, three identical informers per codec re-watch every 10 s so their watches
+# join the feeds, and the soak also fails unless clients joined feeds.
 SOAK_DURATION ?= 10m
 SOAK_SEED     ?=
 SOAK_TIMEOUT  ?= 2h
 SOAK_REPORT   ?=
+SOAK_SHARE    ?=
 soak: cluster-bins
-	WATCHSAN_SOAK_DURATION=$(SOAK_DURATION) WATCHSAN_SOAK_SEED=$(SOAK_SEED) WATCHSAN_SOAK_REPORT=$(SOAK_REPORT) \
+	WATCHSAN_SOAK_DURATION=$(SOAK_DURATION) WATCHSAN_SOAK_SEED=$(SOAK_SEED) WATCHSAN_SOAK_REPORT=$(SOAK_REPORT) WATCHSAN_SOAK_SHARE=$(SOAK_SHARE) \
 	  $(GO) test -count=1 -v -timeout $(SOAK_TIMEOUT) -run '^TestSoak$$' ./test/e2e
 
 # The real-components scenario of issue 20 (test/e2e/scenario_test.go): kube-controller-manager,

@@ -199,6 +199,18 @@ type countingInformer struct {
 // until it has synced; it stops in t.Cleanup.
 func startCountingInformer(t *testing.T, name string, cfg *rest.Config, ns string) *countingInformer {
 	t.Helper()
+	return startCountingInformerWatching(t, name, cfg, ns, 0)
+}
+
+// startCountingInformerWatching is startCountingInformer with the timeoutSeconds of every
+// watch the informer sends set to watchTimeout when it is not 0, instead of client-go's 5 to
+// 10 minutes (ReflectorOptions.MinWatchTimeout can only raise it). Its watch-list too: the
+// reflector goes on with the watch-list's stream once the initial events are over, so that
+// stream's timeout is when its first plain re-watch comes. When a watch ends at its timeout
+// the reflector re-watches from its last resourceVersion, so a short one makes re-watches
+// frequent.
+func startCountingInformerWatching(t *testing.T, name string, cfg *rest.Config, ns string, watchTimeout time.Duration) *countingInformer {
+	t.Helper()
 	w := &countingInformer{name: name, first: map[string]time.Time{}}
 	cfg = rest.CopyConfig(cfg)
 	path := "/api/v1/namespaces/" + ns + "/configmaps"
@@ -213,7 +225,17 @@ func startCountingInformer(t *testing.T, name string, cfg *rest.Config, ns strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.informer = coreinformers.NewConfigMapInformer(cs, ns, 0, cache.Indexers{})
+	var tweak func(*metav1.ListOptions)
+	if watchTimeout > 0 {
+		secs := int64(watchTimeout.Seconds())
+		tweak = func(o *metav1.ListOptions) {
+			// The reflector's watches have a timeout; its lists have none.
+			if o.TimeoutSeconds != nil {
+				o.TimeoutSeconds = &secs
+			}
+		}
+	}
+	w.informer = coreinformers.NewFilteredConfigMapInformer(cs, ns, 0, cache.Indexers{}, tweak)
 	if err := w.informer.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
 		w.errs.Add(1)
 		w.mu.Lock()

@@ -17,6 +17,14 @@ package e2e
 // Without WATCHSAN_SOAK_DURATION the soak is the short version `make test` runs (about 60 s
 // of faults: every kind once). The seed is printed first; the same seed gives the same
 // schedule (the timing of a real cluster still varies).
+//
+// WATCHSAN_SOAK_SHARE=1 (make soak SOAK_SHARE=1) is the soak of shared watch feeds (issue 15,
+// design.md section 11): watchsan lends an identity (a kubeconfig with the admin token; the
+// clients send none, as a sidecar's controller does) with --share-watches, and runs
+// soakSharePerCodec identical informers per codec whose re-watches time out after
+// soakShareRewatch, so their watches keep joining the feeds. The audit and the store
+// comparison run on every informer as without sharing; the soak also fails unless clients did
+// join feeds (watchsan_shared_feed_joins_total) and a feed was seen open (watchsan_shared_feeds).
 
 import (
 	"bytes"
@@ -29,6 +37,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,6 +47,7 @@ import (
 	"time"
 
 	"github.com/watchsan/watchsan/internal/faults"
+	"github.com/watchsan/watchsan/internal/watch"
 	"github.com/watchsan/watchsan/test/cluster"
 )
 
@@ -76,7 +86,31 @@ const (
 	// beyond; the race detector's own overhead (watchsan is built with -race) stays within.
 	soakRSSFactor  = 2.5
 	soakRSSSlackMB = 150
+
+	// soakSharePerCodec is how many identical informers per codec the sharing soak runs: one
+	// feed per codec (the Accept header is in the feed's key), several subscribers each.
+	soakSharePerCodec = 3
+	// soakShareRewatch is the timeoutSeconds of the sharing soak's watches (client-go's are 5
+	// to 10 minutes): every informer re-watches from its last resourceVersion this often, which
+	// joins the feed its codec's other informers hold, so joins happen throughout the fault
+	// schedule and not only once per informer. The watch-lists that start an informer and its
+	// relists stay private (design.md section 11); the first re-watch comes when the
+	// watch-list's stream times out.
+	soakShareRewatch = 10 * time.Second
 )
+
+// soakShare reports whether WATCHSAN_SOAK_SHARE asks for the sharing soak.
+func soakShare(t *testing.T) bool {
+	switch v := os.Getenv("WATCHSAN_SOAK_SHARE"); v {
+	case "", "0":
+		return false
+	case "1":
+		return true
+	default:
+		t.Fatalf("WATCHSAN_SOAK_SHARE=%q: want 1 (shared watch feeds) or 0", v)
+		return false
+	}
+}
 
 // soakSettings reads the duration and the seed from the environment.
 func soakSettings(t *testing.T) (time.Duration, uint64) {
@@ -99,7 +133,8 @@ func soakSettings(t *testing.T) (time.Duration, uint64) {
 
 func TestSoak(t *testing.T) {
 	duration, seed := soakSettings(t)
-	t.Logf("soak: duration %v, seed %d (rerun with WATCHSAN_SOAK_SEED=%d)", duration, seed, seed)
+	share := soakShare(t)
+	t.Logf("soak: duration %v, seed %d, shared watch feeds %v (rerun with WATCHSAN_SOAK_SEED=%d)", duration, seed, share, seed)
 	enableCBORClients(t)
 
 	c := newCluster(t, cluster.Options{
@@ -110,7 +145,7 @@ func TestSoak(t *testing.T) {
 		APIServerFlags: []string{"--shutdown-delay-duration=1s", "--request-timeout=5s"},
 	})
 	ns := resilienceNamespace(t, c, "soak")
-	s := &soak{t: t, c: c, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), fault: "none"}
+	s := &soak{t: t, c: c, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), fault: "none", share: share}
 	args := append([]string{}, resilienceFlags...)
 	for i := range c.APIServers {
 		f := newFaultedAPIServer(t, c, i)
@@ -119,6 +154,9 @@ func TestSoak(t *testing.T) {
 		args = append(args, "--upstream="+f.URL)
 	}
 	args = append(args, "--upstream-ca-file="+s.fronts[0].CAFile)
+	if share {
+		args = append(args, s.lendArgs()...)
+	}
 	s.p = startProxy(t, args...)
 	// Registered after startProxy, so it runs while watchsan still answers.
 	t.Cleanup(func() {
@@ -130,13 +168,23 @@ func TestSoak(t *testing.T) {
 			// measured until then, without the audit.
 			t.Log("\n" + s.report(nil))
 		}
-		t.Logf("reproduce with WATCHSAN_SOAK_SEED=%d WATCHSAN_SOAK_DURATION=%v", seed, duration)
+		t.Logf("reproduce with WATCHSAN_SOAK_SEED=%d WATCHSAN_SOAK_DURATION=%v WATCHSAN_SOAK_SHARE=%d", seed, duration, map[bool]int{false: 0, true: 1}[share])
 	})
 
 	for _, cd := range []sanCodec{sanCodecJSON, sanCodecProtobuf, sanCodecCBOR} {
 		cfg := resilienceClientConfig(c, s.p)
+		if !share {
+			cfg.ContentType, cfg.AcceptContentTypes = cd.contentType, cd.accept
+			s.infs = append(s.infs, startCountingInformer(t, cd.name, cfg, ns))
+			continue
+		}
+		// The lent identity's clients send no credentials of their own.
+		cfg.BearerToken = ""
 		cfg.ContentType, cfg.AcceptContentTypes = cd.contentType, cd.accept
-		s.infs = append(s.infs, startCountingInformer(t, cd.name, cfg, ns))
+		for i := range soakSharePerCodec {
+			name := fmt.Sprintf("%s#%d", cd.name, i+1)
+			s.infs = append(s.infs, startCountingInformerWatching(t, name, cfg, ns, soakShareRewatch))
+		}
 	}
 	s.wr = newRecordingWriter(t, c, ns)
 	s.wr.start(soakObjects, soakPace)
@@ -178,7 +226,62 @@ func TestSoak(t *testing.T) {
 		}
 	}
 	s.checkBounds()
+	if share {
+		s.checkShared()
+	}
 	requireWatching(t, s.p, len(s.infs))
+}
+
+// lendArgs are watchsan's flags for the sharing soak: a kubeconfig with the cluster's admin
+// token naming the first fault layer (all three serve the same certificate), the other two
+// allowed to get it too, and --share-watches.
+func (s *soak) lendArgs() []string {
+	kc := filepath.Join(s.t.TempDir(), "lent.kubeconfig")
+	if err := s.c.WriteKubeconfig(kc, s.fronts[0].URL, s.c.AdminToken, s.fronts[0].CAFile); err != nil {
+		s.t.Fatal(err)
+	}
+	args := []string{"--kubeconfig=" + kc, "--share-watches"}
+	for _, f := range s.fronts[1:] {
+		args = append(args, "--allow-credentials-to-upstream="+f.URL)
+	}
+	return args
+}
+
+// checkShared fails the sharing soak unless its clients' watches did share feeds: clients
+// joined a feed another client's watch had opened, and a feed was seen open.
+func (s *soak) checkShared() {
+	sh := s.shareTotals()
+	if sh.joins <= 0 {
+		s.t.Errorf("sharing on: no client watch joined a shared feed (watchsan_shared_feed_joins_total %v)", sh.joins)
+	}
+	if sh.peakFeeds <= 0 {
+		s.t.Errorf("sharing on: no shared feed was seen open (watchsan_shared_feeds peak %v)", sh.peakFeeds)
+	}
+}
+
+// soakShareTotals is what the sharing soak reports of the feeds.
+type soakShareTotals struct {
+	joins                        float64 // watchsan_shared_feed_joins_total at the end
+	peakFeeds, peakSubscribers   float64 // the highest values sampled
+	upstreamWatches, clientWatch int64   // watch requests reaching the apiservers, and sent by the informers
+}
+
+func (s *soak) shareTotals() soakShareTotals {
+	s.mu.Lock()
+	samples := slices.Clone(s.samples)
+	s.mu.Unlock()
+	var sh soakShareTotals
+	for _, smp := range samples {
+		sh.peakFeeds = max(sh.peakFeeds, smp.SharedFeeds)
+		sh.peakSubscribers = max(sh.peakSubscribers, smp.Subscribers)
+		sh.joins = max(sh.joins, smp.Joins)
+	}
+	sh.joins = max(sh.joins, s.p.Metric("watchsan_shared_feed_joins_total", nil))
+	sh.upstreamWatches = s.layerStats().Watches
+	for _, w := range s.infs {
+		sh.clientWatch += w.req.watchLists.Load() + w.req.rewatches.Load()
+	}
+	return sh
 }
 
 // soak is one soak run.
@@ -200,6 +303,7 @@ type soak struct {
 	// did not answer within 2 s).
 	missedScrapes int
 	kinds         map[string]int
+	share         bool // the sharing soak (WATCHSAN_SOAK_SHARE=1)
 	stuck         bool // a recovery timed out: the schedule stopped early
 	reported      bool // the report was printed
 }
@@ -490,6 +594,9 @@ type soakSample struct {
 	Resumes    float64
 	Rewatches  int64 // all informers
 	Relists    int64
+	// watchsan's shared feeds (0 without --share-watches): open feeds, their subscribers,
+	// joins so far.
+	SharedFeeds, Subscribers, Joins float64
 }
 
 // sample starts the sampler, one sample a second; the returned func stops it after a last one
@@ -528,14 +635,18 @@ func (s *soak) takeSample() {
 		s.t.Logf("sampling watchsan's RSS: %v", err)
 	}
 	smp := soakSample{At: time.Since(s.start), CPU: cpu, RSSMB: rss, Requests: s.layerStats().Requests}
-	if m, err := scrapeMetrics(s.p.AdminURL, "go_goroutines", "watchsan_watch_resumes_total"); err == nil {
+	if m, err := scrapeMetrics(s.p.AdminURL, "go_goroutines", "watchsan_watch_resumes_total", "watchsan_shared_feeds",
+		"watchsan_shared_feed_subscribers", "watchsan_shared_feed_joins_total"); err == nil {
 		smp.Goroutines, smp.Resumes = m["go_goroutines"], m["watchsan_watch_resumes_total"]
+		smp.SharedFeeds, smp.Subscribers, smp.Joins = m["watchsan_shared_feeds"], m["watchsan_shared_feed_subscribers"], m["watchsan_shared_feed_joins_total"]
 	} else {
 		// The last values stand in (a missed scrape must not look like a drop to zero).
 		s.mu.Lock()
 		s.missedScrapes++
 		if n := len(s.samples); n > 0 {
-			smp.Goroutines, smp.Resumes = s.samples[n-1].Goroutines, s.samples[n-1].Resumes
+			prev := s.samples[n-1]
+			smp.Goroutines, smp.Resumes = prev.Goroutines, prev.Resumes
+			smp.SharedFeeds, smp.Subscribers, smp.Joins = prev.SharedFeeds, prev.Subscribers, prev.Joins
 		}
 		s.mu.Unlock()
 		s.t.Logf("scraping watchsan's metrics: %v", err)
@@ -793,10 +904,18 @@ func (s *soak) report(audits []soakAudit) string {
 	}
 	fmt.Fprintf(&b, "soak report: %v of faults (%v with the finish); faults run: %s\n", s.faultPhase(samples).Round(time.Second),
 		time.Since(s.start).Round(time.Second), strings.Join(kinds, " "))
-	fmt.Fprintf(&b, "%-9s %-44s %9s %6s %7s %5s %7s %8s %7s\n", "t", "faults", "up req/s", "cpu%", "rss MB", "gor", "resumes", "rewatch", "relist")
+	fmt.Fprintf(&b, "%-9s %-44s %9s %6s %7s %5s %7s %8s %7s", "t", "faults", "up req/s", "cpu%", "rss MB", "gor", "resumes", "rewatch", "relist")
+	if s.share {
+		fmt.Fprintf(&b, " %5s %5s %5s", "feeds", "subs", "joins")
+	}
+	b.WriteString("\n")
 	for _, row := range bucketize(samples) {
-		fmt.Fprintf(&b, "%-9s %-44s %9.1f %6.1f %7.1f %5.0f %7.0f %8d %7d\n", row.span, row.faults, row.reqPerSec,
+		fmt.Fprintf(&b, "%-9s %-44s %9.1f %6.1f %7.1f %5.0f %7.0f %8d %7d", row.span, row.faults, row.reqPerSec,
 			row.cpuPct, row.rssMB, row.goroutines, row.resumes, row.rewatches, row.relists)
+		if s.share {
+			fmt.Fprintf(&b, " %5.0f %5.0f %5.0f", row.feeds, row.subscribers, row.joins)
+		}
+		b.WriteString("\n")
 	}
 	tot := summarize(samples)
 	fmt.Fprintf(&b, "upstream requests: %d (%.1f/s mean, %.1f/s peak bucket); watchsan CPU: %.1f%% mean, %.1f%% peak bucket; RSS MB: %.1f first, %.1f peak, %.1f last; goroutines: %.0f first, %.0f peak, %.0f last\n",
@@ -806,10 +925,17 @@ func (s *soak) report(audits []soakAudit) string {
 		"upstream-ended", "client-gone", "client-deadline", "shutdown", "upstream-malformed", "resume-timeout", "resume-refused",
 		"relist-forced", "upstream-broke", "upstream-error-event"),
 		s.metricByLabel("watchsan_request_retries_total", "outcome", "retried", "recovered", "exhausted"), logWarnings(s.p))
-	fmt.Fprintf(&b, "%-9s %6s %6s %5s %10s %5s %8s %8s %8s %9s %7s\n", "informer", "seen", "lost", "dup", "regressing", "unexp", "excused", "resyncs", "tombst", "re-watches", "relists")
+	if s.share {
+		sh := s.shareTotals()
+		fmt.Fprintf(&b, "shared feeds: %.0f joins; %.0f feeds and %.0f subscribers at the peak; private feeds: %s; ring evictions %v, slow subscribers %v; watch requests: %d from the informers, %d reaching the apiservers\n",
+			sh.joins, sh.peakFeeds, sh.peakSubscribers, s.metricByLabel("watchsan_watch_private_feeds_total", "reason", watch.PrivateFeedReasons...),
+			s.p.Metric("watchsan_shared_feed_ring_evictions_total", nil), s.p.Metric("watchsan_shared_feed_slow_subscribers_total", nil),
+			sh.clientWatch, sh.upstreamWatches)
+	}
+	fmt.Fprintf(&b, "%-11s %6s %6s %5s %10s %5s %8s %8s %8s %9s %7s\n", "informer", "seen", "lost", "dup", "regressing", "unexp", "excused", "resyncs", "tombst", "re-watches", "relists")
 	for i, a := range audits {
 		w := s.infs[i]
-		fmt.Fprintf(&b, "%-9s %6d %6d %5d %10d %5d %8d %8d %8d %9d %7d\n", w.name, a.seen, a.lost-a.excused, a.dups,
+		fmt.Fprintf(&b, "%-11s %6d %6d %5d %10d %5d %8d %8d %8d %9d %7d\n", w.name, a.seen, a.lost-a.excused, a.dups,
 			a.regress+a.reorder, a.unknown, a.excused, a.resyncs, a.tombstones, w.req.rewatches.Load(), w.relists())
 	}
 	fmt.Fprintf(&b, "schedule:\n  %s\n", strings.Join(schedule, "\n  "))
@@ -868,7 +994,9 @@ type soakRow struct {
 	rssMB, goroutines  float64
 	resumes            float64
 	rewatches, relists int64
-	end                time.Duration
+	// shared feeds: open and subscribers at the row's end, joins in it
+	feeds, subscribers, joins float64
+	end                       time.Duration
 }
 
 // bucketize groups samples into soakBucket rows by the time they were taken: rates over the
@@ -900,16 +1028,19 @@ func bucketize(samples []soakSample) []soakRow {
 			f = "-"
 		}
 		rows = append(rows, soakRow{
-			span:       fmt.Sprintf("%.0f-%.0fs", (k * soakBucket).Seconds(), min((k+1)*soakBucket, last.At).Seconds()),
-			faults:     f,
-			reqPerSec:  float64(last.Requests-from.Requests) / wall,
-			cpuPct:     100 * (last.CPU - from.CPU).Seconds() / wall,
-			rssMB:      last.RSSMB,
-			goroutines: last.Goroutines,
-			resumes:    last.Resumes - from.Resumes,
-			rewatches:  last.Rewatches - from.Rewatches,
-			relists:    last.Relists - from.Relists,
-			end:        last.At,
+			span:        fmt.Sprintf("%.0f-%.0fs", (k * soakBucket).Seconds(), min((k+1)*soakBucket, last.At).Seconds()),
+			faults:      f,
+			reqPerSec:   float64(last.Requests-from.Requests) / wall,
+			cpuPct:      100 * (last.CPU - from.CPU).Seconds() / wall,
+			rssMB:       last.RSSMB,
+			goroutines:  last.Goroutines,
+			resumes:     last.Resumes - from.Resumes,
+			rewatches:   last.Rewatches - from.Rewatches,
+			relists:     last.Relists - from.Relists,
+			feeds:       last.SharedFeeds,
+			subscribers: last.Subscribers,
+			joins:       last.Joins - from.Joins,
+			end:         last.At,
 		})
 		from = last
 	}
