@@ -133,7 +133,7 @@ type FeedInfo struct {
 }
 
 // FeedLag is how far a feed's subscribers are behind it: what it queued for them that their
-// clients have not been written yet. A subscriber whose queue reaches --share-subscriber-bytes
+// clients have not been written yet. A subscriber whose queue reaches --share-subscriber-buffer-bytes
 // is ended (a slow subscriber); a lag that stays is a client reading slower than its feed
 // delivers.
 type FeedLag struct {
