@@ -128,6 +128,45 @@ type FeedInfo struct {
 	// (or moved) this many times, once for all its subscribers.
 	Events  uint64 `json:"events"`
 	Resumes int    `json:"resumes"`
+	// Lag is how far its subscribers are behind it.
+	Lag FeedLag `json:"lag"`
+}
+
+// FeedLag is how far a feed's subscribers are behind it: what it queued for them that their
+// clients have not been written yet. A subscriber whose queue reaches --share-subscriber-buffer-bytes
+// is ended (a slow subscriber); a lag that stays is a client reading slower than its feed
+// delivers.
+type FeedLag struct {
+	// Behind counts the subscribers with something queued.
+	Behind int `json:"behind"`
+	// MaxBytes and MaxFrames are the most any one subscriber has queued; MaxSeconds how long
+	// the oldest frame still queued for any of them has waited.
+	MaxBytes   int     `json:"maxBytes"`
+	MaxFrames  int     `json:"maxFrames"`
+	MaxSeconds float64 `json:"maxSeconds"`
+}
+
+// lag reads how far sf's subscribers are behind it, at now.
+func (sf *sharedFeed) lag(now time.Time) FeedLag {
+	var l FeedLag
+	oldest := int64(0)
+	sf.mu.Lock()
+	for m := range sf.members {
+		b, n, since := int(m.queued.Load()), int(m.frames.Load()), m.since.Load()
+		if n == 0 {
+			continue
+		}
+		l.Behind++
+		l.MaxBytes, l.MaxFrames = max(l.MaxBytes, b), max(l.MaxFrames, n)
+		if since != 0 && (oldest == 0 || since < oldest) {
+			oldest = since
+		}
+	}
+	sf.mu.Unlock()
+	if oldest != 0 {
+		l.MaxSeconds = max(0, now.Sub(time.Unix(0, oldest)).Seconds())
+	}
+	return l
 }
 
 // FeedRing is a feed's ring: its events and bytes, and the resourceVersions it covers (a
@@ -171,7 +210,7 @@ func (sf *sharedFeed) info(now time.Time) FeedInfo {
 	fi := FeedInfo{
 		ID: d.id, Group: d.group, Version: d.version, Resource: d.resource, Namespace: d.namespace, Name: d.name,
 		LabelSelector: d.labelSelector, FieldSelector: d.fieldSelector,
-		Subscribers: int(sf.nsubs.Load()), AgeSeconds: now.Sub(d.opened).Seconds(),
+		Subscribers: int(sf.nsubs.Load()), AgeSeconds: now.Sub(d.opened).Seconds(), Lag: sf.lag(now),
 	}
 	rv := func(v uint64) string { return strconv.FormatUint(v, 10) }
 	s := sf.snap.Load()

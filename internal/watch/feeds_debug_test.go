@@ -2,6 +2,7 @@ package watch
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -163,4 +164,37 @@ func TestShareFeedLimit(t *testing.T) {
 	if l, _ := x.listing(t); l.Open != 1 || l.MaxFeeds != 1 {
 		t.Errorf("listing %+v, want one feed of at most 1", l)
 	}
+}
+
+// The listing's lag is how far a feed's subscribers are behind it: a client that stops reading
+// shows as one subscriber behind, by the bytes and frames queued for it and how long the oldest
+// has waited; once it reads again, no one is behind.
+func TestFeedsListingLag(t *testing.T) {
+	x := newShareFixture(t, Config{ShareSubscriberBytes: 64 << 20, WriteTimeout: time.Minute})
+	from := x.write(t, "before", 1, 10)
+	fast := watchAt(t, x.srv.URL, "resourceVersion="+rv(from), nil, true)
+	slow := watchAt(t, x.srv.URL, "resourceVersion="+rv(from), nil, false)
+	x.waitSubscribers(t, 2)
+	if l, _ := x.listing(t); len(l.Feeds) != 1 || l.Feeds[0].Lag != (FeedLag{}) {
+		t.Fatalf("before any write, lag %+v, want none", l.Feeds)
+	}
+	// More than the kernel's socket buffers hold for the client that does not read, less than
+	// its subscriber's bound: its queue holds the rest.
+	const n = 300
+	x.write(t, "big", n, 64<<10)
+	fast.waitFor(t, "the reading client", n)
+	var lag FeedLag
+	testutil.Eventually(t, 10*time.Second, "the listing to show one subscriber behind", func() bool {
+		l, _ := x.listing(t)
+		lag = l.Feeds[0].Lag
+		return lag.Behind == 1 && lag.MaxSeconds > 0
+	})
+	if lag.MaxFrames < 1 || lag.MaxBytes < lag.MaxFrames*(64<<10) || lag.MaxBytes > n*(70<<10) {
+		t.Errorf("lag %+v: want the slow subscriber's queue, at least a frame of 64 KiB each, at most all %d", lag, n)
+	}
+	go func() { _, _ = io.Copy(io.Discard, slow.body) }()
+	testutil.Eventually(t, 20*time.Second, "no subscriber behind once it reads", func() bool {
+		l, _ := x.listing(t)
+		return l.Feeds[0].Lag == FeedLag{}
+	})
 }

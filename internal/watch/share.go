@@ -437,6 +437,8 @@ func (sf *sharedFeed) addLocked(at uint64, bookmarks bool) (*member, string) {
 			return nil, privateBacklog
 		}
 		m.q, m.bytes, m.signal = backlog, n, true
+		m.since.Store(sf.h.clk.Now().UnixNano())
+		m.account()
 		m.wake <- struct{}{}
 	}
 	sf.members[m] = struct{}{}
@@ -567,6 +569,7 @@ func (sf *sharedFeed) advance(rv uint64, isInt, event bool) bool {
 // every member's queue (a bookmark: those that asked for them), but those a handoff joined
 // ahead of the feed skip what their initial events already hold (member.skip). mu is held.
 func (sf *sharedFeed) fanOut(raw []byte, bookmark bool, rv uint64, rewritten bool) {
+	now := sf.h.clk.Now()
 	for m := range sf.members {
 		if bookmark && !m.bookmarks {
 			continue
@@ -574,7 +577,7 @@ func (sf *sharedFeed) fanOut(raw []byte, bookmark bool, rv uint64, rewritten boo
 		if m.skip != 0 && sf.skips(m, rv, rewritten) {
 			continue
 		}
-		if !m.push(raw) {
+		if !m.push(raw, now) {
 			sf.drop(m) // counted as it ends (serve)
 			continue
 		}
@@ -642,6 +645,12 @@ type member struct {
 	// guards it.
 	skip uint64
 
+	// queued, frames and since say how far the member is behind its feed, for /debug/feeds
+	// (feeds_debug.go), which reads them without its lock: the bytes and frames queued and
+	// not yet taken, and when the oldest of them was queued (unix nanoseconds; 0: none).
+	queued, since atomic.Int64
+	frames        atomic.Int32
+
 	mu     sync.Mutex
 	q      [][]byte
 	bytes  int
@@ -653,18 +662,32 @@ type member struct {
 
 // push queues raw, or reports false when it would fill the queue past its bound: the member is
 // then over (its queue let go) and ends.
-func (m *member) push(raw []byte) bool {
+func (m *member) push(raw []byte, now time.Time) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.bytes+len(raw) > m.max {
 		m.over, m.q, m.bytes = true, nil, 0
+		m.account()
 		m.wakeLocked()
 		return false
+	}
+	if len(m.q) == 0 {
+		m.since.Store(now.UnixNano())
 	}
 	m.q = append(m.q, raw)
 	m.bytes += len(raw)
 	m.signal = true
+	m.account()
 	return true
+}
+
+// account publishes the queue's size for /debug/feeds; m.mu is held.
+func (m *member) account() {
+	m.queued.Store(int64(m.bytes))
+	m.frames.Store(int32(len(m.q)))
+	if len(m.q) == 0 {
+		m.since.Store(0)
+	}
 }
 
 // wakeUp tells the member's goroutine there is something to take, if there is.
@@ -697,6 +720,7 @@ func (m *member) take() (q [][]byte, over, done bool, end EndReason) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	q, m.q, m.bytes = m.q, nil, 0
+	m.account()
 	return q, m.over, m.done, m.end
 }
 
