@@ -79,7 +79,7 @@ type FanOutSample struct {
 	APIServerTicks int64
 	// WatchsanCPU is watchsan's CPU seconds over the same span (0 direct); WatchsanRSS its
 	// resident memory before the clients opened their watches and with them open, KiB.
-	WatchsanCPU                           float64
+	WatchsanCPU                          float64
 	WatchsanRSSBeforeKiB, WatchsanRSSKiB int64
 	// Opened is how long opening every watch took; Delivered the time from the first write
 	// until every client had every write.
