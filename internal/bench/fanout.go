@@ -114,6 +114,9 @@ type FanOutTarget struct {
 	// PID and AdminURL are watchsan's process and admin listener (unset for FanDirect).
 	PID      int
 	AdminURL string
+	// WhileOpen, if set, is called with every watch open, before the writes (outside what is
+	// measured), e.g. to read watchsan's feeds.
+	WhileOpen func()
 	// Stop, if set, ends watchsan once the clients are gone, before Measure waits for the
 	// apiserver to let go of the upstream watches (a feed outlives its last subscriber a while).
 	Stop func()
@@ -281,6 +284,22 @@ func (e *FanOutEnv) apiserverTicks() (int64, error) {
 	return int64(s*clockTicks + 0.5), err
 }
 
+// settle waits, at most 15 s, until the apiserver is quiet (at most 2 ticks of CPU in half a
+// second), so that what a run's writes are charged does not include the tail of what came
+// before (the previous run's watches ending, its garbage collected).
+func (e *FanOutEnv) settle(ctx context.Context) {
+	deadline := time.Now().Add(15 * time.Second)
+	prev, err := e.apiserverTicks()
+	for err == nil && time.Now().Before(deadline) && ctx.Err() == nil {
+		sleepCtx(ctx, 500*time.Millisecond)
+		var now int64
+		if now, err = e.apiserverTicks(); now-prev <= 2 {
+			return
+		}
+		prev = now
+	}
+}
+
 // write creates n configmaps named prefix0.., 10 at a time.
 func (e *FanOutEnv) write(ctx context.Context, prefix string, n int) error {
 	return parallel(ctx, n, 10, func(i int) error {
@@ -293,6 +312,7 @@ func (e *FanOutEnv) write(ctx context.Context, prefix string, n int) error {
 // Baseline is the apiserver's CPU ticks for `writes` writes with no watcher of them.
 func (e *FanOutEnv) Baseline(ctx context.Context, writes int) (int64, error) {
 	prefix := fmt.Sprintf("base%d-", e.seq.Add(1))
+	e.settle(ctx)
 	t0, err := e.apiserverTicks()
 	if err != nil {
 		return 0, err
@@ -445,7 +465,11 @@ func (e *FanOutEnv) Measure(ctx context.Context, t FanOutTarget, n, writes int, 
 		return fail(err)
 	}
 	s.UpstreamWatches -= base
+	if t.WhileOpen != nil {
+		t.WhileOpen()
+	}
 
+	e.settle(ctx)
 	t0, err := e.apiserverTicks()
 	if err != nil {
 		return fail(err)
@@ -508,6 +532,15 @@ type FanOutResult struct {
 	BaselineTicks int64
 	Baselines     []int64
 	Samples       []FanOutSample
+}
+
+// SetBaseline sets BaselineTicks, the median of Baselines.
+func (r *FanOutResult) SetBaseline() {
+	f := make([]float64, len(r.Baselines))
+	for i, x := range r.Baselines {
+		f[i] = float64(x)
+	}
+	r.BaselineTicks = int64(median(f) + 0.5)
 }
 
 // FanOutTicks is a sample's apiserver CPU for the fan-out: over the writes, minus the baseline.
@@ -584,16 +617,8 @@ func (r *runner) fanout(ctx context.Context) {
 			r.progress("fan-out    %-24s %5d clients: upstream watches %4.0f, apiserver %4d ticks (baseline %d), watchsan %.2fs CPU %.1f KiB/sub, opened %v delivered %v %s",
 				m, n, s.UpstreamWatches, s.APIServerTicks, b, s.WatchsanCPU, s.WatchsanKiBPerSubscriber(), s.Opened.Round(time.Millisecond), s.Delivered.Round(time.Millisecond), s.Err)
 		}
-		fr.BaselineTicks = medianTicks(fr.Baselines)
+		fr.SetBaseline()
 	}
-}
-
-func medianTicks(v []int64) int64 {
-	f := make([]float64, len(v))
-	for i, x := range v {
-		f[i] = float64(x)
-	}
-	return int64(median(f) + 0.5)
 }
 
 // apiserverVersion is the apiserver's gitVersion, for the report.
