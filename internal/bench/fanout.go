@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -12,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -531,7 +533,43 @@ type FanOutResult struct {
 	// the runs in Baselines).
 	BaselineTicks int64
 	Baselines     []int64
-	Samples       []FanOutSample
+	// Samples has one sample per mode: of its Runs, the one with the median apiserver CPU (or
+	// one that failed).
+	Samples []FanOutSample
+	Runs    []FanOutSample `json:",omitempty"`
+}
+
+// pickSamples sets Samples from Runs.
+func (r *FanOutResult) pickSamples() {
+	r.Samples = nil
+	for _, m := range FanOutModes {
+		var runs []FanOutSample
+		for _, s := range r.Runs {
+			if s.Mode == m {
+				if s.Err != "" {
+					runs = []FanOutSample{s}
+					break
+				}
+				runs = append(runs, s)
+			}
+		}
+		if len(runs) == 0 {
+			continue
+		}
+		slices.SortStableFunc(runs, func(a, b FanOutSample) int { return cmp.Compare(a.APIServerTicks, b.APIServerTicks) })
+		r.Samples = append(r.Samples, runs[(len(runs)-1)/2])
+	}
+}
+
+// runTicks lists the apiserver's CPU over the writes of mode m's runs.
+func (r *FanOutResult) runTicks(m FanOutMode) []int64 {
+	var out []int64
+	for _, s := range r.Runs {
+		if s.Mode == m {
+			out = append(out, s.APIServerTicks)
+		}
+	}
+	return out
 }
 
 // SetBaseline sets BaselineTicks, the median of Baselines.
@@ -593,29 +631,32 @@ func (r *runner) fanout(ctx context.Context) {
 	for _, n := range r.cfg.FanOutClients {
 		fr := &FanOutResult{Clients: n, Writes: writes}
 		r.res.FanOut = append(r.res.FanOut, fr)
-		for _, m := range FanOutModes {
-			if ctx.Err() != nil {
-				return
-			}
-			b, err := e.Baseline(ctx, writes)
-			if err != nil {
-				r.fail("fan-out baseline: %v", err)
-				return
-			}
-			fr.Baselines = append(fr.Baselines, b)
-			t := FanOutTarget{Mode: m, URL: c.APIServers[0].URL}
-			var p *proc
-			if m != FanDirect {
-				if p, err = r.cfg.Launcher.startFanOut(ctx, e.FanOutArgs(m)); err != nil {
-					r.fail("fan-out %s: %v", m, err)
-					continue
+		for rep := 0; rep < max(1, r.cfg.FanOutReps); rep++ {
+			for _, m := range FanOutModes {
+				if ctx.Err() != nil {
+					return
 				}
-				t.URL, t.PID, t.AdminURL, t.Stop = p.url, p.pid, p.admin, p.stop
+				b, err := e.Baseline(ctx, writes)
+				if err != nil {
+					r.fail("fan-out baseline: %v", err)
+					return
+				}
+				fr.Baselines = append(fr.Baselines, b)
+				t := FanOutTarget{Mode: m, URL: c.APIServers[0].URL}
+				var p *proc
+				if m != FanDirect {
+					if p, err = r.cfg.Launcher.startFanOut(ctx, e.FanOutArgs(m)); err != nil {
+						r.fail("fan-out %s: %v", m, err)
+						continue
+					}
+					t.URL, t.PID, t.AdminURL, t.Stop = p.url, p.pid, p.admin, p.stop
+				}
+				s := e.Measure(ctx, t, n, writes, timeout)
+				fr.Runs = append(fr.Runs, s)
+				fr.pickSamples()
+				r.progress("fan-out    %-24s %5d clients rep %d: upstream watches %4.0f, apiserver %4d ticks (baseline %d), watchsan %.2fs CPU %.1f KiB/sub, opened %v delivered %v %s",
+					m, n, rep+1, s.UpstreamWatches, s.APIServerTicks, b, s.WatchsanCPU, s.WatchsanKiBPerSubscriber(), s.Opened.Round(time.Millisecond), s.Delivered.Round(time.Millisecond), s.Err)
 			}
-			s := e.Measure(ctx, t, n, writes, timeout)
-			fr.Samples = append(fr.Samples, s)
-			r.progress("fan-out    %-24s %5d clients: upstream watches %4.0f, apiserver %4d ticks (baseline %d), watchsan %.2fs CPU %.1f KiB/sub, opened %v delivered %v %s",
-				m, n, s.UpstreamWatches, s.APIServerTicks, b, s.WatchsanCPU, s.WatchsanKiBPerSubscriber(), s.Opened.Round(time.Millisecond), s.Delivered.Round(time.Millisecond), s.Err)
 		}
 		fr.SetBaseline()
 	}

@@ -39,7 +39,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	short := fs.Bool("short", false, "a seconds-long run with tiny workloads (checks the harness, numbers meaningless)")
 	haproxy := fs.String("haproxy", lookPath("haproxy"), "haproxy binary; empty: skip haproxy")
 	paths := fs.String("paths", joinPaths(AllPaths), "paths to measure, comma-separated")
-	reps := fs.Int("reps", 0, "repetitions of each saturation and latency run (0: default)")
+	reps := fs.Int("reps", 0, "repetitions of each saturation, latency, memory and fan-out run (0: default)")
 	events := fs.Int("events", 0, "events per saturation run with one watch (0: default)")
 	formats := fs.String("formats", "json,protobuf,cbor", "wire formats")
 	idle := fs.String("idle-watches", "", "numbers of idle watches for the memory runs (default 1000,10000)")
@@ -74,7 +74,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if *reps > 0 {
-		cfg.Reps, cfg.LatencyReps, cfg.MemoryReps = *reps, *reps, *reps
+		cfg.Reps, cfg.LatencyReps, cfg.MemoryReps, cfg.FanOutReps = *reps, *reps, *reps, *reps
 	}
 	if *events > 0 {
 		cfg.Events = *events
@@ -237,6 +237,7 @@ func DefaultConfig() Config {
 		MemorySettle:      2 * time.Second,
 		FanOutClients:     []int{10, 100, 1000},
 		FanOutWrites:      300,
+		FanOutReps:        3,
 	}
 }
 
@@ -256,7 +257,7 @@ func ShortConfig() Config {
 	c.IdleWatches = []int{20}
 	c.MemoryReps = 1
 	c.MemorySettle = 100 * time.Millisecond
-	c.FanOutClients, c.FanOutWrites = []int{3}, 10
+	c.FanOutClients, c.FanOutWrites, c.FanOutReps = []int{3}, 10, 1
 	return c
 }
 

@@ -454,10 +454,12 @@ func writeFanOut(p func(string, ...any), r *Results) {
 	p("the apiserver's `apiserver_longrunning_requests{verb=\"WATCH\",resource=\"configmaps\"}` with the")
 	p("clients open, minus before. The apiserver's CPU for the fan-out is its CPU (10 ms ticks of")
 	p("/proc/PID/stat) from the first write until every client had every write, minus the same writes")
-	p("with no watcher (the median of one such run before each row's). watchsan's CPU per subscriber is")
+	p("with no watcher (the median of one such run before each run of every row). Each row is the run")
+	p("with the median apiserver CPU of its repetitions, each with a fresh watchsan. watchsan's CPU per subscriber is")
 	p("its CPU over the same span per client watch; its memory per subscriber is its VmRSS growth from")
 	p("before the clients opened their watches, per watch (at small N mostly the feed's own). Every")
 	p("client must see every write exactly once and in resourceVersion order (checked).")
+	p("The apiserver settles (at most 2 ticks in half a second) before every measured span.")
 	p("")
 	p("![fan-out](fanout.png)")
 	p("")
@@ -465,8 +467,8 @@ func writeFanOut(p func(string, ...any), r *Results) {
 		p("- `%s`: %s", m, fanOutDescription[m])
 	}
 	p("")
-	p("| clients | path | upstream watches | apiserver CPU over the writes (ticks) | for the fan-out (minus %s) | vs direct | watchsan CPU per subscriber | watchsan memory per subscriber | delivered | checked |", "baseline")
-	p("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|")
+	p("| clients | path | upstream watches | apiserver CPU over the writes (ticks) | for the fan-out (minus %s) | vs direct | watchsan CPU per subscriber | watchsan memory per subscriber | delivered | checked | runs, ticks over the writes |", "baseline")
+	p("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
 	for _, fr := range r.FanOut {
 		var direct float64
 		if d := fr.Of(FanDirect); d != nil {
@@ -483,8 +485,8 @@ func writeFanOut(p func(string, ...any), r *Results) {
 			if s.Err != "" {
 				check = "error: " + oneLine(s.Err)
 			}
-			p("| %d | %s | %.0f | %d | %d | %s | %s | %s | %s | %s |", fr.Clients, s.Mode, s.UpstreamWatches, s.APIServerTicks,
-				fr.FanOutTicks(s), fanOutRatio(float64(fr.FanOutTicks(s)), direct), cpu, mem, fmtDur(s.Delivered), check)
+			p("| %d | %s | %.0f | %d | %d | %s | %s | %s | %s | %s | %s |", fr.Clients, s.Mode, s.UpstreamWatches, s.APIServerTicks,
+				fr.FanOutTicks(s), fanOutRatio(float64(fr.FanOutTicks(s)), direct), cpu, mem, fmtDur(s.Delivered), check, joinInts(fr.runTicks(s.Mode)))
 		}
 	}
 	p("")

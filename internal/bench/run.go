@@ -62,6 +62,8 @@ type Config struct {
 	// by FanOutWrites writes, on a real kube-apiserver (fanout.go).
 	FanOutClients []int
 	FanOutWrites  int
+	// FanOutReps repeats every fan-out run (a fresh watchsan each time); the median is reported.
+	FanOutReps int
 
 	// Phases selects what to measure: "throughput", "latency", "ttfe", "memory", "fanout"; nil: all.
 	Phases map[string]bool
