@@ -328,9 +328,8 @@ func (e *FanOutEnv) Baseline(ctx context.Context, writes int) (int64, error) {
 
 // fanClient is one client watch of a fan-out run.
 type fanClient struct {
-	got                   atomic.Int32 // distinct writes seen
-	dup, reordered, short bool
-	err                   error
+	got            atomic.Int32 // distinct writes seen
+	dup, reordered bool
 }
 
 // read reads a JSON watch stream until it ends, recording the ADDED events of objects named
@@ -680,12 +679,7 @@ func (l *Launcher) startFanOut(ctx context.Context, args []string) (*proc, error
 	if err != nil {
 		return nil, err
 	}
-	if err := p.discover(ctx, 2); err != nil {
-		p.stop()
-		return nil, err
-	}
-	if err := p.waitReady(ctx); err != nil {
-		p.stop()
+	if err := p.ready(ctx, 2); err != nil {
 		return nil, err
 	}
 	return p, nil
