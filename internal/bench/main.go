@@ -163,8 +163,20 @@ func keepOthers(file string, res *Results, ran map[string]bool) string {
 	keep("latency", len(old.Latency) > 0, func() { res.Latency = old.Latency })
 	keep("ttfe", len(old.TTFE) > 0, func() { res.TTFE = old.TTFE })
 	keep("memory", len(old.Memory) > 0, func() { res.Memory = old.Memory })
-	keep("fanout", len(old.FanOut) > 0, func() { res.FanOut, res.FanOutAPIServer = old.FanOut, old.FanOutAPIServer })
-	if len(kept) > 0 {
+	keep("fanout", len(old.FanOut) > 0, func() {
+		res.FanOut, res.FanOutAPIServer, res.FanOutEnv = old.FanOut, old.FanOutAPIServer, old.FanOutEnv
+		if res.FanOutEnv == nil {
+			env := old.Env
+			res.FanOutEnv = &env
+		}
+	})
+	if len(kept) > 0 && (len(kept) > 1 || kept[0] != "fanout") {
+		// The report's header describes the sections kept; the fan-out says when it was taken.
+		if ran["fanout"] {
+			env := res.Env
+			res.FanOutEnv = &env
+		}
+		res.Env = old.Env
 		for name, why := range old.Skipped {
 			if res.Skipped[name] == "" {
 				res.Skipped[name] = why

@@ -460,6 +460,10 @@ func writeFanOut(p func(string, ...any), r *Results) {
 	p("before the clients opened their watches, per watch (at small N mostly the feed's own). Every")
 	p("client must see every write exactly once and in resourceVersion order (checked).")
 	p("The apiserver settles (at most 2 ticks in half a second) before every measured span.")
+	if e := r.FanOutEnv; e != nil {
+		p("Taken apart from the sections above (`-phases fanout`) on %s in %v, watchsan %s, %d CPUs (%s), load %s before and %s after.",
+			e.Date, e.Duration, orDash(e.WatchsanVersion), e.NumCPU, orDash(e.CPUModel), e.LoadBefore, e.LoadAfter)
+	}
 	p("")
 	p("![fan-out](fanout.png)")
 	p("")

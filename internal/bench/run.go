@@ -101,6 +101,8 @@ type Results struct {
 	// version FanOutAPIServer.
 	FanOut          []*FanOutResult `json:",omitempty"`
 	FanOutAPIServer string          `json:",omitempty"`
+	// FanOutEnv is what the fan-out was taken on, when (-phases) it ran apart from the rest.
+	FanOutEnv *Env `json:",omitempty"`
 	// Skipped says why a path was not measured.
 	Skipped map[PathName]string
 	Errors  []string
