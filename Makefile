@@ -110,8 +110,11 @@ fuzz:
 	done
 
 # watchsan against direct, a pass-through proxy, a decode/re-encode proxy and haproxy (when
-# installed), all in one run: writes docs/bench/README.md, results.json and PNG charts. About
-# 17 minutes on 2 cores. BENCHFLAGS="-short -out /tmp/bench-short" checks the harness in
+# installed), all in one run: writes docs/bench/README.md, results.json and PNG charts; then the
+# fan-out section (10, 100 and 1,000 identical watches on a real kube-apiserver and etcd from
+# .cache/bin, direct and through watchsan with and without shared feeds). About 20 minutes on 2
+# cores. BENCHFLAGS="-phases fanout" runs the fan-out alone (about 3 minutes) and keeps the
+# other sections of docs/bench/results.json. BENCHFLAGS="-short -out /tmp/bench-short" checks the harness in
 # seconds; `bin/watchsan-bench profile` takes watchsan's CPU and heap profiles.
 BENCHFLAGS ?=
 bench: build

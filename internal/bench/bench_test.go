@@ -55,6 +55,7 @@ func testLauncher(t *testing.T) Launcher {
 func TestBenchSmoke(t *testing.T) {
 	cfg := ShortConfig()
 	cfg.Launcher = testLauncher(t)
+	cfg.FanOutClients = nil // a real kube-apiserver's: TestShareFanOut (test/e2e) runs that code
 	if cfg.Launcher.HAProxy == "" {
 		t.Log("haproxy is not installed: its path is skipped")
 	}
@@ -449,5 +450,50 @@ func TestSharePath(t *testing.T) {
 	}
 	if len(res.Memory) != 2 {
 		t.Errorf("memory results for %d paths, want 2", len(res.Memory))
+	}
+}
+
+// TestFanOutReport renders the fan-out section and chart from made-up runs, and checks that a
+// run of the fan-out alone keeps the other sections of the previous results.json.
+func TestFanOutReport(t *testing.T) {
+	dir := t.TempDir()
+	old := &Results{Skipped: map[PathName]string{}, Memory: []*MemoryResult{{Path: Pass, Watches: 10, PerWatchKiB: 42}}}
+	if err := WriteReport(dir, old); err != nil {
+		t.Fatal(err)
+	}
+	fr := &FanOutResult{Clients: 300, Writes: 300, Baselines: []int64{20, 30, 26}}
+	for i, m := range FanOutModes {
+		up := 300.0
+		if m == FanReviewed || m == FanLent {
+			up = 1
+		}
+		for rep := range 3 {
+			fr.Runs = append(fr.Runs, FanOutSample{Mode: m, Clients: 300, Writes: 300, UpstreamWatches: up,
+				APIServerTicks: int64(100 - i*25 + rep), WatchsanCPU: float64(i) / 10, WatchsanRSSBeforeKiB: 100, WatchsanRSSKiB: 100 + 300*int64(i)})
+		}
+	}
+	fr.pickSamples()
+	fr.SetBaseline()
+	if got := fr.Of(FanLent); got == nil || got.APIServerTicks != 26 {
+		t.Fatalf("the lent row: %+v, want the median run (26 ticks)", got)
+	}
+	res := &Results{Skipped: map[PathName]string{}, FanOut: []*FanOutResult{fr}, FanOutAPIServer: "v1.37.2"}
+	if kept := keepOthers(filepath.Join(dir, "results.json"), res, map[string]bool{"fanout": true}); kept != "memory" {
+		t.Errorf("kept %q, want memory", kept)
+	}
+	if err := WriteReport(dir, res); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"## Fan-out", "| 300 | watchsan-share-lent | 1 | 26 | 0 | ≤0x", "| 300 | direct | 300 | 101 | 75 | 1.00x", "## Resident memory per idle watch"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("README.md lacks %q:\n%s", want, b)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "fanout.png")); err != nil {
+		t.Error(err)
 	}
 }

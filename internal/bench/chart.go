@@ -113,10 +113,20 @@ func (c *canvas) save(path string) error {
 
 // legend draws one swatch and name per path in a row from (x, y).
 func (c *canvas) legend(x, y int, paths []PathName) {
-	for _, p := range paths {
-		c.rect(x, y-10, x+12, y+2, pathColor[p])
-		c.text(x+16, y, string(p), colBlack, left, false)
-		x += 16 + font.MeasureString(c.face, string(p)).Round() + 18
+	names := make([]string, len(paths))
+	cols := make([]color.RGBA, len(paths))
+	for i, p := range paths {
+		names[i], cols[i] = string(p), pathColor[p]
+	}
+	c.legendOf(x, y, names, cols)
+}
+
+// legendOf draws one swatch of cols[i] and names[i] each in a row from (x, y).
+func (c *canvas) legendOf(x, y int, names []string, cols []color.RGBA) {
+	for i, n := range names {
+		c.rect(x, y-10, x+12, y+2, cols[i])
+		c.text(x+16, y, n, colBlack, left, false)
+		x += 16 + font.MeasureString(c.face, n).Round() + 18
 	}
 }
 
@@ -394,4 +404,85 @@ func niceStep(v float64) float64 {
 		}
 	}
 	return 10 * p
+}
+
+// fanOutColor colours the fan-out modes: direct as the direct path, the watchsan modes as
+// watchsan's paths.
+var fanOutColor = map[FanOutMode]color.RGBA{
+	FanDirect:   pathColor[Direct],
+	FanOwn:      pathColor[WatchsanObserve],
+	FanReviewed: pathColor[WatchsanRepair],
+	FanLent:     pathColor[WatchsanShare],
+}
+
+// fanOutChart: the fan-out runs, two panels of bars grouped by number of clients, log scale:
+// the upstream watches the apiserver held, and its CPU for the fan-out.
+func fanOutChart(path string, res *Results) error {
+	if len(res.FanOut) == 0 {
+		return nil
+	}
+	names := make([]string, len(FanOutModes))
+	cols := make([]color.RGBA, len(FanOutModes))
+	for i, m := range FanOutModes {
+		names[i], cols[i] = string(m), fanOutColor[m]
+	}
+	const width, height, topM, botM, leftM, panelGap = 1050, 430, 80, 50, 60, 50
+	c, err := newCanvas(width, height)
+	if err != nil {
+		return err
+	}
+	c.text(width/2, 22, fmt.Sprintf("N identical watches, then %d writes, on a real kube-apiserver (log scale)", res.FanOut[0].Writes), colBlack, center, false)
+	c.legendOf(leftM, 50, names, cols)
+	panelW := (width - leftM - panelGap - 20) / 2
+	panels := []struct {
+		title string
+		value func(*FanOutResult, *FanOutSample) float64
+	}{
+		{"upstream watches the apiserver holds", func(_ *FanOutResult, s *FanOutSample) float64 { return s.UpstreamWatches }},
+		{"apiserver CPU for the fan-out, 10 ms ticks", func(r *FanOutResult, s *FanOutSample) float64 { return float64(r.FanOutTicks(s)) }},
+	}
+	plotBottom := height - botM
+	for pi, panel := range panels {
+		x0 := leftM + pi*(panelW+panelGap)
+		var all []float64
+		for _, r := range res.FanOut {
+			for i := range r.Samples {
+				all = append(all, math.Max(1, panel.value(r, &r.Samples[i])))
+			}
+		}
+		lo, hi := logRange(all)
+		lo = math.Min(lo, 1)
+		yOf := func(v float64) int {
+			if v <= lo {
+				return plotBottom
+			}
+			return plotBottom - int(float64(plotBottom-topM)*math.Log10(v/lo)/math.Log10(hi/lo))
+		}
+		for d := lo; d <= hi*1.0001; d *= 10 {
+			y := yOf(d)
+			c.rect(x0, y, x0+panelW, y+1, colGrid)
+			c.text(x0-6, y+4, si(d), colAxis, right, true)
+		}
+		c.text(x0+panelW/2, topM-12, panel.title, colBlack, center, false)
+		groupW := panelW / len(res.FanOut)
+		barW := min(40, (groupW-20)/len(FanOutModes))
+		for gi, r := range res.FanOut {
+			gx := x0 + gi*groupW + (groupW-barW*len(FanOutModes))/2
+			for j, m := range FanOutModes {
+				s := r.Of(m)
+				if s == nil {
+					continue
+				}
+				v := panel.value(r, s)
+				x := gx + j*barW
+				if v > lo {
+					c.rect(x+2, yOf(v), x+barW-2, plotBottom, fanOutColor[m])
+				}
+				c.text(x+barW/2, yOf(math.Max(v, lo))-4, trimZero(fmt.Sprintf("%.0f", v)), colBlack, center, true)
+			}
+			c.text(x0+gi*groupW+groupW/2, plotBottom+18, fmt.Sprintf("%d clients", r.Clients), colBlack, center, false)
+		}
+		c.rect(x0, plotBottom, x0+panelW, plotBottom+1, colAxis)
+	}
+	return c.save(path)
 }

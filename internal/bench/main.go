@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -38,12 +39,14 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	short := fs.Bool("short", false, "a seconds-long run with tiny workloads (checks the harness, numbers meaningless)")
 	haproxy := fs.String("haproxy", lookPath("haproxy"), "haproxy binary; empty: skip haproxy")
 	paths := fs.String("paths", joinPaths(AllPaths), "paths to measure, comma-separated")
-	reps := fs.Int("reps", 0, "repetitions of each saturation and latency run (0: default)")
+	reps := fs.Int("reps", 0, "repetitions of each saturation, latency, memory and fan-out run (0: default)")
 	events := fs.Int("events", 0, "events per saturation run with one watch (0: default)")
 	formats := fs.String("formats", "json,protobuf,cbor", "wire formats")
 	idle := fs.String("idle-watches", "", "numbers of idle watches for the memory runs (default 1000,10000)")
 	latDur := fs.Duration("latency-duration", 0, "length of one fixed-rate run (0: default)")
-	phases := fs.String("phases", "throughput,latency,ttfe,memory", "what to measure, comma-separated")
+	phases := fs.String("phases", strings.Join(allPhases, ","), "what to measure, comma-separated; the sections of the others are kept from -out's results.json")
+	fanClients := fs.String("fanout-clients", "", "numbers of identical watches for the fan-out runs on a real kube-apiserver (default 10,100,1000)")
+	fanWrites := fs.Int("fanout-writes", 0, "configmaps written in each fan-out run (0: default)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -63,7 +66,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	cfg.Phases = map[string]bool{}
 	for _, p := range strings.Split(*phases, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case "throughput", "latency", "ttfe", "memory":
+		case "throughput", "latency", "ttfe", "memory", "fanout":
 			cfg.Phases[p] = true
 		default:
 			fmt.Fprintf(stderr, "-phases: unknown phase %q\n", p)
@@ -71,7 +74,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if *reps > 0 {
-		cfg.Reps, cfg.LatencyReps, cfg.MemoryReps = *reps, *reps, *reps
+		cfg.Reps, cfg.LatencyReps, cfg.MemoryReps, cfg.FanOutReps = *reps, *reps, *reps, *reps
 	}
 	if *events > 0 {
 		cfg.Events = *events
@@ -80,15 +83,19 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		cfg.LatencyDuration = *latDur
 	}
 	if *idle != "" {
-		cfg.IdleWatches = nil
-		for _, s := range strings.Split(*idle, ",") {
-			n, err := strconv.Atoi(strings.TrimSpace(s))
-			if err != nil || n <= 0 {
-				fmt.Fprintf(stderr, "-idle-watches: bad number %q\n", s)
-				return 2
-			}
-			cfg.IdleWatches = append(cfg.IdleWatches, n)
+		if cfg.IdleWatches, err = parseCounts("-idle-watches", *idle); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 2
 		}
+	}
+	if *fanClients != "" {
+		if cfg.FanOutClients, err = parseCounts("-fanout-clients", *fanClients); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 2
+		}
+	}
+	if *fanWrites > 0 {
+		cfg.FanOutWrites = *fanWrites
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -102,7 +109,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	cfg.Launcher = Launcher{Baseline: []string{self, "proxy"}, Watchsan: []string{*watchsan}, HAProxy: *haproxy}
 	cfg.Progress = stderr
 	limit := RaiseFDLimit(1 << 16)
-	if need := uint64(maxInt(cfg.IdleWatches)*2 + 1000); limit < need {
+	if need := uint64(max(maxInt(cfg.IdleWatches), maxInt(cfg.FanOutClients))*2 + 1000); limit < need {
 		fmt.Fprintf(stderr, "warning: file descriptor limit %d is below the %d the memory runs need\n", limit, need)
 	}
 	if *haproxy == "" {
@@ -115,6 +122,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "bench:", err)
 		return 1
 	}
+	if kept := keepOthers(filepath.Join(*out, "results.json"), res, cfg.Phases); kept != "" {
+		fmt.Fprintf(stdout, "kept %s from the previous %s/results.json\n", kept, *out)
+	}
 	if err := WriteReport(*out, res); err != nil {
 		fmt.Fprintln(stderr, "report:", err)
 		return 1
@@ -124,6 +134,69 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "%d runs had errors (listed in the report)\n", len(res.Errors))
 	}
 	return 0
+}
+
+// allPhases are what -phases may name, in the order they run.
+var allPhases = []string{"throughput", "latency", "ttfe", "memory", "fanout"}
+
+// keepOthers fills res's sections of the phases this run did not measure from the results in
+// file, when there are any, so that one phase can be run again alone (-phases fanout) without
+// losing the others; it returns the kept phases' names, "" for none. The environment is this
+// run's.
+func keepOthers(file string, res *Results, ran map[string]bool) string {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return ""
+	}
+	var old Results
+	if json.Unmarshal(b, &old) != nil {
+		return ""
+	}
+	var kept []string
+	keep := func(phase string, has bool, copy func()) {
+		if !ran[phase] && has {
+			copy()
+			kept = append(kept, phase)
+		}
+	}
+	keep("throughput", len(old.Throughput) > 0, func() { res.Throughput = old.Throughput })
+	keep("latency", len(old.Latency) > 0, func() { res.Latency = old.Latency })
+	keep("ttfe", len(old.TTFE) > 0, func() { res.TTFE = old.TTFE })
+	keep("memory", len(old.Memory) > 0, func() { res.Memory = old.Memory })
+	keep("fanout", len(old.FanOut) > 0, func() {
+		res.FanOut, res.FanOutAPIServer, res.FanOutEnv = old.FanOut, old.FanOutAPIServer, old.FanOutEnv
+		if res.FanOutEnv == nil {
+			env := old.Env
+			res.FanOutEnv = &env
+		}
+	})
+	if len(kept) > 0 && (len(kept) > 1 || kept[0] != "fanout") {
+		// The report's header describes the sections kept; the fan-out says when it was taken.
+		if ran["fanout"] {
+			env := res.Env
+			res.FanOutEnv = &env
+		}
+		res.Env = old.Env
+		for name, why := range old.Skipped {
+			if res.Skipped[name] == "" {
+				res.Skipped[name] = why
+			}
+		}
+	}
+	return strings.Join(kept, ", ")
+}
+
+// parseCounts parses a comma-separated list of positive numbers.
+func parseCounts(flag, s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%s: bad number %q", flag, f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 // reportMain is `watchsan-bench report`: the report and charts again from a results.json.
@@ -174,6 +247,9 @@ func DefaultConfig() Config {
 		IdleWatches:       []int{1000, 10000},
 		MemoryReps:        3,
 		MemorySettle:      2 * time.Second,
+		FanOutClients:     []int{10, 100, 1000},
+		FanOutWrites:      300,
+		FanOutReps:        3,
 	}
 }
 
@@ -193,6 +269,7 @@ func ShortConfig() Config {
 	c.IdleWatches = []int{20}
 	c.MemoryReps = 1
 	c.MemorySettle = 100 * time.Millisecond
+	c.FanOutClients, c.FanOutWrites, c.FanOutReps = []int{3}, 10, 1
 	return c
 }
 

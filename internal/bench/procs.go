@@ -156,15 +156,23 @@ func (l *Launcher) start(ctx context.Context, name PathName, up upstreamSpec) (*
 		return nil, err
 	}
 	p.temp = temp
-	if err := p.discover(ctx, wantListeners); err != nil {
-		p.stop()
-		return nil, err
-	}
-	if err := p.waitReady(ctx); err != nil {
-		p.stop()
+	if err := p.ready(ctx, wantListeners); err != nil {
 		return nil, err
 	}
 	return p, nil
+}
+
+// ready finds p's listeners and waits until it is ready; on error p is stopped.
+func (p *proc) ready(ctx context.Context, listeners int) error {
+	if err := p.discover(ctx, listeners); err != nil {
+		p.stop()
+		return err
+	}
+	if err := p.waitReady(ctx); err != nil {
+		p.stop()
+		return err
+	}
+	return nil
 }
 
 func spawn(name PathName, argv, env []string) (*proc, error) {

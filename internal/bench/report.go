@@ -24,6 +24,7 @@ func WriteReport(dir string, res *Results) error {
 	}
 	for name, draw := range map[string]func(string, *Results) error{
 		"throughput.png": throughputChart, "latency.png": latencyChart, "memory.png": memoryChart,
+		"fanout.png": fanOutChart,
 	} {
 		if err := draw(filepath.Join(dir, name), res); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
@@ -363,6 +364,9 @@ func writeMarkdown(w io.Writer, r *Results) {
 		}
 		p("")
 	}
+	if len(r.FanOut) > 0 {
+		writeFanOut(p, r)
+	}
 	if len(r.Skipped) > 0 {
 		p("## Skipped")
 		p("")
@@ -439,4 +443,77 @@ func sizesList(sizes []int) string {
 		s = append(s, "~"+sizeName(n))
 	}
 	return strings.Join(s, " and ")
+}
+
+// writeFanOut is the fan-out section (issue 15 item 8).
+func writeFanOut(p func(string, ...any), r *Results) {
+	p("## Fan-out: N identical watches on a real kube-apiserver")
+	p("")
+	p("N clients watch the same namespace's configmaps from the same resourceVersion, then %d configmaps are", r.FanOut[0].Writes)
+	p("written (10 writers) on a kube-apiserver %s and etcd of their own (test/cluster). Upstream watches are", orDash(r.FanOutAPIServer))
+	p("the apiserver's `apiserver_longrunning_requests{verb=\"WATCH\",resource=\"configmaps\"}` with the")
+	p("clients open, minus before. The apiserver's CPU for the fan-out is its CPU (10 ms ticks of")
+	p("/proc/PID/stat) from the first write until every client had every write, minus the same writes")
+	p("with no watcher (the median of one such run before each run of every row). Each row is the run")
+	p("with the median apiserver CPU of its repetitions, each with a fresh watchsan. watchsan's CPU per subscriber is")
+	p("its CPU over the same span per client watch; its memory per subscriber is its VmRSS growth from")
+	p("before the clients opened their watches, per watch (at small N mostly the feed's own). Every")
+	p("client must see every write exactly once and in resourceVersion order (checked).")
+	p("The apiserver settles (at most 2 ticks in half a second) before every measured span.")
+	if e := r.FanOutEnv; e != nil {
+		p("Taken apart from the sections above (`-phases fanout`) on %s in %v, watchsan %s, %d CPUs (%s), load %s before and %s after.",
+			e.Date, e.Duration, orDash(e.WatchsanVersion), e.NumCPU, orDash(e.CPUModel), e.LoadBefore, e.LoadAfter)
+	}
+	p("")
+	p("![fan-out](fanout.png)")
+	p("")
+	for _, m := range FanOutModes {
+		p("- `%s`: %s", m, fanOutDescription[m])
+	}
+	p("")
+	p("| clients | path | upstream watches | apiserver CPU over the writes (ticks) | for the fan-out (minus %s) | vs direct | watchsan CPU per subscriber | watchsan memory per subscriber | delivered | checked | runs, ticks over the writes |", "baseline")
+	p("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+	for _, fr := range r.FanOut {
+		var direct float64
+		if d := fr.Of(FanDirect); d != nil {
+			direct = float64(fr.FanOutTicks(d))
+		}
+		for i := range fr.Samples {
+			s := &fr.Samples[i]
+			cpu, mem := "—", "—"
+			if s.Mode != FanDirect {
+				cpu = fmt.Sprintf("%.2f ms", s.WatchsanCPUPerSubscriberMs())
+				mem = fmt.Sprintf("%.1f KiB", s.WatchsanKiBPerSubscriber())
+			}
+			check := "every write once, in order"
+			if s.Err != "" {
+				check = "error: " + oneLine(s.Err)
+			}
+			p("| %d | %s | %.0f | %d | %d | %s | %s | %s | %s | %s | %s |", fr.Clients, s.Mode, s.UpstreamWatches, s.APIServerTicks,
+				fr.FanOutTicks(s), fanOutRatio(float64(fr.FanOutTicks(s)), direct), cpu, mem, fmtDur(s.Delivered), check, joinInts(fr.runTicks(s.Mode)))
+		}
+	}
+	p("")
+	var base []string
+	for _, fr := range r.FanOut {
+		base = append(base, fmt.Sprintf("%d clients: %d (%s)", fr.Clients, fr.BaselineTicks, joinInts(fr.Baselines)))
+	}
+	p("Baselines, ticks for the writes with no watcher: %s.", strings.Join(base, "; "))
+	p("")
+}
+
+func joinInts(v []int64) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = fmt.Sprint(x)
+	}
+	return strings.Join(s, ", ")
+}
+
+// fanOutRatio is ratio, with a fan-out at or below the baseline's noise shown as such.
+func fanOutRatio(a, direct float64) string {
+	if a <= 0 && direct > 0 {
+		return "≤0x (within the baseline's noise)"
+	}
+	return ratio(a, direct)
 }

@@ -58,7 +58,14 @@ type Config struct {
 	MemoryReps   int
 	MemorySettle time.Duration
 
-	// Phases selects what to measure: "throughput", "latency", "ttfe", "memory"; nil: all.
+	// FanOutClients lists the numbers of identical watches of the fan-out runs, each followed
+	// by FanOutWrites writes, on a real kube-apiserver (fanout.go).
+	FanOutClients []int
+	FanOutWrites  int
+	// FanOutReps repeats every fan-out run (a fresh watchsan each time); the median is reported.
+	FanOutReps int
+
+	// Phases selects what to measure: "throughput", "latency", "ttfe", "memory", "fanout"; nil: all.
 	Phases map[string]bool
 
 	Launcher Launcher `json:"-"`
@@ -90,6 +97,12 @@ type Results struct {
 	Latency    []*LatencyResult
 	TTFE       []*TTFEResult
 	Memory     []*MemoryResult
+	// FanOut is the fan-out runs, one per number of clients, on a real kube-apiserver of
+	// version FanOutAPIServer.
+	FanOut          []*FanOutResult `json:",omitempty"`
+	FanOutAPIServer string          `json:",omitempty"`
+	// FanOutEnv is what the fan-out was taken on, when (-phases) it ran apart from the rest.
+	FanOutEnv *Env `json:",omitempty"`
 	// Skipped says why a path was not measured.
 	Skipped map[PathName]string
 	Errors  []string
@@ -197,16 +210,35 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	res := &Results{Config: cfg, Skipped: map[PathName]string{}}
 	res.Env = environment(cfg)
 
+	r := &runner{cfg: cfg, res: res, t0: t0}
+	if cfg.phase("throughput") || cfg.phase("latency") || cfg.phase("ttfe") || cfg.phase("memory") {
+		if err := r.synthetic(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.phase("fanout") && len(cfg.FanOutClients) > 0 {
+		r.fanout(ctx)
+	}
+
+	res.Env.LoadAfter = loadAvg()
+	res.Env.Duration = time.Since(t0).Round(time.Second)
+	return res, ctx.Err()
+}
+
+// synthetic runs the phases against the bench's own upstream.
+func (r *runner) synthetic(ctx context.Context) error {
+	cfg := r.cfg
+	dir := cfg.Launcher.Dir
 	up, err := startUpstream(NewUpstream(), dir)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer up.Close()
-	r := &runner{cfg: cfg, res: res, up: up, t0: t0}
+	r.up = up
 
 	sets, err := r.buildSets()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	r.progress("events encoded")
 	procs := r.startAll(ctx, upstreamSpec{url: up.plainURL})
@@ -230,9 +262,7 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 		r.memory(ctx, sets, upstreamSpec{url: up.tlsURL, caFile: up.caFile})
 	}
 
-	res.Env.LoadAfter = loadAvg()
-	res.Env.Duration = time.Since(t0).Round(time.Second)
-	return res, ctx.Err()
+	return nil
 }
 
 func (c *Config) phase(name string) bool { return c.Phases == nil || c.Phases[name] }

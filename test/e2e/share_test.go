@@ -1,199 +1,110 @@
 package e2e
 
 import (
-	"bufio"
-	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
-	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-
-	"github.com/watchsan/watchsan/internal/testutil"
+	"github.com/watchsan/watchsan/internal/bench"
 	"github.com/watchsan/watchsan/test/cluster"
 )
 
-// TestShareFanOut is issue 15's fan-out measurement: 300 clients of the lent identity watch
-// the same configmaps from the same resourceVersion through watchsan, then 300 configmaps are
-// written. With --share-watches the real kube-apiserver holds one watch of them (at most 5
-// asserted), without it one per client, in the same run, and every client gets all 300
-// writes either way. It logs the apiserver's open WATCH requests of configmaps
-// (apiserver_longrunning_requests) and watchsan's own feed metrics for each.
+// TestShareFanOut is issue 15's fan-out measurement and its "Done when": 300 clients watch the
+// same configmaps from the same resourceVersion, then 300 configmaps are written, in the same
+// run directly (each client its own TLS connection and ServiceAccount token), through watchsan
+// without sharing (own tokens), with --share-watches and each client's own token (admitted by a
+// SelfSubjectAccessReview: pass-through) and with --share-watches lending its identity. With
+// sharing the real kube-apiserver holds at most 3 watches of them in both modes, every client
+// of every mode sees every write exactly once and in resourceVersion order, and the
+// apiserver's CPU for the fan-out (over the writes, minus the same writes with no watcher)
+// through a shared feed is at most 0.25x direct's. The measurement is the bench's fan-out
+// section's (internal/bench/fanout.go); a token without RBAC and a bad token while a feed is
+// open are TestSharedFeedAccessReviewRealAPIServer's.
 func TestShareFanOut(t *testing.T) {
-	const clients, writes = 300, 300
+	const clients, writes, maxShared, maxRatio = 300, 300, 3, 0.25
 	c := newCluster(t, cluster.Options{})
-	dir := t.TempDir()
-	direct := filepath.Join(dir, "direct.kubeconfig")
-	if err := c.WriteKubeconfig(direct, c.APIServers[0].URL, c.AdminToken, c.CAFile); err != nil {
-		t.Fatal(err)
-	}
-	cfg := c.RESTConfig(0, c.AdminToken)
-	cs, err := kubernetes.NewForConfig(cfg)
+	ctx := ctxT(t, 10*time.Minute)
+	e, err := bench.NewFanOutEnv(ctx, c, "fanout", clients)
 	if err != nil {
 		t.Fatal(err)
 	}
-	apiHTTP, err := rest.HTTPClientFor(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns := resilienceNamespace(t, c, "fanout")
-	apiMetric := func(name string, labels map[string]string) float64 {
-		t.Helper()
-		resp, err := apiHTTP.Get(c.APIServers[0].URL + "/metrics")
-		if err != nil {
-			t.Fatalf("the apiserver's metrics: %v", err)
-		}
-		defer resp.Body.Close()
-		return sumMetric(resp.Body, name, labels)
-	}
-	apiWatches := func() float64 {
-		return apiMetric("apiserver_longrunning_requests", map[string]string{"verb": "WATCH", "resource": "configmaps"})
-	}
-
-	for _, share := range []bool{true, false} {
-		name := map[bool]string{true: "on", false: "off"}[share]
-		args := []string{"--kubeconfig=" + direct}
-		if share {
-			args = append(args, "--share-watches")
-		}
-		p := startProxy(t, args...)
-		ctx := ctxT(t, 5*time.Minute)
-		list, err := cs.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{})
+	t.Cleanup(e.Close)
+	res := &bench.FanOutResult{Clients: clients, Writes: writes}
+	for _, m := range bench.FanOutModes {
+		b, err := e.Baseline(ctx, writes)
 		if err != nil {
 			t.Fatal(err)
 		}
-		base, apiCPU, ownCPU := apiWatches(), apiMetric("process_cpu_seconds_total", nil), p.Metric("process_cpu_seconds_total", nil)
-		wctx, stop := context.WithCancel(ctx)
-		tr := &http.Transport{}
-		var got []*atomic.Int32
-		var wg sync.WaitGroup
-		for i := 0; i < clients; i++ {
-			n := &atomic.Int32{}
-			got = append(got, n)
-			req, _ := http.NewRequestWithContext(wctx, http.MethodGet, fmt.Sprintf("%s/api/v1/namespaces/%s/configmaps?watch=true&allowWatchBookmarks=true&resourceVersion=%s",
-				p.URL, ns, list.ResourceVersion), nil)
-			resp, err := tr.RoundTrip(req)
-			if err != nil {
-				t.Fatalf("sharing %s: watch %d: %v", name, i, err)
-			}
-			if resp.StatusCode != http.StatusOK {
-				b, _ := io.ReadAll(resp.Body)
-				t.Fatalf("sharing %s: watch %d: %s %s", name, i, resp.Status, b)
-			}
-			wg.Add(1)
-			go func() { // ends with wctx
-				defer wg.Done()
-				defer resp.Body.Close()
-				countWrites(resp.Body, "fan-"+name+"-", n)
-			}()
-		}
-		if !testutil.Until(30*time.Second, func() bool { return p.Metric("watchsan_open_watches", nil) == clients }) {
-			t.Fatalf("sharing %s: %v client watches open at watchsan, want %d", name, p.Metric("watchsan_open_watches", nil), clients)
-		}
-		upstream := apiWatches() - base
-
-		start := time.Now()
-		writeConfigMaps(t, cs, ns, "fan-"+name+"-", writes)
-		wrote := time.Since(start)
-		all := func() bool {
-			for _, n := range got {
-				if n.Load() < writes {
-					return false
+		res.Baselines = append(res.Baselines, b)
+		target := bench.FanOutTarget{Mode: m, URL: c.APIServers[0].URL}
+		if m != bench.FanDirect {
+			p := startProxy(t, append(e.FanOutArgs(m), "--log-level=info")...)
+			target.URL, target.PID, target.AdminURL = p.URL, p.cmd.Process.Pid, p.AdminURL
+			target.Stop = func() { _ = p.Stop() }
+			target.WhileOpen = func() {
+				t.Logf("%s: watchsan: shared feeds %v, subscribers %v, joins %v, private feeds %v, reviews allowed %v (cached %v, coalesced %v), open watches %v",
+					m, p.Metric("watchsan_shared_feeds", nil), p.Metric("watchsan_shared_feed_subscribers", nil),
+					p.Metric("watchsan_shared_feed_joins_total", nil), p.Metric("watchsan_watch_private_feeds_total", nil),
+					p.Metric("watchsan_shared_feed_access_reviews_total", map[string]string{"result": "allowed"}),
+					p.Metric("watchsan_shared_feed_access_reviews_total", map[string]string{"result": "cached-allowed"}),
+					p.Metric("watchsan_shared_feed_access_reviews_total", map[string]string{"result": "coalesced"}),
+					p.Metric("watchsan_open_watches", nil))
+				if m == bench.FanOwn {
+					return
+				}
+				if feeds := debugFeeds(t, p); !strings.Contains(feeds, fmt.Sprintf(`"subscribers": %d`, clients)) {
+					t.Errorf("%s: /debug/feeds lists no feed with %d subscribers: %s", m, clients, feeds)
+				}
+				if m == bench.FanReviewed {
+					if got := p.Metric("watchsan_shared_feed_access_reviews_total", map[string]string{"result": "allowed"}); got != clients {
+						t.Errorf("%s: %v reviews allowed, want one per client's token (%d)", m, got, clients)
+					}
 				}
 			}
-			return true
 		}
-		if !testutil.Until(2*time.Minute, all) {
-			short := 0
-			for _, n := range got {
-				if n.Load() < writes {
-					short++
-				}
-			}
-			t.Errorf("sharing %s: %d of %d clients did not get all %d writes within 2m", name, short, clients, writes)
+		s := e.Measure(ctx, target, clients, writes, 2*time.Minute)
+		res.Samples = append(res.Samples, s)
+		t.Logf("%s: %d clients: the apiserver holds %v more WATCH requests of configmaps; %d apiserver ticks from the first write until every client had all %d (after %v; opening took %v); watchsan CPU %.2fs, RSS %d -> %d KiB",
+			m, clients, s.UpstreamWatches, s.APIServerTicks, writes, s.Delivered.Round(time.Millisecond), s.Opened.Round(time.Millisecond),
+			s.WatchsanCPU, s.WatchsanRSSBeforeKiB, s.WatchsanRSSKiB)
+		if s.Err != "" {
+			t.Errorf("%s: %s", m, s.Err)
 		}
-		delivered := time.Since(start)
-		t.Logf("sharing %s: %d clients from resourceVersion %s: the apiserver holds %v more WATCH requests of configmaps (%v before); %d writes took %v, every client had them after %v",
-			name, clients, list.ResourceVersion, upstream, base, writes, wrote.Round(time.Millisecond), delivered.Round(time.Millisecond))
-		t.Logf("sharing %s: watchsan: shared feeds %v, subscribers %v, joins %v, private feeds %v, open watches %v; CPU from before the watches opened until now: apiserver %.2fs, watchsan %.2fs; watchsan RSS %.0f MiB",
-			name, p.Metric("watchsan_shared_feeds", nil), p.Metric("watchsan_shared_feed_subscribers", nil),
-			p.Metric("watchsan_shared_feed_joins_total", nil), p.Metric("watchsan_watch_private_feeds_total", nil), p.Metric("watchsan_open_watches", nil),
-			apiMetric("process_cpu_seconds_total", nil)-apiCPU, p.Metric("process_cpu_seconds_total", nil)-ownCPU,
-			p.Metric("process_resident_memory_bytes", nil)/(1<<20))
-		if share {
-			feeds := debugFeeds(t, p)
-			t.Logf("sharing on: /debug/feeds: %s", feeds)
-			if upstream > 5 {
-				t.Errorf("sharing on: the apiserver holds %v WATCH requests of configmaps for %d identical client watches, want at most 5", upstream, clients)
+		switch m {
+		case bench.FanDirect, bench.FanOwn:
+			if s.UpstreamWatches < clients {
+				t.Errorf("%s: the apiserver holds %v WATCH requests of configmaps for %d client watches, want one each", m, s.UpstreamWatches, clients)
 			}
-			if !strings.Contains(feeds, fmt.Sprintf(`"subscribers": %d`, clients)) {
-				t.Errorf("sharing on: /debug/feeds lists no feed with %d subscribers", clients)
+		default:
+			if s.UpstreamWatches > maxShared {
+				t.Errorf("%s: the apiserver holds %v WATCH requests of configmaps for %d identical client watches, want at most %d", m, s.UpstreamWatches, clients, maxShared)
 			}
-		} else if upstream < clients {
-			t.Errorf("sharing off: the apiserver holds %v WATCH requests of configmaps for %d client watches, want one each", upstream, clients)
-		}
-		stop()
-		wg.Wait()
-		tr.CloseIdleConnections()
-		_ = p.Stop()
-		// The next phase counts from what the apiserver holds without this one's watches.
-		if !testutil.Until(30*time.Second, func() bool { return apiWatches() <= base }) {
-			t.Logf("sharing %s: the apiserver still holds %v WATCH requests of configmaps 30s after watchsan stopped (%v before)", name, apiWatches(), base)
 		}
 	}
-}
-
-// countWrites reads a JSON watch stream and counts in n the ADDED events of objects named
-// with prefix, until the stream ends.
-func countWrites(r io.Reader, prefix string, n *atomic.Int32) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		var ev struct {
-			Type   string
-			Object struct {
-				Metadata struct{ Name string }
-			}
-		}
-		if json.Unmarshal(sc.Bytes(), &ev) == nil && ev.Type == "ADDED" && strings.HasPrefix(ev.Object.Metadata.Name, prefix) {
-			n.Add(1)
-		}
+	b, err := e.Baseline(ctx, writes)
+	if err != nil {
+		t.Fatal(err)
 	}
-}
-
-// writeConfigMaps creates n configmaps named prefix0.. in ns, 10 at a time.
-func writeConfigMaps(t *testing.T, cs kubernetes.Interface, ns, prefix string, n int) {
-	t.Helper()
-	ctx := ctxT(t, 2*time.Minute)
-	var wg sync.WaitGroup
-	errs := make(chan error, n)
-	next := atomic.Int32{}
-	for w := 0; w < 10; w++ {
-		wg.Add(1)
-		go func() { // ends when every configmap is written
-			defer wg.Done()
-			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
-				cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s%d", prefix, i)}, Data: map[string]string{"i": fmt.Sprint(i)}}
-				if _, err := cs.CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
-					errs <- err
-				}
-			}
-		}()
+	res.Baselines = append(res.Baselines, b)
+	res.SetBaseline()
+	direct := res.FanOutTicks(res.Of(bench.FanDirect))
+	t.Logf("the same %d writes with no watcher: %v ticks (median of %v)", writes, res.BaselineTicks, res.Baselines)
+	for _, m := range bench.FanOutModes {
+		s := res.Of(m)
+		f := res.FanOutTicks(s)
+		t.Logf("%-24s upstream watches %4.0f, apiserver CPU for the fan-out %4d ticks (%d over the writes), %.2fx direct; watchsan %.2f ms CPU and %.1f KiB per subscriber",
+			m, s.UpstreamWatches, f, s.APIServerTicks, float64(f)/float64(max(direct, 1)), s.WatchsanCPUPerSubscriberMs(), s.WatchsanKiBPerSubscriber())
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatalf("writing configmaps: %v", err)
+	if direct <= 0 {
+		t.Fatalf("direct: the apiserver's CPU for the fan-out is %d ticks: the baseline (%v) swallowed it", direct, res.Baselines)
+	}
+	for _, m := range []bench.FanOutMode{bench.FanReviewed, bench.FanLent} {
+		if f := res.FanOutTicks(res.Of(m)); float64(f) > maxRatio*float64(direct) {
+			t.Errorf("%s: the apiserver's CPU for the fan-out is %d ticks, %.2fx direct's %d, want at most %.2fx", m, f, float64(f)/float64(direct), direct, maxRatio)
+		}
 	}
 }
 
