@@ -598,7 +598,7 @@ func (e *FanOutEnv) FanOutArgs(m FanOutMode) []string {
 	api := e.Cluster.APIServers[0].URL
 	switch m {
 	case FanOwn:
-		return []string{"--upstream", api, "--upstream-ca-file", e.Cluster.CAFile, "--no-credentials"}
+		return []string{"--upstream", api, "--upstream-ca-file", e.Cluster.CAFile, "--no-credentials", "--share-watches=false"}
 	case FanReviewed:
 		return []string{"--upstream", api, "--upstream-ca-file", e.Cluster.CAFile, "--no-credentials", "--share-watches"}
 	case FanLent:

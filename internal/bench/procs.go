@@ -135,7 +135,8 @@ func (l *Launcher) start(ctx context.Context, name PathName, up upstreamSpec) (*
 			temp = kc
 			argv = append(argv, "--kubeconfig", kc, "--share-watches", "--allow-credentials-to-upstream", up.url)
 		} else {
-			argv = append(argv, "--no-credentials")
+			// Sharing is on by default; these paths measure one upstream watch per client watch.
+			argv = append(argv, "--no-credentials", "--share-watches=false")
 		}
 		if up.caFile != "" {
 			argv = append(argv, "--upstream-ca-file", up.caFile)

@@ -360,7 +360,13 @@ func writeMarkdown(w io.Writer, r *Results) {
 				runs = append(runs, fmt.Sprintf("%.1f", s.PerWatchKiB))
 				before, after, fds, ups = fmt.Sprint(s.RSSBeforeKiB), fmt.Sprint(s.RSSAfterKiB), s.FDs, s.UpstreamWatches
 			}
-			p("| %d | %s | %.1f | %s | %s → %s | %d | %d | %s |", m.Watches, m.Path, m.PerWatchKiB, ratio(m.PerWatchKiB, pv), before, after, fds, ups, strings.Join(runs, ", "))
+			// Every measured path holds at least one upstream watch with the idle ones open,
+			// so 0 is a run from before the count existed (or one that failed): not measured.
+			upsCell := "not measured"
+			if ups > 0 {
+				upsCell = fmt.Sprint(ups)
+			}
+			p("| %d | %s | %.1f | %s | %s → %s | %d | %s | %s |", m.Watches, m.Path, m.PerWatchKiB, ratio(m.PerWatchKiB, pv), before, after, fds, upsCell, strings.Join(runs, ", "))
 		}
 		p("")
 	}

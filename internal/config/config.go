@@ -158,6 +158,7 @@ func Default() Config {
 		AccessLog:             true,
 		HA:                    defaultHA(),
 
+		ShareWatches:               true,
 		ShareRingBytes:             watch.DefaultShareRingBytes,
 		ShareRingEvents:            watch.DefaultShareRingEvents,
 		ShareSubscriberBufferBytes: watch.DefaultShareSubscriberBytes,

@@ -313,15 +313,18 @@ func TestAttackFileMeansWhatItSays(t *testing.T) {
 	}
 }
 
-// The sharing flags: off by default, bounds checked, and a subscriber's buffer holds at least
+// The sharing flags: on by default (issue 15 item 7), --share-watches=false turns it off, bounds checked, and a subscriber's buffer holds at least
 // one event of the largest size.
 func TestShareFlags(t *testing.T) {
 	c, err := Load(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.ShareWatches {
-		t.Error("--share-watches on by default; this slice keeps it off")
+	if !c.ShareWatches {
+		t.Error("--share-watches off by default")
+	}
+	if c, err := Load([]string{"--share-watches=false"}); err != nil || c.ShareWatches {
+		t.Errorf("--share-watches=false: sharing %v, err %v", c.ShareWatches, err)
 	}
 	c, err = Load([]string{"--share-watches", "--share-ring-events=0", "--share-subscriber-buffer-bytes=1024"})
 	if err != nil {

@@ -17,15 +17,12 @@ import (
 // --share-watches through the whole server in lending mode (the sidecar's): identical watches
 // without credentials are one upstream watch, each client gets every event; a client with its
 // own token is not shared: it would be only once an access review allowed it, and memapi
-// answers none (a 404, access-review-failed). Without the flag, each watch is its own.
+// answers none (a 404, access-review-failed). With --share-watches=false, each watch is its own.
 func TestShareWatchesLending(t *testing.T) {
 	for _, share := range []bool{true, false} {
 		t.Run(fmt.Sprintf("share=%v", share), func(t *testing.T) {
 			var watches atomic.Int32
-			args := []string{}
-			if share {
-				args = append(args, "--share-watches")
-			}
+			args := []string{fmt.Sprintf("--share-watches=%v", share)}
 			x := newLendingMemapi(t, func(r *http.Request) {
 				if r.URL.Query().Get("watch") == "true" {
 					watches.Add(1)
