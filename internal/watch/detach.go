@@ -209,9 +209,12 @@ func (d *detached) frames(q [][]byte) error {
 	}
 	d.arm()
 	bp := batchPool.Get().(*[]byte)
-	defer batchPool.Put(bp)
+	defer func() {
+		*bp = (*bp)[:0] // the pool's buffers are empty (batchWriter appends to them)
+		batchPool.Put(bp)
+	}()
 	for len(q) > 0 {
-		if len(q[0]) >= batchSize { // too big for the batch; sent as it is, in a chunk of its own
+		if len(q[0]) >= chunkMax { // too big for the batch; sent as it is, in a chunk of its own
 			b := strconv.AppendUint((*bp)[:0], uint64(len(q[0])), 16)
 			*bp = append(b, "\r\n"...)
 			if err := d.send(*bp, q[0], crlf); err != nil {
@@ -221,7 +224,7 @@ func (d *detached) frames(q [][]byte) error {
 			continue
 		}
 		n, k := 0, 0
-		for k < len(q) && len(q[k]) < batchSize && n+len(q[k]) <= batchSize {
+		for k < len(q) && len(q[k]) < chunkMax && n+len(q[k]) <= chunkMax {
 			n += len(q[k])
 			k++
 		}
@@ -243,6 +246,9 @@ func (d *detached) frames(q [][]byte) error {
 }
 
 var crlf = []byte("\r\n")
+
+// chunkMax is the most a chunk of frames holds: with its size line and its CRLF, a batch.
+const chunkMax = batchSize - 16
 
 // arm bounds what one take writes by the write timeout (Config.WriteTimeout), as the handler's
 // batchWriter bounds a flush: a client that stopped reading is cut, never waited on for good.
