@@ -109,6 +109,11 @@ func (sf *sharedFeed) detach(w http.ResponseWriter, r *http.Request, m *member, 
 		d.end = dt.Detach()
 	}
 	d.open.Inc()
+	if p.timeout > 0 {
+		m.mu.Lock()
+		d.timer = h.clk.AfterFunc(p.timeout, d.timedOut)
+		m.mu.Unlock()
+	}
 	switch {
 	case !h.addDetached(d):
 		d.close(EndShutdown)
@@ -118,9 +123,6 @@ func (sf *sharedFeed) detach(w http.ResponseWriter, r *http.Request, m *member, 
 		return true
 	}
 	m.mu.Lock()
-	if p.timeout > 0 {
-		d.timer = h.clk.AfterFunc(p.timeout, d.timedOut)
-	}
 	m.det = d
 	if len(m.q) > 0 || m.over || m.done { // the ring's backlog at its join, or an end already
 		d.kickLocked()

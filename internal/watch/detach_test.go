@@ -238,9 +238,9 @@ func TestDetachedClientLeaves(t *testing.T) {
 	leave := watchAt(t, srv.URL, "resourceVersion="+rv(from), nil, true)
 	x.waitSubscribers(t, 2)
 	open := x.m.OpenWatches.WithLabelValues("configmaps")
-	if x.h.DetachedWatches() != 2 || promtest.ToFloat64(open) != 2 {
-		t.Fatalf("%d detached, %v open watches, want 2 and 2", x.h.DetachedWatches(), promtest.ToFloat64(open))
-	}
+	testutil.Eventually(t, 10*time.Second, "2 detached and open watches", func() bool {
+		return x.h.DetachedWatches() == 2 && promtest.ToFloat64(open) == 2
+	})
 	x.write(t, "cm", 2, 10)
 	got := leave.waitFor(t, "the client that leaves", 2)
 	leave.cancel() // closes its connection
@@ -285,7 +285,7 @@ func TestDetachedTimeoutEndsWithLastChunk(t *testing.T) {
 		body, _ := dechunk(t, b)
 		return bytes.Contains(body, []byte(`"cm-0"`))
 	})
-	testutil.Eventually(t, 10*time.Second, "the timer for timeoutSeconds", func() bool { return clk.HasWaiters() })
+	testutil.Eventually(t, 10*time.Second, "both detached (the timer for timeoutSeconds set)", func() bool { return x.h.DetachedWatches() == 2 })
 	clk.Step(31 * time.Second)
 	b, err := raw.ended(t, "the watch with timeoutSeconds")
 	if err != io.EOF {
@@ -389,7 +389,7 @@ func TestWaitDetachedBounded(t *testing.T) {
 	x := newShareFixture(t, Config{})
 	from := x.write(t, "before", 1, 10)
 	_, _, raw := rawWatch(t, strings.TrimPrefix(x.srv.URL, "http://"), "resourceVersion="+rv(from))
-	x.waitSubscribers(t, 1)
+	testutil.Eventually(t, 10*time.Second, "a detached watch", func() bool { return x.h.DetachedWatches() == 1 })
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // no shutdown: the feed goes on, and the wait ends at once
 	if err := x.h.WaitDetached(ctx); err == nil {
