@@ -28,8 +28,9 @@ import (
 // is sent, keeps the object events in a bounded ring, and appends each frame to every
 // subscriber's queue (member) without ever waiting for one: a member whose queue is full is
 // ended (EndSlowClient), as the apiserver ends a watcher that cannot keep up, and its client
-// re-watches from its last resourceVersion. Each member is its client's request goroutine,
-// which writes its queue out with its own bookmarks and its own timeoutSeconds.
+// re-watches from its last resourceVersion. Each member writes its queue out with its own
+// bookmarks and its own timeoutSeconds: on HTTP/1.1 from its own connection, its handler
+// returned (detach.go), else from its client's request goroutine.
 //
 // Sharing is only where the identity question has an answer: a client that gets the lent
 // identity shares with the others that get it, and a client with credentials of its own (a
