@@ -41,7 +41,7 @@ func dialWatch(t *testing.T, addr string, rv uint64) *wire {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	fmt.Fprintf(c, "GET /api/v1/namespaces/d/configmaps?watch=true&resourceVersion=%d HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", rv)
+	fmt.Fprintf(c, "GET /api/v1/namespaces/d/configmaps?watch=true&resourceVersion=%d HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: detach-test\r\n\r\n", rv)
 	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	br := bufio.NewReader(c)
 	w := &wire{c: c}
@@ -183,8 +183,9 @@ func TestDetachedWatchThroughServer(t *testing.T) {
 	a.c.Close()
 	wtestutil.Eventually(t, 10*time.Second, "a's access log line", func() bool { return logs.FilterMessage("request").Len() == 1 })
 	line := logs.FilterMessage("request").All()[0].ContextMap()
-	if line["verb"] != "watch" || line["code"] != int64(200) || line["bytes"] != int64(len(sent)) {
-		t.Errorf("a's access log line %v; want a watch, 200, %d bytes", line, len(sent))
+	if line["verb"] != "watch" || line["code"] != int64(200) || line["bytes"] != int64(len(sent)) ||
+		line["path"] != "/api/v1/namespaces/d/configmaps" || line["remote"] != a.c.LocalAddr().String() || line["userAgent"] != "detach-test" {
+		t.Errorf("a's access log line %v; want a watch of configmaps from %s, 200, %d bytes", line, a.c.LocalAddr(), len(sent))
 	}
 	if got := promtest.ToFloat64(m.Bytes.WithLabelValues("upstream_to_client")); got != float64(len(sent)) {
 		t.Errorf("upstream_to_client bytes %v, want %d", got, len(sent))
