@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -22,6 +23,7 @@ type recorder struct {
 	http.ResponseWriter
 	code  int
 	bytes int64
+	in    *instrumented // what Detach defers the end of; nil: not serveInstrumented's
 }
 
 func (r *recorder) WriteHeader(code int) {
@@ -52,6 +54,26 @@ func (r *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
+// Detach (watch.Detacher): the watch took its connection and its stream outlives the route
+// (a shared feed's subscriber on HTTP/1.1, docs/design.md section 11). The request's end (its
+// access log line, its metrics, the in-flight gauge) then comes when the stream's does, with
+// the bytes it wrote. Meanwhile nothing keeps net/http's response (and its connection's
+// buffers) reachable: the line's Audit-Id is taken now.
+func (r *recorder) Detach() func(written int64) {
+	in := r.in
+	if in == nil {
+		return nil
+	}
+	in.detached = true
+	in.auditID = r.Header().Get("Audit-Id")
+	in.r = loggedRequest(in.r)
+	in.pending.Add(1)
+	return func(written int64) {
+		r.bytes += written
+		in.release()
+	}
+}
+
 // statusClientClosed is the code a request is counted and logged under when its client went
 // away before any answer: nginx's 499 ("client closed request"), not the 200 net/http would
 // have sent (issue 16: a rapid-reset run counted 19,456 requests as 200, 8,126 of which had
@@ -65,7 +87,7 @@ const statusClientClosed = 499
 // (watch.Handler.Serve).
 func (s *Server) serveInstrumented(w http.ResponseWriter, r *http.Request, c *classified, next route) {
 	in := s.instrument(w, r, c)
-	defer in.done()
+	defer in.routeDone()
 	next(&in.rec, in.r, c)
 }
 
@@ -77,11 +99,35 @@ type instrumented struct {
 	c     *classified
 	r     *http.Request // as the route got it
 	body  *countingBody // nil: the request had no body
+	// pending counts what the end waits for: the route's return, and a detached watch's end
+	// (recorder.Detach), which may come first.
+	pending atomic.Int32
+	// detached: the route's watch detached (recorder.Detach), auditID taken then.
+	detached bool
+	auditID  string
+}
+
+// routeDone: the route returned. A detached watch's ResponseWriter is let go now (the route
+// wrote its last through it), before the count that lets its stream's end write the line.
+func (in *instrumented) routeDone() {
+	if in.detached {
+		in.rec.ResponseWriter = nil
+	}
+	in.release()
+}
+
+// release ends the request once both the route and a detached stream are done.
+func (in *instrumented) release() {
+	if in.pending.Add(-1) == 0 {
+		in.done()
+	}
 }
 
 // instrument starts serving r: it counts it in flight, and wraps its body to count it.
 func (s *Server) instrument(w http.ResponseWriter, r *http.Request, c *classified) *instrumented {
 	in := &instrumented{s: s, start: time.Now(), rec: recorder{ResponseWriter: w}, c: c, r: r}
+	in.rec.in = in
+	in.pending.Store(1)
 	s.metrics.InFlight.Inc()
 	if r.Body != nil && r.Body != http.NoBody {
 		in.body = &countingBody{ReadCloser: r.Body}
@@ -139,7 +185,7 @@ func (in *instrumented) done() {
 			zap.Inline(assertedUser(c.cred)),
 			// the apiserver's id of the request in its audit log (every attempt's answer
 			// carries one; this is the one relayed)
-			zap.String("auditID", rec.Header().Get("Audit-Id")),
+			zap.String("auditID", in.auditIDOf()),
 		)
 	}
 }
@@ -171,4 +217,24 @@ func (c *countingBody) Read(p []byte) (int, error) {
 	n, err := c.ReadCloser.Read(p)
 	c.n.Add(int64(n))
 	return n, err
+}
+
+// auditIDOf is the Audit-Id of the response: as relayed, or as it was when the watch detached.
+func (in *instrumented) auditIDOf() string {
+	if in.detached {
+		return in.auditID
+	}
+	return in.rec.Header().Get("Audit-Id")
+}
+
+// loggedRequest is what done reads of r, and nothing else: a detached watch's line is written
+// at its end, and r whole (its headers, URL, contexts) was about 1.5 KiB of every idle
+// detached watch (docs/bench/NOTES.md). Its context is the background's: the client's leaving
+// is the watch's to see, and its code is set.
+func loggedRequest(r *http.Request) *http.Request {
+	out := &http.Request{Method: r.Method, URL: &url.URL{Path: r.URL.Path}, RemoteAddr: r.RemoteAddr, Header: http.Header{}}
+	if ua := r.Header["User-Agent"]; len(ua) > 0 {
+		out.Header["User-Agent"] = ua[:1:1]
+	}
+	return out
 }

@@ -295,6 +295,12 @@ func (s *Server) Run(ctx context.Context) error {
 		s.log.Warn("shutdown timed out; closing remaining connections", zap.Error(err))
 		mainSrv.Close()
 	}
+	// Shutdown waits for no hijacked connection: the watches that took theirs (shared feeds'
+	// subscribers on HTTP/1.1, internal/watch/detach.go) end with their feeds, each with its
+	// last chunk, and are waited for within the same timeout.
+	if err := s.watch.WaitDetached(sctx); err != nil {
+		s.log.Warn("shutdown timed out with detached watches open; their connections are closed", zap.Error(err))
+	}
 	_ = adminSrv.Shutdown(sctx)
 	s.log.Info("stopped")
 	if runErr != nil && !errors.Is(runErr, http.ErrServerClosed) {

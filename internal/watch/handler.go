@@ -131,6 +131,14 @@ type Handler struct {
 	mu      sync.Mutex
 	live    map[*feed]struct{}
 	stopped bool
+	// detached are the open watches that own their connection (detach.go), guarded by mu;
+	// detachedGone is closed when the set empties (WaitDetached), detachForced set once
+	// WaitDetached gave up on them.
+	detached     map[*detached]struct{}
+	detachedGone chan struct{}
+	detachForced bool
+	// noDetach keeps every shared subscriber on its handler (tests comparing the two).
+	noDetach bool
 	// counters holds each resource label's *eventCounters (subscriber.go).
 	counters sync.Map
 
@@ -178,7 +186,7 @@ func New(cfg Config, d Deps) (*Handler, error) {
 		d.Metrics.WatchMovesFailed.WithLabelValues(r.String())
 	}
 	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, clk: d.Clock,
-		feeds: &registry{feeds: map[string]*sharedFeed{}}, reviews: newReviews(cfg.ShareReviewEntries)}
+		feeds: &registry{feeds: map[string]*sharedFeed{}}, reviews: newReviews(cfg.ShareReviewEntries), detached: map[*detached]struct{}{}}
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
 	}

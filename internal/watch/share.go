@@ -28,8 +28,9 @@ import (
 // is sent, keeps the object events in a bounded ring, and appends each frame to every
 // subscriber's queue (member) without ever waiting for one: a member whose queue is full is
 // ended (EndSlowClient), as the apiserver ends a watcher that cannot keep up, and its client
-// re-watches from its last resourceVersion. Each member is its client's request goroutine,
-// which writes its queue out with its own bookmarks and its own timeoutSeconds.
+// re-watches from its last resourceVersion. Each member writes its queue out with its own
+// bookmarks and its own timeoutSeconds: on HTTP/1.1 from its own connection, its handler
+// returned (detach.go), else from its client's request goroutine.
 //
 // Sharing is only where the identity question has an answer: a client that gets the lent
 // identity shares with the others that get it, and a client with credentials of its own (a
@@ -658,6 +659,9 @@ type member struct {
 	over   bool      // the queue filled: the member is off the feed and ends (EndSlowClient)
 	end    EndReason // the feed ended: the member ends after its queue
 	done   bool
+	// det, once set, is the member's own connection and writer (detach.go): wakes start its
+	// writer instead of waking a handler.
+	det *detached
 }
 
 // push queues raw, or reports false when it would fill the queue past its bound: the member is
@@ -701,6 +705,10 @@ func (m *member) wakeUp() {
 
 func (m *member) wakeLocked() {
 	m.signal = false
+	if m.det != nil { // it owns its connection: its writer runs while there is something (detach.go)
+		m.det.kickLocked()
+		return
+	}
 	select {
 	case m.wake <- struct{}{}:
 	default: // woken already
@@ -727,7 +735,27 @@ func (m *member) take() (q [][]byte, over, done bool, end EndReason) {
 // serve answers the client r from the member m of the feed until its stream ends: the feed's
 // first answer's headers, then every frame queued, written and flushed in batches, until the
 // client leaves, its timeoutSeconds passes, its queue fills or the feed ends.
+//
+// On HTTP/1.1 the member takes the connection once the head is out, and the handler returns
+// (detach.go); the head then says the connection closes after the stream (Connection: close),
+// since no handler is left to read a next request on it.
 func (sf *sharedFeed) serve(w http.ResponseWriter, r *http.Request, m *member, p params, requestID string) {
+	h := sf.h
+	copyHeader(w.Header(), sf.header)
+	w.Header().Del("Content-Length")
+	detach := r.ProtoMajor == 1 && r.ProtoMinor >= 1 && !h.noDetach && !h.stopping()
+	if detach {
+		w.Header().Set("Connection", "close")
+	}
+	w.WriteHeader(http.StatusOK)
+	if detach && sf.detach(w, r, m, p, requestID) {
+		return
+	}
+	sf.serveAttached(w, r, m, p, requestID)
+}
+
+// serveAttached is serve on the handler's goroutine, which writes the member's queue.
+func (sf *sharedFeed) serveAttached(w http.ResponseWriter, r *http.Request, m *member, p params, requestID string) {
 	h := sf.h
 	met := h.deps.Metrics
 	resource := sf.pol.resource
@@ -745,9 +773,6 @@ func (sf *sharedFeed) serve(w http.ResponseWriter, r *http.Request, m *member, p
 	}
 	rc := http.NewResponseController(w)
 	out := newBatchWriter(w, rc, h.cfg.WriteTimeout)
-	copyHeader(w.Header(), sf.header)
-	w.Header().Del("Content-Length")
-	w.WriteHeader(http.StatusOK)
 	end := sf.pump(r, m, &out, deadline)
 	met.StreamEnds.WithLabelValues(end.String()).Inc()
 	if end == EndSlowClient { // its queue filled, or a write to it did not complete in time

@@ -81,6 +81,10 @@ type shareFixture struct {
 	srv    *httptest.Server // watchsan in lending mode: a request with no Authorization is lent
 	m      *metrics.Metrics
 	h      *Handler
+	// attempts is the Handler's way upstream, for another Handler on the same memapi.
+	attempts *upstream.Attempter
+	// shutdown closes the Handler's Done (once; the cleanup does it too).
+	shutdown func()
 }
 
 func newShareFixture(t *testing.T, cfg Config) *shareFixture {
@@ -105,8 +109,11 @@ func newShareFixtureClock(t *testing.T, cfg Config, clk clock.WithDelayedExecuti
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
+	var once sync.Once
+	x.shutdown = func() { once.Do(func() { close(done) }) }
 	cfg.Share = true
-	h, err := New(cfg, Deps{Attempts: upstream.NewAttempter(pool, upstream.AttempterOptions{}), Metrics: x.m,
+	x.attempts = upstream.NewAttempter(pool, upstream.AttempterOptions{})
+	h, err := New(cfg, Deps{Attempts: x.attempts, Metrics: x.m,
 		Memory: fix.NewDeleteMemory(0, 0, nil), Logger: log, Done: done, Clock: clk})
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +124,7 @@ func newShareFixtureClock(t *testing.T, cfg Config, clk clock.WithDelayedExecuti
 		h.Serve(w, r, &info, &cred, "")
 	}))
 	t.Cleanup(func() {
-		close(done) // shutdown ends feeds and subscribers: the servers' Close does not wait on them
+		x.shutdown() // shutdown ends feeds and subscribers: the servers' Close does not wait on them
 		x.srv.Close()
 		testutil.Eventually(t, 10*time.Second, "every shared feed ended", func() bool {
 			return promtest.ToFloat64(x.m.SharedFeeds) == 0 && promtest.ToFloat64(x.m.SharedSubscribers) == 0
