@@ -538,6 +538,12 @@ type FanOutResult struct {
 	Runs    []FanOutSample `json:",omitempty"`
 }
 
+// AddRun adds a run of one mode to Runs and picks Samples again: each mode's median run.
+func (r *FanOutResult) AddRun(s FanOutSample) {
+	r.Runs = append(r.Runs, s)
+	r.pickSamples()
+}
+
 // pickSamples sets Samples from Runs.
 func (r *FanOutResult) pickSamples() {
 	r.Samples = nil
@@ -560,8 +566,8 @@ func (r *FanOutResult) pickSamples() {
 	}
 }
 
-// runTicks lists the apiserver's CPU over the writes of mode m's runs.
-func (r *FanOutResult) runTicks(m FanOutMode) []int64 {
+// RunTicks lists the apiserver's CPU over the writes of mode m's runs.
+func (r *FanOutResult) RunTicks(m FanOutMode) []int64 {
 	var out []int64
 	for _, s := range r.Runs {
 		if s.Mode == m {
@@ -651,8 +657,7 @@ func (r *runner) fanout(ctx context.Context) {
 					t.URL, t.PID, t.AdminURL, t.Stop = p.url, p.pid, p.admin, p.stop
 				}
 				s := e.Measure(ctx, t, n, writes, timeout)
-				fr.Runs = append(fr.Runs, s)
-				fr.pickSamples()
+				fr.AddRun(s)
 				r.progress("fan-out    %-24s %5d clients rep %d: upstream watches %4.0f, apiserver %4d ticks (baseline %d), watchsan %.2fs CPU %.1f KiB/sub, opened %v delivered %v %s",
 					m, n, rep+1, s.UpstreamWatches, s.APIServerTicks, b, s.WatchsanCPU, s.WatchsanKiBPerSubscriber(), s.Opened.Round(time.Millisecond), s.Delivered.Round(time.Millisecond), s.Err)
 			}

@@ -496,7 +496,7 @@ func writeFanOut(p func(string, ...any), r *Results) {
 				check = "error: " + oneLine(s.Err)
 			}
 			p("| %d | %s | %.0f | %d | %d | %s | %s | %s | %s | %s | %s |", fr.Clients, s.Mode, s.UpstreamWatches, s.APIServerTicks,
-				fr.FanOutTicks(s), fanOutRatio(float64(fr.FanOutTicks(s)), direct), cpu, mem, fmtDur(s.Delivered), check, joinInts(fr.runTicks(s.Mode)))
+				fr.FanOutTicks(s), fanOutRatio(float64(fr.FanOutTicks(s)), direct), cpu, mem, fmtDur(s.Delivered), check, joinInts(fr.RunTicks(s.Mode)))
 		}
 	}
 	p("")
