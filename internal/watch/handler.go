@@ -71,6 +71,15 @@ type Config struct {
 	// to the client is never the upstream's silence or lag. 0: DefaultWriteTimeout.
 	WriteTimeout time.Duration
 
+	// Absorbing a 410 at a resume point (absorb.go, issue 19, docs/design.md section 12): a
+	// feed whose state is complete answers it with a list and the difference, and no 410
+	// reaches its client. DisableAbsorb turns it off (no state is kept). AbsorbStateBytes
+	// bounds one feed's state, AbsorbTotalBytes all of them (bytes of objects and their
+	// overhead); 0: DefaultAbsorbStateBytes and DefaultAbsorbTotalBytes.
+	DisableAbsorb    bool
+	AbsorbStateBytes int64
+	AbsorbTotalBytes int64
+
 	// Shared feeds (share.go, issue 15 items 2 and 3). Share serves identical watches of the
 	// lent identity from one upstream watch, and those of clients with their own credentials
 	// that an access review allowed (access.go) from another; the bounds' zero values are their
@@ -136,6 +145,9 @@ type Handler struct {
 
 	// shareExclude holds Config.ShareExclude's resources: their watches never share.
 	shareExclude map[string]bool
+
+	// stateBudget is what all feeds' states share (state.go).
+	stateBudget *stateBudget
 }
 
 // New builds a Handler.
@@ -168,6 +180,12 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	def(&cfg.ShareGrace, DefaultShareGrace)
 	defInt(&cfg.ShareReviewEntries, DefaultShareReviewEntries)
 	defInt(&cfg.ShareMaxFeeds, DefaultShareMaxFeeds)
+	if cfg.AbsorbStateBytes <= 0 {
+		cfg.AbsorbStateBytes = DefaultAbsorbStateBytes
+	}
+	if cfg.AbsorbTotalBytes <= 0 {
+		cfg.AbsorbTotalBytes = DefaultAbsorbTotalBytes
+	}
 	if d.Logger == nil {
 		d.Logger = zap.NewNop()
 	}
@@ -181,6 +199,10 @@ func New(cfg Config, d Deps) (*Handler, error) {
 		feeds: &registry{feeds: map[string]*sharedFeed{}}, reviews: newReviews(cfg.ShareReviewEntries)}
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
+	}
+	h.stateBudget = &stateBudget{perFeed: cfg.AbsorbStateBytes, total: cfg.AbsorbTotalBytes, gauge: d.Metrics.AbsorbStateBytes}
+	for _, o := range AbsorbOutcomes { // every series from the start
+		d.Metrics.GoneAbsorbed.WithLabelValues(o)
 	}
 	h.shareExclude = map[string]bool{}
 	for _, r := range cfg.ShareExclude {
@@ -390,6 +412,7 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 		mode = fix.PassAll
 	}
 	f.format = format
+	f.state, f.noState = h.stateFor(r, p, format)
 	sub.start(format, first.Resp.Header, fix.NewStream(fix.Options{
 		Scope: scopeOf(p.scope, cred), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
 		Mode: mode, Memory: h.deps.Memory,
@@ -437,6 +460,9 @@ func (f *feed) release() {
 	}
 	if f.tracked {
 		f.h.untrack(f)
+	}
+	if f.state != nil {
+		f.state.free()
 	}
 	f.cancel(nil)
 }

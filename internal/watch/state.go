@@ -1,0 +1,159 @@
+package watch
+
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/watchsan/watchsan/internal/stream"
+)
+
+// A feed's state (issue 19, docs/design.md section 12): every object alive at the last
+// delivered resourceVersion, by namespace/name, with its uid, resourceVersion and the frame it
+// was last delivered in. It is what lets a feed answer a 410 at its resume point with the
+// difference between a fresh list and what its subscribers hold (absorb.go), instead of
+// sending them the 410. It is kept only where it can be complete: a feed whose upstream watch
+// began with the initial state (resourceVersion "" or "0" without sendInitialEvents=false, or
+// a watch-list), in JSON, of whole objects (no "as=" in Accept). A watch from a client's
+// resourceVersion never sees the objects that did not change since, so a state built from its
+// events alone would miss them, and a diff against a list would miss their deletes.
+
+// Defaults of the state's budgets, the flags' defaults.
+const (
+	// DefaultAbsorbStateBytes bounds one feed's state: a namespace's pods or a cluster's nodes
+	// fit many times over; a feed over it drops its state.
+	DefaultAbsorbStateBytes = 16 << 20
+	// DefaultAbsorbTotalBytes bounds the states of all feeds together.
+	DefaultAbsorbTotalBytes = 128 << 20
+)
+
+// stateOverhead is what one object costs besides its key's, uid's and frame's bytes: the map
+// entry, the stateObj and the string and slice headers (measured about 120 bytes on amd64;
+// rounded up). The budgets count it, so that they bound memory, not just payload.
+const stateOverhead = 160
+
+// stateObj is one object of a feed's state.
+type stateObj struct {
+	uid   string
+	rv    uint64
+	frame []byte // the event it was last delivered in, as read (JSON: one value and its newline)
+}
+
+// stateBudget is the budget all feeds' states share; held counts what they hold.
+type stateBudget struct {
+	perFeed, total int64
+	held           atomic.Int64
+	gauge          prometheus.Gauge // bytes held; nil: not exported
+}
+
+// take reserves n bytes of the total; false when that would pass it.
+func (b *stateBudget) take(n int64) bool {
+	if b.held.Add(n) > b.total {
+		b.held.Add(-n)
+		return false
+	}
+	if b.gauge != nil {
+		b.gauge.Add(float64(n))
+	}
+	return true
+}
+
+// give returns n bytes taken.
+func (b *stateBudget) give(n int64) {
+	if n == 0 {
+		return
+	}
+	b.held.Add(-n)
+	if b.gauge != nil {
+		b.gauge.Sub(float64(n))
+	}
+}
+
+// feedState is one feed's state. Only the feed's goroutine touches it.
+type feedState struct {
+	budget *stateBudget
+	objs   map[string]*stateObj
+	bytes  int64
+	// dropped, once set, says why the state is gone for good (an absorbOutcomes value): the
+	// feed answers a later 410 as without state.
+	dropped string
+}
+
+func newFeedState(b *stateBudget) *feedState {
+	return &feedState{budget: b, objs: map[string]*stateObj{}}
+}
+
+func objCost(key string, o *stateObj) int64 {
+	return int64(len(key)+len(o.uid)+len(o.frame)) + stateOverhead
+}
+
+// observe updates the state with one delivered event; false when it no longer holds a state
+// (dropped says why).
+func (s *feedState) observe(ev *stream.Event) bool {
+	if s.dropped != "" {
+		return false
+	}
+	switch ev.Type {
+	case stream.Added, stream.Modified, stream.Deleted:
+	default:
+		return true // a bookmark, an ERROR: no object
+	}
+	if ev.Name == "" || !ev.RVIsInt {
+		// Nothing to key it by, or a resourceVersion a list cannot be compared with.
+		s.drop(absorbNotComplete)
+		return false
+	}
+	key := ev.Namespace + "/" + ev.Name
+	old := s.objs[key]
+	if ev.Type == stream.Deleted {
+		if old != nil {
+			s.release(key, old)
+			delete(s.objs, key)
+		}
+		return true
+	}
+	// ev's strings are its own (stream.Event), and key is a new string: nothing aliases the
+	// reader's buffer but Raw, copied.
+	o := &stateObj{uid: ev.UID, rv: ev.RVInt, frame: append(make([]byte, 0, len(ev.Raw)), ev.Raw...)}
+	cost := objCost(key, o)
+	var freed int64
+	if old != nil {
+		freed = objCost(key, old)
+	}
+	if s.bytes-freed+cost > s.budget.perFeed {
+		s.drop(absorbOverBudget)
+		return false
+	}
+	if grow := cost - freed; grow > 0 && !s.budget.take(grow) {
+		s.drop(absorbOverBudget)
+		return false
+	} else if grow < 0 {
+		s.budget.give(-grow)
+	}
+	s.bytes += cost - freed
+	s.objs[key] = o
+	return true
+}
+
+func (s *feedState) release(key string, o *stateObj) {
+	c := objCost(key, o)
+	s.bytes -= c
+	s.budget.give(c)
+}
+
+// drop lets the state go for good, why an absorbOutcomes value.
+func (s *feedState) drop(why string) {
+	if s.dropped != "" {
+		return
+	}
+	s.dropped = why
+	s.budget.give(s.bytes)
+	s.bytes, s.objs = 0, nil
+}
+
+// free returns everything the state holds (its feed ended).
+func (s *feedState) free() {
+	if s.dropped == "" {
+		s.drop("ended")
+	}
+}
