@@ -98,6 +98,11 @@ type Config struct {
 	WatchWriteTimeout  time.Duration
 	DisableResume      bool
 	RetryBudget        time.Duration
+	// Absorbing a 410 at a watch's resume point (issue 19): on by default; the budgets bound
+	// the states watches keep for it, per watch and in all, in bytes.
+	WatchAbsorbGone       bool
+	WatchAbsorbStateBytes int
+	WatchAbsorbTotalBytes int
 
 	// Shared watch feeds (issue 15 item 2).
 	ShareWatches               bool
@@ -152,6 +157,9 @@ func Default() Config {
 		WatchStallTimeout:     watch.DefaultStallTimeout,
 		WatchWriteTimeout:     watch.DefaultWriteTimeout,
 		RetryBudget:           upstream.DefaultRetryBudget,
+		WatchAbsorbGone:       true,
+		WatchAbsorbStateBytes: watch.DefaultAbsorbStateBytes,
+		WatchAbsorbTotalBytes: watch.DefaultAbsorbTotalBytes,
 		ShutdownTimeout:       30 * time.Second,
 		LogLevel:              "info",
 		LogFormat:             "json",
