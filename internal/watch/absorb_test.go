@@ -376,3 +376,71 @@ func TestStateBudgetsHold(t *testing.T) {
 		t.Fatalf("the budget holds %d bytes after every state ended", b.held.Load())
 	}
 }
+
+// A watch-list (sendInitialEvents=true) is complete at its initial-events-end bookmark too.
+func TestGoneAbsorbedForAWatchList(t *testing.T) {
+	g := gapWatches(events(gone410))
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){g.step}}
+	f := newFixture(t, Config{}, up)
+	got := f.watchUntil(t, "sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true", 13)
+	if s := joinEvents(got); s != gapAbsorbed {
+		t.Fatalf("client saw [%s]\nwant       [%s]", s, gapAbsorbed)
+	}
+}
+
+// A client's re-watch from the last resourceVersion its ended watch delivered adopts that
+// watch's complete state: its 410 (here on its first attempt, as a reflector's re-watch after
+// its timeoutSeconds meets a restarted apiserver) is absorbed too. A re-watch from another
+// resourceVersion adopts nothing.
+func TestReWatchAdoptsTheEndedWatchsState(t *testing.T) {
+	g := gapWatches(events(gone410))
+	g.watches[0] = hangAfter(cmU("ADDED", "a", "ua", "10"), cmU("ADDED", "b", "ub", "11"), cmU("ADDED", "c", "uc", "12"),
+		cmU("ADDED", "d", "ud", "13"), initialEnd("13"), cmU("MODIFIED", "a", "ua", "14"))
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){g.step}}
+	f := newFixture(t, Config{}, up)
+	first := f.watchUntil(t, "resourceVersion=0&allowWatchBookmarks=true", 6)
+	if s := joinEvents(first); s != gapInitial {
+		t.Fatalf("first watch saw [%s], want [%s]", s, gapInitial)
+	}
+	if !testutil.Until(5*time.Second, func() bool { return f.h.parkedCount() == 1 }) {
+		t.Fatalf("%d states parked after the first watch ended, want 1", f.h.parkedCount())
+	}
+	got := f.watchUntil(t, "resourceVersion=14&allowWatchBookmarks=true", 7)
+	want := strings.TrimPrefix(gapAbsorbed, gapInitial+", ")
+	if s := joinEvents(got); s != want {
+		t.Fatalf("the re-watch saw [%s]\nwant         [%s]", s, want)
+	}
+	if f.h.parkedCount() != 0 {
+		t.Fatalf("the state is still parked after its re-watch adopted it")
+	}
+	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(absorbAbsorbed)); v != 1 {
+		t.Fatalf("gone_absorbed{absorbed} = %v, want 1", v)
+	}
+}
+
+// A state parked and not adopted is freed after the park time, its bytes given back; a
+// re-watch from another resourceVersion does not adopt it.
+func TestParkedStateExpires(t *testing.T) {
+	g := gapWatches(events(gone410))
+	g.watches[0] = hangAfter(cmU("ADDED", "a", "ua", "10"), initialEnd("13"))
+	g.watches[1] = events(gone410)
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){g.step}}
+	clk := newStepClock()
+	f := newFixtureClock(t, Config{}, up, clk)
+	f.watchUntil(t, "resourceVersion=0&allowWatchBookmarks=true", 2)
+	if !testutil.Until(5*time.Second, func() bool { return f.h.parkedCount() == 1 }) {
+		t.Fatalf("%d states parked, want 1", f.h.parkedCount())
+	}
+	if got := joinEvents(f.watchUntil(t, "resourceVersion=12&allowWatchBookmarks=true", 5)); got != "ERROR 410" {
+		t.Fatalf("a re-watch from another resourceVersion saw [%s], want [ERROR 410]", got)
+	}
+	if f.h.parkedCount() != 1 || promtest.ToFloat64(f.m.AbsorbStateBytes) == 0 {
+		t.Fatalf("a re-watch from another resourceVersion took the parked state")
+	}
+	clk.Step(DefaultAbsorbParkTime)
+	if !testutil.Until(5*time.Second, func() bool {
+		return f.h.parkedCount() == 0 && promtest.ToFloat64(f.m.AbsorbStateBytes) == 0
+	}) {
+		t.Fatalf("after the park time: %d parked, %v bytes held; want none", f.h.parkedCount(), promtest.ToFloat64(f.m.AbsorbStateBytes))
+	}
+}

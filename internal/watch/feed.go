@@ -115,6 +115,7 @@ type feed struct {
 	// absorbEvents upstream events).
 	state         *feedState
 	noState       string
+	stateKey      string // what state is parked by when the feed ends (state.go)
 	absorbBackoff upstream.Backoff
 	absorbRun     int
 	absorbEvents  uint64

@@ -79,6 +79,9 @@ type Config struct {
 	DisableAbsorb    bool
 	AbsorbStateBytes int64
 	AbsorbTotalBytes int64
+	// AbsorbParkTime is how long an ended watch's complete state waits for its client's
+	// re-watch from its last resourceVersion (state.go); 0: DefaultAbsorbParkTime.
+	AbsorbParkTime time.Duration
 
 	// Shared feeds (share.go, issue 15 items 2 and 3). Share serves identical watches of the
 	// lent identity from one upstream watch, and those of clients with their own credentials
@@ -146,8 +149,10 @@ type Handler struct {
 	// shareExclude holds Config.ShareExclude's resources: their watches never share.
 	shareExclude map[string]bool
 
-	// stateBudget is what all feeds' states share (state.go).
+	// stateBudget is what all feeds' states share, parked holds those of ended watches for
+	// their clients' re-watches (state.go).
 	stateBudget *stateBudget
+	parked      *parked
 }
 
 // New builds a Handler.
@@ -186,6 +191,7 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	if cfg.AbsorbTotalBytes <= 0 {
 		cfg.AbsorbTotalBytes = DefaultAbsorbTotalBytes
 	}
+	def(&cfg.AbsorbParkTime, DefaultAbsorbParkTime)
 	if d.Logger == nil {
 		d.Logger = zap.NewNop()
 	}
@@ -200,6 +206,7 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
 	}
+	h.parked = &parked{states: map[string]*parkedState{}}
 	h.stateBudget = &stateBudget{perFeed: cfg.AbsorbStateBytes, total: cfg.AbsorbTotalBytes, gauge: d.Metrics.AbsorbStateBytes}
 	for _, o := range AbsorbOutcomes { // every series from the start
 		d.Metrics.GoneAbsorbed.WithLabelValues(o)
@@ -413,6 +420,16 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 	}
 	f.format = format
 	f.state, f.noState = h.stateFor(r, p, format)
+	if f.noState == absorbNotComplete {
+		if _, ok := stream.ParseRV(p.rv); ok {
+			if s := h.adopt(stateKey(r, cred), p.rv); s != nil {
+				f.state, f.noState = s, ""
+			}
+		}
+	}
+	if f.state != nil {
+		f.stateKey = stateKey(r, cred)
+	}
 	sub.start(format, first.Resp.Header, fix.NewStream(fix.Options{
 		Scope: scopeOf(p.scope, cred), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
 		Mode: mode, Memory: h.deps.Memory,
@@ -461,10 +478,22 @@ func (f *feed) release() {
 	if f.tracked {
 		f.h.untrack(f)
 	}
-	if f.state != nil {
-		f.state.free()
+	if s := f.state; s != nil {
+		// Complete at the last delivered resourceVersion: parked for the client's re-watch
+		// from it (state.go); else nothing anyone can use.
+		if rv := f.sub.LastDelivered(); s.dropped == "" && !f.sub.InInitialPhase() && f.format == stream.JSON && isIntRV(rv) && f.handoff == nil {
+			f.h.park(f.stateKey, rv, s)
+		} else {
+			s.free()
+		}
+		f.state = nil
 	}
 	f.cancel(nil)
+}
+
+func isIntRV(rv string) bool {
+	_, ok := stream.ParseRV(rv)
+	return ok
 }
 
 func identity(h http.Header) bool {

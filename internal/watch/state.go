@@ -1,11 +1,16 @@
 package watch
 
 import (
+	"net/http"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 
 	"github.com/watchsan/watchsan/internal/stream"
+	"github.com/watchsan/watchsan/internal/upstream"
 )
 
 // A feed's state (issue 19, docs/design.md section 12): every object alive at the last
@@ -13,7 +18,8 @@ import (
 // was last delivered in. It is what lets a feed answer a 410 at its resume point with the
 // difference between a fresh list and what its subscribers hold (absorb.go), instead of
 // sending them the 410. It is kept only where it can be complete: a feed whose upstream watch
-// began with the initial state (resourceVersion "" or "0" without sendInitialEvents=false, or
+// began with the initial state, or adopted the state of the watch its client's re-watch
+// follows (park, below) (resourceVersion "" or "0" without sendInitialEvents=false, or
 // a watch-list), in JSON, of whole objects (no "as=" in Accept). A watch from a client's
 // resourceVersion never sees the objects that did not change since, so a state built from its
 // events alone would miss them, and a diff against a list would miss their deletes.
@@ -156,4 +162,90 @@ func (s *feedState) free() {
 	if s.dropped == "" {
 		s.drop("ended")
 	}
+}
+
+// A reflector's watch ends every 5 to 10 minutes (its timeoutSeconds), and it watches again
+// from the last resourceVersion it got: a watch from a client's resourceVersion, whose feed
+// cannot know what the client holds (docs/design.md section 12). But the feed whose stream just
+// ended knew: its complete state at its last delivered resourceVersion D is every object alive
+// at D with its bytes, the scope's true state at D, and so what any client at D holds. So a
+// private feed with a complete state that ends is parked, by what it watched, whom as and D,
+// for DefaultAbsorbParkTime; a new watch of the same scope, as the same principal, from exactly
+// D adopts it and is complete from its start. A client that got less than the feed delivered
+// (a last write lost) re-watches from below D and adopts nothing; one that asked for no
+// bookmarks while the feed's last delivery was a bookmark it was not sent, likewise.
+
+// DefaultAbsorbParkTime is how long an ended watch's complete state waits for its client's
+// re-watch: a reflector re-watches at once after a clean end.
+const DefaultAbsorbParkTime = 30 * time.Second
+
+// parked holds the states of ended watches, by stateKey and resourceVersion. What they hold
+// stays counted in their budget until adopted or expired.
+type parked struct {
+	mu     sync.Mutex
+	states map[string]*parkedState
+}
+
+type parkedState struct {
+	s     *feedState
+	timer clock.Timer
+}
+
+// stateKey is what a state is parked and adopted by, but for its resourceVersion: the watch's
+// path, every parameter but the per-subscriber ones (perSubscriber: its resourceVersion, its
+// timeoutSeconds, bookmarks, timeout) and the initial-state ones (sendInitialEvents,
+// resourceVersionMatch: the re-watch of a watch-list is a plain watch), its Accept, and the
+// principal the upstream takes it for (cred.Principal, a digest): a state is only ever handed
+// to the same identity's watch of the same scope.
+func stateKey(r *http.Request, cred upstream.Credentials) string {
+	q := r.URL.Query()
+	for _, k := range append(perSubscriber, "sendInitialEvents", "resourceVersionMatch") {
+		q.Del(k)
+	}
+	return r.URL.Path + "?" + q.Encode() + "\x00accept=" + r.Header.Get("Accept") + "\x00as=" + cred.Principal()
+}
+
+// park keeps s, complete at resourceVersion rv, for a re-watch from rv; an older one parked
+// under the same key is freed.
+func (h *Handler) park(key, rv string, s *feedState) {
+	k := key + "\x00rv=" + rv
+	p := h.parked
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if old := p.states[k]; old != nil {
+		old.timer.Stop()
+		old.s.free()
+	}
+	ps := &parkedState{s: s}
+	ps.timer = h.clk.AfterFunc(h.cfg.AbsorbParkTime, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.states[k] == ps {
+			delete(p.states, k)
+			ps.s.free()
+		}
+	})
+	p.states[k] = ps
+}
+
+// adopt takes the state parked for a watch from rv, or nil.
+func (h *Handler) adopt(key, rv string) *feedState {
+	k := key + "\x00rv=" + rv
+	p := h.parked
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ps := p.states[k]
+	if ps == nil {
+		return nil
+	}
+	delete(p.states, k)
+	ps.timer.Stop()
+	return ps.s
+}
+
+// parkedCount is how many states are parked (tests).
+func (h *Handler) parkedCount() int {
+	h.parked.mu.Lock()
+	defer h.parked.mu.Unlock()
+	return len(h.parked.states)
 }
