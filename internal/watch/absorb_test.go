@@ -444,3 +444,29 @@ func TestParkedStateExpires(t *testing.T) {
 		t.Fatalf("after the park time: %d parked, %v bytes held; want none", f.h.parkedCount(), promtest.ToFloat64(f.m.AbsorbStateBytes))
 	}
 }
+
+// A quiet watch whose upstream restarts again is absorbed again, the second list after a wait
+// of the absorb backoff (no upstream event came between the two): a run of absorbs is paced.
+func TestGoneAbsorbedAgainAfterABackoff(t *testing.T) {
+	g := gapWatches(events(gone410))
+	g.watches = append(g.watches[:2], events(strings.Replace(gone410, "14 (15)", "21 (22)", 1)), g.watches[2])
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){g.step}}
+	clk := newStepClock()
+	f := newFixtureClock(t, Config{}, up, clk)
+	waits := clk.stepTimers(t)
+	got := f.watchUntil(t, "resourceVersion=0&allowWatchBookmarks=true", 14)
+	want := strings.Replace(gapAbsorbed, "BOOKMARK 21", "BOOKMARK 21, BOOKMARK 21", 1)
+	if s := joinEvents(got); s != want {
+		t.Fatalf("client saw [%s]\nwant       [%s]", s, want)
+	}
+	rvs, lists := g.snapshot()
+	if len(lists) != 4 || len(rvs) < 4 || rvs[2] != "21" || rvs[3] != "21" {
+		t.Fatalf("lists %q, watches from %q: want two lists of two pages, watches from 14, 21, 21", lists, rvs)
+	}
+	if w := waits(); len(w) != 1 || w[0] < 600*time.Millisecond || w[0] > time.Second {
+		t.Fatalf("waits %v: want one of the absorb backoff's first step (~800ms) before the second list", w)
+	}
+	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(absorbAbsorbed)); v != 2 {
+		t.Fatalf("gone_absorbed{absorbed} = %v, want 2", v)
+	}
+}
