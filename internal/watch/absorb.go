@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -134,22 +135,23 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 	// A run of absorbs with no upstream event between them is paced by its own backoff and
 	// bounded: an upstream that answers 410 to every list's resourceVersion costs a list per
 	// backoff step, then its client relists as without absorbing.
-	now := f.h.clk.Now()
-	if f.absorbBackoff.Initial == 0 { // the zero value waits nothing: made at the first absorb
-		f.absorbBackoff = upstream.ResumeBackoff
+	pc := f.pacing
+	if pc == nil {
+		pc = &absorbPacing{backoff: upstream.ResumeBackoff}
+		f.pacing = pc
 	}
-	if f.events != f.absorbEvents || now.Sub(f.absorbedAt) > f.h.cfg.ResumeTimeout {
-		f.absorbBackoff.Reset()
-		f.absorbRun = 0
+	if f.events != pc.events || f.h.clk.Since(pc.at) > f.h.cfg.ResumeTimeout {
+		pc.backoff.Reset()
+		pc.run = 0
 	}
-	f.absorbRun++
-	if f.absorbRun > absorbMaxRun {
+	pc.run++
+	if pc.run > absorbMaxRun {
 		m.GoneAbsorbed.WithLabelValues(absorbListFailed).Inc()
 		f.log.Info("upstream answered 410 again after every absorb; the client relists",
-			zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()), zap.Int("absorbs", f.absorbRun-1))
+			zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()), zap.Int("absorbs", pc.run-1))
 		return false, attemptEnd{}
 	}
-	l, err := f.list(f.absorbRun > 1)
+	l, err := f.list(pc.run > 1)
 	if err != nil {
 		if f.ctx.Err() != nil {
 			return false, attemptEnd{end: f.endFromContext()}
@@ -190,13 +192,23 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 	if e, _ := f.sub.broken(); e != endNone {
 		return false, f.clientEnd()
 	}
-	f.absorbEvents, f.absorbedAt = f.events, f.h.clk.Now()
+	pc.events, pc.at = f.events, f.h.clk.Now()
 	m.GoneAbsorbed.WithLabelValues(absorbAbsorbed).Inc()
 	f.log.Info("absorbed a 410 at the watch's resume point: its client got the difference with a fresh list, and the watch goes on from the list's resourceVersion",
 		zap.String("path", f.client.URL.Path), zap.Uint64("fromRV", R), zap.Uint64("listRV", l.rv), zap.String("message", msg),
 		zap.Int("deleted", counts[stream.Deleted]), zap.Int("added", counts[stream.Added]), zap.Int("modified", counts[stream.Modified]),
 		zap.Int("objects", len(l.items)), zap.Int("pages", l.pages))
 	return true, attemptEnd{}
+}
+
+// absorbPacing paces a run of absorbs with no upstream event between them: run of them, the
+// last at at, when the feed had handed its sink events upstream events; each list after the
+// run's first waits backoff's next step.
+type absorbPacing struct {
+	backoff upstream.Backoff
+	run     int
+	events  uint64
+	at      time.Time
 }
 
 // errListBudget: the list would pass the state's budget.
@@ -257,7 +269,7 @@ func (f *feed) list(paced bool) (*listed, error) {
 	for {
 		plan := upstream.Plan{Credentials: f.cred, Deadline: deadline, WaitForBackend: true}
 		if l.pages == 0 {
-			plan.Backoff, plan.AfterFailure = &f.absorbBackoff, paced
+			plan.Backoff, plan.AfterFailure = &f.pacing.backoff, paced
 		}
 		page, n, err := f.listPage(cont, plan, b.perFeed-l.held)
 		if err != nil {

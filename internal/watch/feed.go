@@ -110,16 +110,10 @@ type feed struct {
 
 	// state is what the feed's subscribers hold, kept to absorb a 410 at the resume point
 	// (state.go, absorb.go); nil: none kept, noState says why (an AbsorbOutcomes value; "":
-	// absorbing is off). absorbBackoff paces a run of absorbs with no upstream event between
-	// them (absorbRun of them, the last at absorbedAt, when the feed had handed its sink
-	// absorbEvents upstream events).
-	state         *feedState
-	noState       string
-	stateKey      string // what state is parked by when the feed ends (state.go)
-	absorbBackoff upstream.Backoff
-	absorbRun     int
-	absorbEvents  uint64
-	absorbedAt    time.Time
+	// absorbing is off). pacing, made at the first absorb, paces a run of them.
+	state   *feedState
+	noState string
+	pacing  *absorbPacing
 
 	// handoff, for a watch-list that may move onto a shared feed at its initial-events-end
 	// bookmark (handoff.go); nil: none.

@@ -428,7 +428,7 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 		}
 	}
 	if f.state != nil {
-		f.stateKey = stateKey(r, cred)
+		f.state.key = stateKey(r, cred)
 	}
 	sub.start(format, first.Resp.Header, fix.NewStream(fix.Options{
 		Scope: scopeOf(p.scope, cred), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
@@ -482,7 +482,7 @@ func (f *feed) release() {
 		// Complete at the last delivered resourceVersion: parked for the client's re-watch
 		// from it (state.go); else nothing anyone can use.
 		if rv := f.sub.LastDelivered(); s.dropped == "" && !f.sub.InInitialPhase() && f.format == stream.JSON && isIntRV(rv) && f.handoff == nil {
-			f.h.park(f.stateKey, rv, s)
+			f.h.park(s.key, rv, s)
 		} else {
 			s.free()
 		}

@@ -78,6 +78,7 @@ func (b *stateBudget) give(n int64) {
 // feedState is one feed's state. Only the feed's goroutine touches it.
 type feedState struct {
 	budget *stateBudget
+	key    string // what it is parked by when its feed ends (stateKey)
 	objs   map[string]*stateObj
 	bytes  int64
 	// dropped, once set, says why the state is gone for good (an absorbOutcomes value): the
