@@ -103,6 +103,9 @@ type Config struct {
 	WatchAbsorbGone       bool
 	WatchAbsorbStateBytes int
 	WatchAbsorbTotalBytes int
+	// WatchAbsorbCompleteByList: a watch from a client's resourceVersion lists it exactly
+	// first, to hold a complete state (off by default: one more list per such watch).
+	WatchAbsorbCompleteByList bool
 
 	// Shared watch feeds (issue 15 item 2).
 	ShareWatches               bool

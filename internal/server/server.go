@@ -140,6 +140,8 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		AbsorbStateBytes: int64(cfg.WatchAbsorbStateBytes),
 		AbsorbTotalBytes: int64(cfg.WatchAbsorbTotalBytes),
 
+		AbsorbCompleteByList: cfg.WatchAbsorbCompleteByList,
+
 		Share:                cfg.ShareWatches,
 		ShareRingBytes:       cfg.ShareRingBytes,
 		ShareRingEvents:      cfg.ShareRingEvents,

@@ -151,7 +151,7 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 			zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()), zap.Int("absorbs", pc.run-1))
 		return false, attemptEnd{}
 	}
-	l, err := f.list(pc.run > 1)
+	l, err := f.list(pc.run > 1, "")
 	if err != nil {
 		if f.ctx.Err() != nil {
 			return false, attemptEnd{end: f.endFromContext()}
@@ -211,6 +211,9 @@ type absorbPacing struct {
 	at      time.Time
 }
 
+// errListGone: the list's resourceVersion is gone (compacted).
+var errListGone = errors.New("the list's resourceVersion is gone")
+
 // errListBudget: the list would pass the state's budget.
 var errListBudget = errors.New("the list is larger than the watch's state budget")
 
@@ -261,17 +264,24 @@ type itemMeta struct {
 // the Attempter like every other upstream request: retried with backoff, the first page after
 // the absorb backoff's next step when paced (a run of absorbs), all within the resume
 // timeout. It holds what it read against the state's budget.
-func (f *feed) list(paced bool) (*listed, error) {
+//
+// With exact (not ""), it is completeByList's: the list at exactly that resourceVersion
+// (resourceVersionMatch=Exact, served from etcd until compacted), within completeListTimeout,
+// without waiting for a backend.
+func (f *feed) list(paced bool, exact string) (*listed, error) {
 	b := f.state.budget
 	l := &listed{budget: b, items: map[string]*listItem{}}
 	deadline := f.h.clk.Now().Add(f.h.cfg.ResumeTimeout)
+	if exact != "" {
+		deadline = f.h.clk.Now().Add(completeListTimeout)
+	}
 	cont := ""
 	for {
-		plan := upstream.Plan{Credentials: f.cred, Deadline: deadline, WaitForBackend: true}
-		if l.pages == 0 {
+		plan := upstream.Plan{Credentials: f.cred, Deadline: deadline, WaitForBackend: exact == ""}
+		if l.pages == 0 && exact == "" {
 			plan.Backoff, plan.AfterFailure = &f.pacing.backoff, paced
 		}
-		page, n, err := f.listPage(cont, plan, b.perFeed-l.held)
+		page, n, err := f.listPage(cont, exact, plan, b.perFeed-l.held)
 		if err != nil {
 			l.free()
 			return nil, err
@@ -336,7 +346,7 @@ func (l *listed) add(raw json.RawMessage) error {
 
 // listPage gets one page of the scope's list (cont: the previous page's continue token), at
 // most max bytes of body.
-func (f *feed) listPage(cont string, plan upstream.Plan, max int64) (*listPage, int64, error) {
+func (f *feed) listPage(cont, exact string, plan upstream.Plan, max int64) (*listPage, int64, error) {
 	q := f.client.URL.Query()
 	lq := url.Values{"limit": {strconv.Itoa(absorbPageSize)}}
 	for _, k := range []string{"labelSelector", "fieldSelector"} {
@@ -346,6 +356,10 @@ func (f *feed) listPage(cont string, plan upstream.Plan, max int64) (*listPage, 
 	}
 	if cont != "" {
 		lq.Set("continue", cont)
+	}
+	if exact != "" && cont == "" { // a continue token carries the list's resourceVersion
+		lq.Set("resourceVersion", exact)
+		lq.Set("resourceVersionMatch", "Exact")
 	}
 	lr := f.requestFrom(true, "")
 	lr.URL = &url.URL{Path: strings.Replace(f.client.URL.Path, "/watch/", "/", 1), RawQuery: lq.Encode()}
@@ -359,7 +373,11 @@ func (f *feed) listPage(cont string, plan upstream.Plan, max int64) (*listPage, 
 	resp := at.Resp
 	if format, ok := stream.FormatOf(resp.Header.Get("Content-Type")); resp.StatusCode != http.StatusOK || !ok || format != stream.JSON || !identity(resp.Header) {
 		drain(resp)
-		return nil, 0, fmt.Errorf("%s answered the list %s (%s)", at.Backend, resp.Status, resp.Header.Get("Content-Type"))
+		err := fmt.Errorf("%s answered the list %s (%s)", at.Backend, resp.Status, resp.Header.Get("Content-Type"))
+		if resp.StatusCode == http.StatusGone {
+			err = fmt.Errorf("%w: %w", errListGone, err)
+		}
+		return nil, 0, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, max+1))
@@ -488,4 +506,65 @@ func readOne(frame []byte, maxFrame int) (*stream.Event, error) {
 		return nil, err
 	}
 	return ev.Clone(), nil
+}
+
+// completeListTimeout bounds a completing list (completeByList): the client's stream waits for
+// it before its first event.
+const completeListTimeout = 10 * time.Second
+
+// The values of watchsan_watch_absorb_completing_lists_total's result label.
+const (
+	completeDone       = "complete"
+	completeGone       = "gone"
+	completeOverBudget = "over-budget"
+	completeFailed     = "failed"
+)
+
+// CompletingListResults lists watchsan_watch_absorb_completing_lists_total's results.
+var CompletingListResults = []string{completeDone, completeGone, completeOverBudget, completeFailed}
+
+// completeByList makes the state of a private feed that begins at a client's resourceVersion
+// C, and adopted none, complete at C (docs/design.md section 12): the scope's list at exactly
+// C is its true state at C, which is what the client, correct at C, holds. A client's first
+// watch follows its own list at C, seconds before: etcd still has C (it compacts about five
+// minutes behind), and the list is one request of the client's own. When C is gone
+// (compacted: an old re-watch) or the list fails or passes the budget, the feed keeps no state,
+// as before. It is called before the feed's first read: nothing is delivered meanwhile.
+func (f *feed) completeByList(c string) {
+	f.state = newFeedState(f.h.stateBudget)
+	m := f.h.deps.Metrics
+	fail := func(result string, err error) {
+		m.AbsorbCompletingLists.WithLabelValues(result).Inc()
+		f.log.Debug("no complete state for the watch: a 410 at its resume point will reach its client",
+			zap.String("path", f.client.URL.Path), zap.String("fromRV", c), zap.String("result", result), zap.Error(err))
+		f.state.free()
+		f.state, f.noState = nil, absorbNotComplete
+	}
+	l, err := f.list(false, c)
+	if err != nil {
+		switch {
+		case errors.Is(err, errListGone):
+			fail(completeGone, err)
+		case errors.Is(err, errListBudget):
+			fail(completeOverBudget, err)
+		default:
+			fail(completeFailed, err)
+		}
+		return
+	}
+	defer l.free()
+	if want, _ := stream.ParseRV(c); l.rv != want {
+		fail(completeFailed, fmt.Errorf("the exact list answered at %d", l.rv))
+		return
+	}
+	s := f.state
+	for key, it := range l.items {
+		frame := append(append([]byte(`{"type":"ADDED","object":`), it.obj...), "}\n"...)
+		if !s.put(key, &stateObj{uid: it.uid, rv: it.rv, frame: frame}) {
+			fail(completeOverBudget, errListBudget)
+			return
+		}
+	}
+	f.noState = ""
+	m.AbsorbCompletingLists.WithLabelValues(completeDone).Inc()
 }

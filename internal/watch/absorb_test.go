@@ -30,6 +30,9 @@ type gapUpstream struct {
 	listRV     string
 	listStatus int
 	lists      []string // each list request's query
+	// exact, exactRV: the list at resourceVersionMatch=Exact, at exactRV; nil: 410 (compacted).
+	exact   []string
+	exactRV string
 }
 
 func (g *gapUpstream) step(w http.ResponseWriter, r *http.Request) {
@@ -38,6 +41,13 @@ func (g *gapUpstream) step(w http.ResponseWriter, r *http.Request) {
 	if q.Get("watch") != "true" {
 		g.lists = append(g.lists, r.URL.RawQuery)
 		items, status, rv := g.list, g.listStatus, g.listRV
+		prefix := "page-"
+		if q.Get("resourceVersionMatch") == "Exact" || strings.HasPrefix(q.Get("continue"), "exact-") {
+			items, rv, status, prefix = g.exact, g.exactRV, 0, "exact-page-"
+			if items == nil {
+				status = http.StatusGone
+			}
+		}
 		g.mu.Unlock()
 		if status != 0 {
 			w.Header().Set("Content-Type", "application/json")
@@ -47,12 +57,12 @@ func (g *gapUpstream) step(w http.ResponseWriter, r *http.Request) {
 		}
 		page := 0
 		if c := q.Get("continue"); c != "" {
-			fmt.Sscanf(c, "page-%d", &page)
+			fmt.Sscanf(strings.TrimPrefix(c, "exact-"), "page-%d", &page)
 		}
 		end := min(len(items), 2*page+2)
 		cont := ""
 		if end < len(items) {
-			cont = fmt.Sprintf("page-%d", page+1)
+			cont = fmt.Sprintf("%s%d", prefix, page+1)
 		}
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"kind":"ConfigMapList","apiVersion":"v1","metadata":{"resourceVersion":%q,"continue":%q},"items":[%s]}`,
@@ -468,5 +478,47 @@ func TestGoneAbsorbedAgainAfterABackoff(t *testing.T) {
 	}
 	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(absorbAbsorbed)); v != 2 {
 		t.Fatalf("gone_absorbed{absorbed} = %v, want 2", v)
+	}
+}
+
+// With --watch-absorb-complete-by-list, a watch from a client's resourceVersion (its first
+// after its own list) lists the scope at exactly it before its first event: its state is then
+// complete, and a 410, here on its first attempt, is absorbed as for a watch-list.
+func TestCompletingListMakesAWatchFromAClientRVAbsorb(t *testing.T) {
+	g := gapWatches(events(gone410))
+	g.watches = g.watches[1:] // the client's watch from 14: answered 410, then from 21
+	g.exact, g.exactRV = []string{cmItem("a", "ua", "14"), cmItem("b", "ub", "11"), cmItem("c", "uc", "12"), cmItem("d", "ud", "13")}, "14"
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){g.step}}
+	f := newFixture(t, Config{AbsorbCompleteByList: true}, up)
+	got := f.watchUntil(t, "resourceVersion=14&allowWatchBookmarks=true", 7)
+	want := strings.TrimPrefix(gapAbsorbed, gapInitial+", ")
+	if s := joinEvents(got); s != want {
+		t.Fatalf("client saw [%s]\nwant       [%s]", s, want)
+	}
+	_, lists := g.snapshot()
+	if len(lists) != 4 || !strings.Contains(lists[0], "resourceVersion=14") || !strings.Contains(lists[0], "resourceVersionMatch=Exact") ||
+		!strings.Contains(lists[1], "continue=exact-page-1") || strings.Contains(lists[1], "resourceVersion=") {
+		t.Fatalf("lists %q: want the exact list at 14 in two pages (the second by its continue token alone), then the absorb's two", lists)
+	}
+	if v := promtest.ToFloat64(f.m.AbsorbCompletingLists.WithLabelValues(completeDone)); v != 1 {
+		t.Fatalf("completing_lists{complete} = %v, want 1", v)
+	}
+}
+
+// A completing list whose resourceVersion is compacted (410) leaves the watch without state:
+// its 410 is the client's, as before.
+func TestCompletingListGoneLeavesTheWatchIncomplete(t *testing.T) {
+	g := gapWatches(events(gone410))
+	g.watches = g.watches[1:]
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){g.step}}
+	f := newFixture(t, Config{AbsorbCompleteByList: true}, up)
+	if s, want := joinEvents(f.watchUntil(t, "resourceVersion=14&allowWatchBookmarks=true", 7)), "ERROR 410"; s != want {
+		t.Fatalf("client saw [%s], want [%s]", s, want)
+	}
+	if v := promtest.ToFloat64(f.m.AbsorbCompletingLists.WithLabelValues(completeGone)); v != 1 {
+		t.Fatalf("completing_lists{gone} = %v, want 1", v)
+	}
+	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(absorbNotComplete)); v != 1 {
+		t.Fatalf("gone_absorbed{not-complete} = %v, want 1", v)
 	}
 }

@@ -79,6 +79,11 @@ type Config struct {
 	DisableAbsorb    bool
 	AbsorbStateBytes int64
 	AbsorbTotalBytes int64
+	// AbsorbCompleteByList: a private watch from a client's resourceVersion C that adopts no
+	// state lists its scope at exactly C before its first event, to hold a complete state
+	// (absorb.go completeByList): one more list per such watch, from etcd. False: such a watch
+	// keeps no state.
+	AbsorbCompleteByList bool
 	// AbsorbParkTime is how long an ended watch's complete state waits for its client's
 	// re-watch from its last resourceVersion (state.go); 0: DefaultAbsorbParkTime.
 	AbsorbParkTime time.Duration
@@ -210,6 +215,9 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	h.stateBudget = &stateBudget{perFeed: cfg.AbsorbStateBytes, total: cfg.AbsorbTotalBytes, gauge: d.Metrics.AbsorbStateBytes}
 	for _, o := range AbsorbOutcomes { // every series from the start
 		d.Metrics.GoneAbsorbed.WithLabelValues(o)
+	}
+	for _, r := range CompletingListResults {
+		d.Metrics.AbsorbCompletingLists.WithLabelValues(r)
 	}
 	h.shareExclude = map[string]bool{}
 	for _, r := range cfg.ShareExclude {
@@ -420,11 +428,14 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 	}
 	f.format = format
 	f.state, f.noState = h.stateFor(r, p, format)
-	if f.noState == absorbNotComplete {
-		if _, ok := stream.ParseRV(p.rv); ok {
-			if s := h.adopt(stateKey(r, cred), p.rv); s != nil {
-				f.state, f.noState = s, ""
-			}
+	if f.noState == absorbNotComplete && isIntRV(p.rv) {
+		// From a client's resourceVersion: complete if it follows a watch of this client's
+		// that ended there, else if the list at exactly that resourceVersion can be had
+		// (state.go, absorb.go).
+		if s := h.adopt(stateKey(r, cred), p.rv); s != nil {
+			f.state, f.noState = s, ""
+		} else if h.cfg.AbsorbCompleteByList {
+			f.completeByList(p.rv)
 		}
 	}
 	if f.state != nil {

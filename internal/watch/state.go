@@ -121,7 +121,13 @@ func (s *feedState) observe(ev *stream.Event) bool {
 	}
 	// ev's strings are its own (stream.Event), and key is a new string: nothing aliases the
 	// reader's buffer but Raw, copied.
-	o := &stateObj{uid: ev.UID, rv: ev.RVInt, frame: append(make([]byte, 0, len(ev.Raw)), ev.Raw...)}
+	return s.put(key, &stateObj{uid: ev.UID, rv: ev.RVInt, frame: append(make([]byte, 0, len(ev.Raw)), ev.Raw...)})
+}
+
+// put holds o under key, within the budgets; false when they would be passed (the state is
+// dropped).
+func (s *feedState) put(key string, o *stateObj) bool {
+	old := s.objs[key]
 	cost := objCost(key, o)
 	var freed int64
 	if old != nil {
