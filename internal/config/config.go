@@ -98,6 +98,14 @@ type Config struct {
 	WatchWriteTimeout  time.Duration
 	DisableResume      bool
 	RetryBudget        time.Duration
+	// Absorbing a 410 at a watch's resume point (issue 19): on by default; the budgets bound
+	// the states watches keep for it, per watch and in all, in bytes.
+	WatchAbsorbGone       bool
+	WatchAbsorbStateBytes int
+	WatchAbsorbTotalBytes int
+	// WatchAbsorbCompleteByList: a watch from a client's resourceVersion lists it exactly
+	// first, to hold a complete state (off by default: one more list per such watch).
+	WatchAbsorbCompleteByList bool
 
 	// Shared watch feeds (issue 15 item 2).
 	ShareWatches               bool
@@ -152,6 +160,9 @@ func Default() Config {
 		WatchStallTimeout:     watch.DefaultStallTimeout,
 		WatchWriteTimeout:     watch.DefaultWriteTimeout,
 		RetryBudget:           upstream.DefaultRetryBudget,
+		WatchAbsorbGone:       true,
+		WatchAbsorbStateBytes: watch.DefaultAbsorbStateBytes,
+		WatchAbsorbTotalBytes: watch.DefaultAbsorbTotalBytes,
 		ShutdownTimeout:       30 * time.Second,
 		LogLevel:              "info",
 		LogFormat:             "json",

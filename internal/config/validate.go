@@ -108,7 +108,8 @@ func (c *Config) Validate() error {
 	for _, b := range []struct {
 		flag string
 		v    int
-	}{{"share-ring-bytes", c.ShareRingBytes}, {"share-ring-events", c.ShareRingEvents}, {"share-subscriber-buffer-bytes", c.ShareSubscriberBufferBytes}, {"share-access-review-cache-entries", c.ShareReviewCacheEntries}} {
+	}{{"share-ring-bytes", c.ShareRingBytes}, {"share-ring-events", c.ShareRingEvents}, {"share-subscriber-buffer-bytes", c.ShareSubscriberBufferBytes}, {"share-access-review-cache-entries", c.ShareReviewCacheEntries},
+		{"watch-absorb-state-bytes", c.WatchAbsorbStateBytes}, {"watch-absorb-total-bytes", c.WatchAbsorbTotalBytes}} {
 		if b.v < 1 || b.v > 1<<30 {
 			add("--%s %d: want 1 to 1073741824", b.flag, b.v)
 		}

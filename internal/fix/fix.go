@@ -128,6 +128,9 @@ const (
 	ReasonOverflow
 	// ReasonExempt: a steady-phase event of a PassAll stream; passed unjudged.
 	ReasonExempt
+	// ReasonAbsorbedDelete: a DELETED the watch synthesized at exactly the last delivered RV
+	// for an object gone while its resume point expired (DecideAbsorbedDelete); passed.
+	ReasonAbsorbedDelete
 
 	numReasons
 )
@@ -148,6 +151,7 @@ var reasonNames = [numReasons]string{
 	ReasonDeleteRemembered:          "delete-remembered",
 	ReasonOverflow:                  "rv-overflow",
 	ReasonExempt:                    "exempt",
+	ReasonAbsorbedDelete:            "absorbed-delete",
 }
 
 func (r Reason) String() string {
@@ -423,6 +427,34 @@ func (s *Stream) Decide(ev *stream.Event) Decision {
 		s.setLast(d.RVInt, true, "")
 	}
 	return d
+}
+
+// DecideAbsorbedDelete is Decide for a DELETED that internal/watch synthesized, when it
+// absorbed a 410 at its resume point, for an object that is gone from the list it took: the
+// object's last known state with its resourceVersion set to exactly the last delivered RV R
+// (docs/design.md section 12). Such a delete passes at R (Decide would rewrite it to R+1 as a
+// regressed delete, and then drop as a replay an ADDED or MODIFIED of the same absorb at
+// R+1); it is recorded in the delete set like any delivered delete, so that a replay of the
+// real delete is dropped, and it moves no watermark. An event that is not such a delete (not a
+// DELETED, not at R, or in the initial phase) is decided by Decide.
+func (s *Stream) DecideAbsorbedDelete(ev *stream.Event) Decision {
+	if ev.Type != stream.Deleted || s.initial || !ev.RVIsInt || !s.lastIsInt || ev.RVInt != s.lastInt {
+		return s.Decide(ev)
+	}
+	s.counts.Events++
+	key, hasKey := keyOf(ev)
+	if hasKey {
+		if _, ok := s.deletes.lookup(key); ok {
+			s.counts.Dropped++
+			d := Decision{Would: Drop, Reason: ReasonDeleteDelivered}
+			if s.mode != Observe {
+				d.Action = Drop
+			}
+			return d
+		}
+		s.deletes.add(key.clone(), false)
+	}
+	return Decision{Reason: ReasonAbsorbedDelete}
 }
 
 // endInitial moves to the steady phase with the highest RV seen as the baseline.

@@ -494,3 +494,34 @@ func TestPassAllTracksPhaseAndResumePointOnly(t *testing.T) {
 		t.Fatalf("PassAll judged something: %+v, %d details, %d remembered", c, len(s.Regressions()), mem.Len())
 	}
 }
+
+// An absorbed delete passes at the last delivered RV, moves nothing, and the absorb's ADDED
+// at last+1 still passes; the real delete, replayed later, is dropped; anything else goes to
+// Decide's rules.
+func TestDecideAbsorbedDelete(t *testing.T) {
+	s := NewStream(Options{StartRV: "10"})
+	if d := s.Decide(obj(stream.Modified, "20", "a")); d.Action != Pass {
+		t.Fatalf("in-order MODIFIED: %+v", d)
+	}
+	if d := s.DecideAbsorbedDelete(obj(stream.Deleted, "20", "b")); d.Action != Pass || d.Reason != ReasonAbsorbedDelete {
+		t.Fatalf("absorbed delete at the last delivered RV: %+v, want passed (%v)", d, ReasonAbsorbedDelete)
+	}
+	if got := s.LastDelivered(); got != "20" {
+		t.Fatalf("LastDelivered %q after the absorbed delete, want 20", got)
+	}
+	if d := s.Decide(obj(stream.Added, "21", "c")); d.Action != Pass || d.Reason != ReasonOK {
+		t.Fatalf("ADDED at last+1 after an absorbed delete: %+v, want passed", d)
+	}
+	if d := s.Decide(obj(stream.Deleted, "19", "b")); d.Action != Drop || d.Reason != ReasonDeleteDelivered {
+		t.Fatalf("the real delete replayed: %+v, want dropped as delivered", d)
+	}
+	if d := s.DecideAbsorbedDelete(obj(stream.Deleted, "5", "d")); d.Action != Rewrite || d.RV != "22" {
+		t.Fatalf("a delete below the last delivered RV is no absorbed delete: %+v, want rewritten to 22", d)
+	}
+	if d := s.DecideAbsorbedDelete(obj(stream.Modified, "30", "a")); d.Action != Pass || d.Reason != ReasonOK {
+		t.Fatalf("a MODIFIED given to DecideAbsorbedDelete: %+v, want Decide's pass", d)
+	}
+	if c := s.Counts(); c.Events != 6 {
+		t.Fatalf("counted %d events, want 6", c.Events)
+	}
+}

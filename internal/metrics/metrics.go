@@ -35,7 +35,14 @@ type Metrics struct {
 	SlowClients   *prometheus.CounterVec // reason: what the client did not take (watch.SlowClientReasons)
 	ResumeSeconds prometheus.Histogram
 	RelistsForced prometheus.Counter
-	Retries       *prometheus.CounterVec // outcome
+	// Absorbing a 410 at a watch's resume point (internal/watch absorb.go).
+	GoneAbsorbed        *prometheus.CounterVec // outcome
+	AbsorbEvents        *prometheus.CounterVec // type
+	AbsorbStateBytes    prometheus.Gauge
+	AbsorbStatesDropped prometheus.Counter
+	// result
+	AbsorbCompletingLists *prometheus.CounterVec
+	Retries               *prometheus.CounterVec // outcome
 
 	WatchMovesFailed *prometheus.CounterVec // reason (upstream.MoveReason)
 	WatchFreshPoints prometheus.Counter
@@ -97,6 +104,11 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	m.SharedHandoffs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_shared_feed_handoffs_total", Help: "Watch-lists (sendInitialEvents=true) of the lent identity with --share-watches, by what became of them at their initial-events-end bookmark: joined (moved onto the open shared feed of the same plain watch) or opened (onto a new one from the bookmark's resourceVersion), and their private upstream watch closed; or stayed private: behind (the feed did not reach the initial events' newest resourceVersion in time), not-covered (the feed's ring starts after the bookmark, or it ended), not-joinable (the feed or the private stream delivered resourceVersions out of order, or the feed rewrote one), backlog (more behind than --share-subscriber-buffer-bytes), feed-failed (the feed's first answer was no stream, or not in time), feed-limit (no feed of the plain watch open and --share-max-feeds are); or ended-before (the stream ended before its bookmark)."}, []string{"result"})
 	m.SharedSlowSubscribers = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_shared_feed_slow_subscribers_total", Help: "Subscribers of shared feeds ended because they fell --share-subscriber-buffer-bytes behind their feed, or a write to them did not complete within --watch-write-timeout (their clients re-watch; no other subscriber waits for them)."})
 	m.RelistsForced = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_relists_forced_total", Help: "410 Expired ERROR events sent to clients (each makes the client relist)."})
+	m.GoneAbsorbed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_gone_absorbed_total", Help: "410s at a watch's resume point (too old resource version) and what became of them: absorbed (the watch listed its scope and sent its client the difference; no relist), or sent to the client (it relists) because: not-complete (the watch did not begin with the initial state: resourceVersion \"\" or 0, or a watch-list; or a shared feed), over-budget (its state or the list passed --watch-absorb-state-bytes or --watch-absorb-total-bytes), format (not JSON, or no whole objects: a Table, metadata only), list-failed (the list failed within the resume timeout, or did not agree with the state)."}, []string{"outcome"})
+	m.AbsorbEvents = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_absorb_events_total", Help: "Events synthesized by absorbed 410s, by type (DELETED, ADDED, MODIFIED; each absorb's BOOKMARK not counted)."}, []string{"type"})
+	m.AbsorbStateBytes = prometheus.NewGauge(prometheus.GaugeOpts{Name: "watchsan_watch_absorb_state_bytes", Help: "Bytes held by watches' states (objects and overhead), kept to absorb a 410 at their resume point, and by absorbs' lists while they are diffed (--watch-absorb-total-bytes bounds them)."})
+	m.AbsorbStatesDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_absorb_states_dropped_total", Help: "Watches whose state was dropped because it passed --watch-absorb-state-bytes or --watch-absorb-total-bytes: a 410 at their resume point reaches their client."})
+	m.AbsorbCompletingLists = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_absorb_completing_lists_total", Help: "Lists at exactly a client's resourceVersion, made when a private watch from it starts (and adopted no state of its ended watch), to know what the client holds so that a 410 at its resume point can be absorbed, by result: complete (the watch holds a complete state), gone (the resourceVersion was compacted), over-budget, failed."}, []string{"result"})
 	m.WatchMovesFailed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_moves_failed_total", Help: "Watch moves not made because no target accepted the watch's resume point (make-before-break: the watch stayed where it was), by the move's reason."}, []string{"reason"})
 	m.WatchFreshPoints = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_fresh_resume_points_total", Help: "Quiet watches given a newer resume point (a bookmark of a same-scope probe watch on their backend) so that they could move."})
 	m.Retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_request_retries_total", Help: "Retries of requests that failed before their response started, by outcome."}, []string{"outcome"})
@@ -112,7 +124,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 		m.TLSReloads.WithLabelValues(result)
 	}
 	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_build_info", Help: "Always 1; its labels say which build runs: version, VCS revision and Go version."}, []string{"version", "revision", "goversion"})
-	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.StallsHung, m.SlowClients, m.ResumeSeconds, m.RelistsForced, m.SharedFeeds, m.SharedSubscribers, m.SharedJoins, m.PrivateFeeds, m.SharedAccessReviews, m.SharedRingEvictions, m.SharedSlowSubscribers, m.SharedHandoffs, m.WatchMovesFailed, m.WatchFreshPoints, m.Retries, m.Refused, m.Connections, m.ConnectionLimit, m.ConnectionsShed} {
+	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.StallsHung, m.SlowClients, m.ResumeSeconds, m.RelistsForced, m.GoneAbsorbed, m.AbsorbEvents, m.AbsorbStateBytes, m.AbsorbStatesDropped, m.AbsorbCompletingLists, m.SharedFeeds, m.SharedSubscribers, m.SharedJoins, m.PrivateFeeds, m.SharedAccessReviews, m.SharedRingEvictions, m.SharedSlowSubscribers, m.SharedHandoffs, m.WatchMovesFailed, m.WatchFreshPoints, m.Retries, m.Refused, m.Connections, m.ConnectionLimit, m.ConnectionsShed} {
 		f(c)
 	}
 	m.Upstream.register(reg)

@@ -136,6 +136,12 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		WriteTimeout:  cfg.WatchWriteTimeout,
 		DisableResume: cfg.DisableResume,
 
+		DisableAbsorb:    !cfg.WatchAbsorbGone,
+		AbsorbStateBytes: int64(cfg.WatchAbsorbStateBytes),
+		AbsorbTotalBytes: int64(cfg.WatchAbsorbTotalBytes),
+
+		AbsorbCompleteByList: cfg.WatchAbsorbCompleteByList,
+
 		Share:                cfg.ShareWatches,
 		ShareRingBytes:       cfg.ShareRingBytes,
 		ShareRingEvents:      cfg.ShareRingEvents,
@@ -158,6 +164,9 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	}
 	for _, r := range watch.HandoffResults {
 		s.metrics.SharedHandoffs.WithLabelValues(r)
+	}
+	for _, typ := range []string{"DELETED", "ADDED", "MODIFIED"} {
+		s.metrics.AbsorbEvents.WithLabelValues(typ)
 	}
 	for _, r := range watch.ReviewResults {
 		s.metrics.SharedAccessReviews.WithLabelValues(r)

@@ -54,6 +54,9 @@ type sink interface {
 	HasResumePoint() bool
 
 	decide(ev *stream.Event) fix.Decision
+	// decideGone is decide for a DELETED an absorb synthesized at the last delivered
+	// resourceVersion (absorb.go, fix.Stream.DecideAbsorbedDelete).
+	decideGone(ev *stream.Event) fix.Decision
 	write(ev *stream.Event, d fix.Decision) error
 	flush() error
 	broken() (EndReason, error)
@@ -104,6 +107,13 @@ type feed struct {
 
 	events   uint64 // upstream events handed to the sink
 	progress uint64 // events it did not drop (object events and bookmarks, shown or not)
+
+	// state is what the feed's subscribers hold, kept to absorb a 410 at the resume point
+	// (state.go, absorb.go); nil: none kept, noState says why (an AbsorbOutcomes value; "":
+	// absorbing is off). pacing, made at the first absorb, paces a run of them.
+	state   *feedState
+	noState string
+	pacing  *absorbPacing
 
 	// handoff, for a watch-list that may move onto a shared feed at its initial-events-end
 	// bookmark (handoff.go); nil: none.
@@ -171,7 +181,7 @@ func (f *feed) next(src *source) (*source, EndReason) {
 			// forgotten before its watches have left it).
 			f.h.deps.OnBreak(at.Backend, end.resume)
 		}
-		if end.resume != ResumeEOF && end.resume != ResumeMoved {
+		if end.resume != ResumeEOF && end.resume != ResumeMoved && end.resume != ResumeGoneAbsorbed {
 			at.Backend.ReportFailure(end.err) // a reset or a silence may be the upstream's health
 		}
 	}
@@ -311,6 +321,9 @@ func (f *feed) pump(src *source) {
 			return
 		}
 		first = false
+		if ev.Type == stream.Error && f.absorbError(src, ev) {
+			return
+		}
 		f.events++
 		if werr := f.deliver(ev); werr != nil {
 			src.end = f.clientEnd()
@@ -340,6 +353,29 @@ func (f *feed) readEnd(src *source, err error) {
 		end.silentSince = time.Unix(0, src.silentSince.Load())
 	}
 	src.end = end
+}
+
+// absorbError handles an ERROR 410 from the upstream that the feed absorbs (absorb.go): true
+// when it did, or the client's stream ended meanwhile (src.end says which); false: the ERROR
+// is the client's.
+func (f *feed) absorbError(src *source, ev *stream.Event) bool {
+	st, err := stream.DecodeStatus(f.format, ev)
+	if err != nil || st.Code != http.StatusGone {
+		return false
+	}
+	f.lease.SetMovable(false) // the resume point changes under the absorb
+	ok, end := f.absorbGone(st)
+	if !ok && end.end == endNone {
+		return false
+	}
+	if ok {
+		// The upstream ends its watch after the ERROR: resumed from the list's
+		// resourceVersion at once, the absorb's events counting as progress (a run of
+		// absorbs is paced by its own backoff).
+		end = attemptEnd{resume: ResumeGoneAbsorbed, progress: true}
+	}
+	src.end = end
+	return true
 }
 
 // endAfterError ends the client's stream after the upstream's ERROR event, as the apiserver
@@ -387,9 +423,17 @@ func (f *feed) deliver(ev *stream.Event) error {
 	if !f.stallResumedAt.IsZero() {
 		f.judgeStall(ev)
 	}
-	d := f.sub.decide(ev)
+	return f.pass(ev, f.sub.decide(ev))
+}
+
+// pass hands the sink an event its policy decided d: the state and the lease learn of it, and
+// the sink writes it (unless dropped).
+func (f *feed) pass(ev *stream.Event, d fix.Decision) error {
 	if d.Action == fix.Drop {
 		return nil
+	}
+	if f.state != nil {
+		f.observeState(ev)
 	}
 	if ho := f.handoff; ho != nil && ev.RVIsInt && d.Action == fix.Pass && ev.Type != stream.Bookmark && ev.Type != stream.Error {
 		ho.newest = max(ho.newest, ev.RVInt)
@@ -598,6 +642,15 @@ func (f *feed) resume(end attemptEnd) (upstream.Attempt, EndReason) {
 	case resp.StatusCode == http.StatusGone:
 		st := readStatus(resp)
 		at.Cancel(nil)
+		ok, gone := f.absorbGone(st)
+		switch {
+		case ok:
+			// Resumed from the list's resourceVersion; a run of absorbs is paced by its
+			// own backoff and bounded (absorbGone), and so is this recursion.
+			return f.resume(attemptEnd{resume: ResumeGoneAbsorbed, progress: true})
+		case gone.end != endNone:
+			return upstream.Attempt{}, gone.end
+		}
 		return upstream.Attempt{}, f.forceRelist(st)
 	case resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests:
 		drain(resp) // the Attempter ran out of time retrying these

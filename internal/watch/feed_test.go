@@ -34,6 +34,12 @@ func (r *recordingSink) decide(ev *stream.Event) fix.Decision {
 	return d
 }
 
+func (r *recordingSink) decideGone(ev *stream.Event) fix.Decision {
+	d := r.DecideAbsorbedDelete(ev)
+	r.note("decide " + ev.Type + " " + ev.RV + " " + d.Action.String())
+	return d
+}
+
 func (r *recordingSink) write(ev *stream.Event, d fix.Decision) error {
 	r.note("write " + ev.Type + " " + ev.RV)
 	return nil

@@ -71,6 +71,23 @@ type Config struct {
 	// to the client is never the upstream's silence or lag. 0: DefaultWriteTimeout.
 	WriteTimeout time.Duration
 
+	// Absorbing a 410 at a resume point (absorb.go, issue 19, docs/design.md section 12): a
+	// feed whose state is complete answers it with a list and the difference, and no 410
+	// reaches its client. DisableAbsorb turns it off (no state is kept). AbsorbStateBytes
+	// bounds one feed's state, AbsorbTotalBytes all of them (bytes of objects and their
+	// overhead); 0: DefaultAbsorbStateBytes and DefaultAbsorbTotalBytes.
+	DisableAbsorb    bool
+	AbsorbStateBytes int64
+	AbsorbTotalBytes int64
+	// AbsorbCompleteByList: a private watch from a client's resourceVersion C that adopts no
+	// state lists its scope at exactly C before its first event, to hold a complete state
+	// (absorb.go completeByList): one more list per such watch, from etcd. False: such a watch
+	// keeps no state.
+	AbsorbCompleteByList bool
+	// AbsorbParkTime is how long an ended watch's complete state waits for its client's
+	// re-watch from its last resourceVersion (state.go); 0: DefaultAbsorbParkTime.
+	AbsorbParkTime time.Duration
+
 	// Shared feeds (share.go, issue 15 items 2 and 3). Share serves identical watches of the
 	// lent identity from one upstream watch, and those of clients with their own credentials
 	// that an access review allowed (access.go) from another; the bounds' zero values are their
@@ -144,6 +161,11 @@ type Handler struct {
 
 	// shareExclude holds Config.ShareExclude's resources: their watches never share.
 	shareExclude map[string]bool
+
+	// stateBudget is what all feeds' states share, parked holds those of ended watches for
+	// their clients' re-watches (state.go).
+	stateBudget *stateBudget
+	parked      *parked
 }
 
 // New builds a Handler.
@@ -176,6 +198,13 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	def(&cfg.ShareGrace, DefaultShareGrace)
 	defInt(&cfg.ShareReviewEntries, DefaultShareReviewEntries)
 	defInt(&cfg.ShareMaxFeeds, DefaultShareMaxFeeds)
+	if cfg.AbsorbStateBytes <= 0 {
+		cfg.AbsorbStateBytes = DefaultAbsorbStateBytes
+	}
+	if cfg.AbsorbTotalBytes <= 0 {
+		cfg.AbsorbTotalBytes = DefaultAbsorbTotalBytes
+	}
+	def(&cfg.AbsorbParkTime, DefaultAbsorbParkTime)
 	if d.Logger == nil {
 		d.Logger = zap.NewNop()
 	}
@@ -189,6 +218,14 @@ func New(cfg Config, d Deps) (*Handler, error) {
 		feeds: &registry{feeds: map[string]*sharedFeed{}}, reviews: newReviews(cfg.ShareReviewEntries), detached: map[*detached]struct{}{}}
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
+	}
+	h.parked = &parked{states: map[string]*parkedState{}}
+	h.stateBudget = &stateBudget{perFeed: cfg.AbsorbStateBytes, total: cfg.AbsorbTotalBytes, gauge: d.Metrics.AbsorbStateBytes}
+	for _, o := range AbsorbOutcomes { // every series from the start
+		d.Metrics.GoneAbsorbed.WithLabelValues(o)
+	}
+	for _, r := range CompletingListResults {
+		d.Metrics.AbsorbCompletingLists.WithLabelValues(r)
 	}
 	h.shareExclude = map[string]bool{}
 	for _, r := range cfg.ShareExclude {
@@ -398,6 +435,20 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 		mode = fix.PassAll
 	}
 	f.format = format
+	f.state, f.noState = h.stateFor(r, p, format)
+	if f.noState == absorbNotComplete && isIntRV(p.rv) {
+		// From a client's resourceVersion: complete if it follows a watch of this client's
+		// that ended there, else if the list at exactly that resourceVersion can be had
+		// (state.go, absorb.go).
+		if s := h.adopt(stateKey(r, cred), p.rv); s != nil {
+			f.state, f.noState = s, ""
+		} else if h.cfg.AbsorbCompleteByList {
+			f.completeByList(p.rv)
+		}
+	}
+	if f.state != nil {
+		f.state.key = stateKey(r, cred)
+	}
 	sub.start(format, first.Resp.Header, fix.NewStream(fix.Options{
 		Scope: scopeOf(p.scope, cred), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
 		Mode: mode, Memory: h.deps.Memory,
@@ -446,7 +497,22 @@ func (f *feed) release() {
 	if f.tracked {
 		f.h.untrack(f)
 	}
+	if s := f.state; s != nil {
+		// Complete at the last delivered resourceVersion: parked for the client's re-watch
+		// from it (state.go); else nothing anyone can use.
+		if rv := f.sub.LastDelivered(); s.dropped == "" && !f.sub.InInitialPhase() && f.format == stream.JSON && isIntRV(rv) && f.handoff == nil {
+			f.h.park(s.key, rv, s)
+		} else {
+			s.free()
+		}
+		f.state = nil
+	}
 	f.cancel(nil)
+}
+
+func isIntRV(rv string) bool {
+	_, ok := stream.ParseRV(rv)
+	return ok
 }
 
 func identity(h http.Header) bool {

@@ -103,17 +103,22 @@ const (
 	// ResumeGoneHere: the upstream answered the resume point with 410 ("too old resource
 	// version") while another one may still serve it (docs/design.md section 10.1).
 	ResumeGoneHere
+	// ResumeGoneAbsorbed: the upstream answered the resume point with 410, and the feed
+	// absorbed it with a list (docs/design.md section 12): resumed from the list's
+	// resourceVersion.
+	ResumeGoneAbsorbed
 
 	numResumeReasons
 )
 
 var resumeNames = [numResumeReasons]string{
-	ResumeEOF:       "eof",
-	ResumeReset:     "reset",
-	ResumeTruncated: "truncated",
-	ResumeStall:     "stall",
-	ResumeMoved:     "moved",
-	ResumeGoneHere:  "gone-here",
+	ResumeEOF:          "eof",
+	ResumeReset:        "reset",
+	ResumeTruncated:    "truncated",
+	ResumeStall:        "stall",
+	ResumeMoved:        "moved",
+	ResumeGoneHere:     "gone-here",
+	ResumeGoneAbsorbed: "gone-absorbed",
 }
 
 func (r ResumeReason) String() string {

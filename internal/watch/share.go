@@ -505,6 +505,11 @@ func (sf *sharedFeed) HasResumePoint() bool  { return sf.pol.HasResumePoint() }
 // decide applies the feed's policy to one event, once for every member (sink).
 func (sf *sharedFeed) decide(ev *stream.Event) fix.Decision { return sf.pol.decide(ev) }
 
+// decideGone is decide for a delete an absorb synthesized (sink). A shared feed keeps no state
+// yet (it starts from a client's resourceVersion: docs/design.md section 12), so it absorbs
+// nothing; write keeps its ring sound if it ever does.
+func (sf *sharedFeed) decideGone(ev *stream.Event) fix.Decision { return sf.pol.decideGone(ev) }
+
 // write renders the event into the frame each member is sent, keeps an object event in the
 // ring and appends the frame to every member's queue (a bookmark only to those that asked for
 // them); a member whose queue is full is ended. It never waits for a member (sink).
@@ -526,10 +531,19 @@ func (sf *sharedFeed) write(ev *stream.Event, d fix.Decision) error {
 	}
 	sf.mu.Lock()
 	defer sf.mu.Unlock()
-	switch ev.Type {
-	case stream.Error:
+	switch {
+	case ev.Type == stream.Error:
 		rv = 0
-	case stream.Bookmark:
+	case d.Reason == fix.ReasonAbsorbedDelete:
+		// A delete at the last delivered resourceVersion, of an unknown true one: the ring
+		// cannot say which joiners have it (a client elsewhere at a later resourceVersion may
+		// not), so no one joins any more.
+		if sf.notJoinable == "" {
+			sf.notJoinable = privateNotJoinable
+			sf.wakeWaiters(true)
+		}
+		rv = 0
+	case ev.Type == stream.Bookmark:
 		sf.advance(rv, isInt, false)
 	default:
 		if sf.advance(rv, isInt, true) {

@@ -105,6 +105,13 @@ func (s *subscriber) decide(ev *stream.Event) fix.Decision {
 	return d
 }
 
+// decideGone is decide for a delete an absorb synthesized (sink).
+func (s *subscriber) decideGone(ev *stream.Event) fix.Decision {
+	d := s.fix.DecideAbsorbedDelete(ev)
+	s.counter(typeIndex(ev.Type), d.Would).Inc()
+	return d
+}
+
 // write writes an event decide let through, batched (sink).
 func (s *subscriber) write(ev *stream.Event, d fix.Decision) error {
 	// Bookmarks go only to clients that asked for them (watchsan asks upstream always, to see
