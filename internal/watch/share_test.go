@@ -129,6 +129,13 @@ func newShareFixtureClock(t *testing.T, cfg Config, clk clock.WithDelayedExecuti
 		testutil.Eventually(t, 10*time.Second, "every shared feed ended", func() bool {
 			return promtest.ToFloat64(x.m.SharedFeeds) == 0 && promtest.ToFloat64(x.m.SharedSubscribers) == 0
 		})
+		// A detached member leaves its feed before it logs its end: wait for the last of them,
+		// or its line would be written to the test's logger after the test.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := h.WaitDetached(ctx); err != nil {
+			t.Errorf("detached watches still open 10 s after the feeds ended: %v", err)
+		}
 	})
 	return x
 }
