@@ -522,3 +522,31 @@ func TestCompletingListGoneLeavesTheWatchIncomplete(t *testing.T) {
 		t.Fatalf("gone_absorbed{not-complete} = %v, want 1", v)
 	}
 }
+
+// A parked entry is counted in the budget on its own, not only the state it holds: an empty
+// state's entry costs its key and stateOverhead until adopted or expired, and with the budget
+// spent nothing is parked (the state is freed).
+func TestParkedEntryIsCounted(t *testing.T) {
+	clk := newStepClock()
+	f := newFixtureClock(t, Config{}, &upstreamScript{}, clk)
+	b := &stateBudget{perFeed: 1 << 20, total: 1 << 20}
+	s := newFeedState(b)
+	f.h.park("scope", "5", s)
+	if want := int64(len("scope\x00rv=5")) + stateOverhead; b.held.Load() != want || f.h.parkedCount() != 1 {
+		t.Fatalf("an empty state parked: %d bytes held, %d parked; want %d and 1", b.held.Load(), f.h.parkedCount(), want)
+	}
+	if got := f.h.adopt("scope", "5"); got != s || b.held.Load() != 0 {
+		t.Fatalf("adopted %p (want %p), %d bytes held after; want 0", got, s, b.held.Load())
+	}
+	f.h.park("scope", "6", s)
+	clk.Step(DefaultAbsorbParkTime)
+	if !testutil.Until(5*time.Second, func() bool { return f.h.parkedCount() == 0 && b.held.Load() == 0 }) {
+		t.Fatalf("after the park time: %d parked, %d bytes held; want none", f.h.parkedCount(), b.held.Load())
+	}
+	tight := &stateBudget{perFeed: 1 << 20, total: 10}
+	s2 := newFeedState(tight)
+	f.h.park("scope", "7", s2)
+	if f.h.parkedCount() != 0 || tight.held.Load() != 0 || s2.dropped == "" {
+		t.Fatalf("over the budget: %d parked, %d bytes held, dropped %q; want nothing parked and the state freed", f.h.parkedCount(), tight.held.Load(), s2.dropped)
+	}
+}

@@ -187,7 +187,10 @@ func (s *feedState) free() {
 const DefaultAbsorbParkTime = 30 * time.Second
 
 // parked holds the states of ended watches, by stateKey and resourceVersion. What they hold
-// stays counted in their budget until adopted or expired.
+// stays counted in their budget until adopted or expired, and so does each entry itself (its
+// key, which carries the client's query and Accept, and stateOverhead): an empty state costs
+// nothing of its own, so without that a client ending watches of distinct empty scopes would
+// park entries the budget never saw.
 type parked struct {
 	mu     sync.Mutex
 	states map[string]*parkedState
@@ -196,6 +199,7 @@ type parked struct {
 type parkedState struct {
 	s     *feedState
 	timer clock.Timer
+	cost  int64 // the entry's own, taken from s.budget
 }
 
 // stateKey is what a state is parked and adopted by, but for its resourceVersion: the watch's
@@ -220,19 +224,31 @@ func (h *Handler) park(key, rv string, s *feedState) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if old := p.states[k]; old != nil {
+		delete(p.states, k)
 		old.timer.Stop()
-		old.s.free()
+		old.release()
 	}
-	ps := &parkedState{s: s}
+	cost := int64(len(k)) + stateOverhead
+	if !s.budget.take(cost) {
+		s.free() // the budget is spent: the re-watch goes without, as if none were parked
+		return
+	}
+	ps := &parkedState{s: s, cost: cost}
 	ps.timer = h.clk.AfterFunc(h.cfg.AbsorbParkTime, func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if p.states[k] == ps {
 			delete(p.states, k)
-			ps.s.free()
+			ps.release()
 		}
 	})
 	p.states[k] = ps
+}
+
+// release frees a parked state nobody adopted, and the entry's own cost.
+func (ps *parkedState) release() {
+	ps.s.budget.give(ps.cost)
+	ps.s.free()
 }
 
 // adopt takes the state parked for a watch from rv, or nil.
@@ -247,6 +263,7 @@ func (h *Handler) adopt(key, rv string) *feedState {
 	}
 	delete(p.states, k)
 	ps.timer.Stop()
+	ps.s.budget.give(ps.cost) // the entry is gone; the state's own bytes go on with it
 	return ps.s
 }
 
