@@ -40,9 +40,12 @@ const stateOverhead = 160
 
 // stateObj is one object of a feed's state.
 type stateObj struct {
-	uid   string
-	rv    uint64
-	frame []byte // the event it was last delivered in, as read (JSON: one value and its newline)
+	uid string
+	rv  uint64
+	// frame is the event it was last delivered in, as read (JSON: one value and its newline).
+	// It is the state's own, never shared: observe overwrites it in place with the object's
+	// next frame when that fits.
+	frame []byte
 }
 
 // stateBudget is the budget all feeds' states share; held counts what they hold.
@@ -81,6 +84,8 @@ type feedState struct {
 	key    string // what it is parked by when its feed ends (stateKey)
 	objs   map[string]*stateObj
 	bytes  int64
+	// scratch is where observe builds an event's key.
+	scratch []byte
 	// dropped, once set, says why the state is gone for good (an absorbOutcomes value): the
 	// feed answers a later 410 as without state.
 	dropped string
@@ -91,7 +96,9 @@ func newFeedState(b *stateBudget) *feedState {
 }
 
 func objCost(key string, o *stateObj) int64 {
-	return int64(len(key)+len(o.uid)+len(o.frame)) + stateOverhead
+	// By the frame's capacity, what it holds: a frame overwritten in place by a shorter one
+	// keeps its buffer.
+	return int64(len(key)+len(o.uid)+cap(o.frame)) + stateOverhead
 }
 
 // observe updates the state with one delivered event; false when it no longer holds a state
@@ -110,18 +117,29 @@ func (s *feedState) observe(ev *stream.Event) bool {
 		s.drop(absorbNotComplete)
 		return false
 	}
-	key := ev.Namespace + "/" + ev.Name
-	old := s.objs[key]
+	// The key is built in scratch and looked up without a string of its own (the compiler's
+	// map index by string(bytes)): most events are a MODIFIED of an object the state holds.
+	s.scratch = append(append(append(s.scratch[:0], ev.Namespace...), '/'), ev.Name...)
+	old := s.objs[string(s.scratch)]
 	if ev.Type == stream.Deleted {
 		if old != nil {
+			key := string(s.scratch)
 			s.release(key, old)
 			delete(s.objs, key)
 		}
 		return true
 	}
-	// ev's strings are its own (stream.Event), and key is a new string: nothing aliases the
-	// reader's buffer but Raw, copied.
-	return s.put(key, &stateObj{uid: ev.UID, rv: ev.RVInt, frame: append(make([]byte, 0, len(ev.Raw)), ev.Raw...)})
+	if old != nil && old.uid == ev.UID && cap(old.frame) >= len(ev.Raw) {
+		// The same object again, in a frame that fits the one held: overwritten in place (the
+		// state is the frame's only holder, stateObj). Its cost, counted by capacity, is
+		// unchanged.
+		old.frame = append(old.frame[:0], ev.Raw...)
+		old.rv = ev.RVInt
+		return true
+	}
+	// ev's strings are its own (stream.Event), and the key is a new string: nothing aliases
+	// the reader's buffer but Raw, copied.
+	return s.put(string(s.scratch), &stateObj{uid: ev.UID, rv: ev.RVInt, frame: append(make([]byte, 0, len(ev.Raw)), ev.Raw...)})
 }
 
 // put holds o under key, within the budgets; false when they would be passed (the state is
