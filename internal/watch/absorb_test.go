@@ -341,7 +341,7 @@ func TestStateBudgetsHold(t *testing.T) {
 	b := &stateBudget{perFeed: 2000, total: 3000}
 	s1, s2 := newFeedState(b), newFeedState(b)
 	ev := func(typ, name, rv string) *stream.Event {
-		e, err := readOne([]byte(cmU(typ, name, "u"+name, rv)), 1<<20)
+		e, err := readOne(stream.JSON, []byte(cmU(typ, name, "u"+name, rv)), 1<<20)
 		if err != nil {
 			t.Fatal(err)
 		}
