@@ -40,8 +40,9 @@ const (
 	// absorbOverBudget: the state, or the list, would pass --watch-absorb-state-bytes or
 	// --watch-absorb-total-bytes; the state was dropped.
 	absorbOverBudget = "over-budget"
-	// absorbFormat: the feed's format is not one absorbing reads (absorbCodecFor: CBOR), or
-	// its objects are not whole objects (a Table, metadata only: Accept with "as=").
+	// absorbFormat: the feed's objects are not whole objects (a Table, metadata only: Accept
+	// with "as="), or its format is not one absorbing reads (absorbCodecFor: JSON, protobuf
+	// and CBOR are).
 	absorbFormat = "format"
 	// absorbListFailed: the list did not succeed in time (backed off within the resume
 	// timeout), was malformed, or did not agree with the state.
@@ -270,6 +271,8 @@ func absorbCodecFor(format stream.Format) absorbCodec {
 		return jsonAbsorb{}
 	case stream.Protobuf:
 		return protoAbsorb{}
+	case stream.CBOR:
+		return cborAbsorb{}
 	}
 	return nil
 }

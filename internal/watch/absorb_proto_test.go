@@ -20,6 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	cborserializer "k8s.io/apimachinery/pkg/runtime/serializer/cbor"
 	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 	"k8s.io/apimachinery/pkg/runtime/serializer/streaming"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -33,11 +35,18 @@ import (
 // apiserver (gapUpstream.format), as the apiserver would encode the same objects; the client
 // reads its watch with client-go's decoders in that format (watchUntilIn).
 
-var absorbFormats = []stream.Format{stream.JSON, stream.Protobuf}
+var absorbFormats = []stream.Format{stream.JSON, stream.Protobuf, stream.CBOR}
+
+// cborCodecs are client-go's codecs with CBOR, which client-go's scheme leaves out unless its
+// feature gate is on.
+var cborCodecs = serializer.NewCodecFactory(scheme.Scheme, serializer.WithSerializer(cborserializer.NewSerializerInfo))
 
 // forFormats runs test once per format absorbing reads, as subtests named by it.
 func forFormats(t *testing.T, test func(t *testing.T, format stream.Format)) {
 	for _, format := range absorbFormats {
+		if absorbCodecFor(format) == nil {
+			continue
+		}
 		t.Run(format.String(), func(t *testing.T) { test(t, format) })
 	}
 }
@@ -52,9 +61,9 @@ func decodeJSONObject(raw []byte) (runtime.Object, error) {
 	return obj, nil
 }
 
-// protoFrames is a JSON watch response body (events, one a line) in protobuf, as the
-// apiserver encodes the same events (stream.EncodeEvent).
-func protoFrames(body []byte) ([]byte, error) {
+// wireFrames is a JSON watch response body (events, one a line) in format, as the apiserver
+// encodes the same events (stream.EncodeEvent).
+func wireFrames(format stream.Format, body []byte) ([]byte, error) {
 	var out []byte
 	for _, line := range bytes.Split(body, []byte("\n")) {
 		if len(bytes.TrimSpace(line)) == 0 {
@@ -68,7 +77,7 @@ func protoFrames(body []byte) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		frame, err := stream.EncodeEvent(stream.Protobuf, ev.Type, obj)
+		frame, err := stream.EncodeEvent(format, ev.Type, obj)
 		if err != nil {
 			return nil, err
 		}
@@ -77,23 +86,24 @@ func protoFrames(body []byte) ([]byte, error) {
 	return out, nil
 }
 
-// protoWatchWriter puts what a scripted watch writes in JSON on the wire in protobuf, whole
+// wireWatchWriter puts what a scripted watch writes in JSON on the wire in format, whole
 // lines at a time; a response that is not 200 is passed as written.
-type protoWatchWriter struct {
+type wireWatchWriter struct {
 	http.ResponseWriter
+	format  stream.Format
 	status  int
 	pending []byte
 }
 
-func (w *protoWatchWriter) WriteHeader(code int) {
+func (w *wireWatchWriter) WriteHeader(code int) {
 	w.status = code
 	if code == http.StatusOK {
-		w.Header().Set("Content-Type", stream.Protobuf.ContentType())
+		w.Header().Set("Content-Type", w.format.ContentType())
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
 
-func (w *protoWatchWriter) Write(b []byte) (int, error) {
+func (w *wireWatchWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
 	}
@@ -105,9 +115,9 @@ func (w *protoWatchWriter) Write(b []byte) (int, error) {
 	if i < 0 {
 		return len(b), nil
 	}
-	frames, err := protoFrames(w.pending[:i+1])
+	frames, err := wireFrames(w.format, w.pending[:i+1])
 	if err != nil {
-		panic(fmt.Sprintf("test fixture not encodable in protobuf: %v", err))
+		panic(fmt.Sprintf("test fixture not encodable in %s: %v", w.format, err))
 	}
 	w.pending = append(w.pending[:0], w.pending[i+1:]...)
 	if _, err := w.ResponseWriter.Write(frames); err != nil {
@@ -116,11 +126,11 @@ func (w *protoWatchWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-func (w *protoWatchWriter) Flush() { w.ResponseWriter.(http.Flusher).Flush() }
+func (w *wireWatchWriter) Flush() { w.ResponseWriter.(http.Flusher).Flush() }
 
 // writeList answers a list in format: items are the JSON fixtures (cmItem), of a ConfigMapList.
 func writeList(w http.ResponseWriter, format stream.Format, rv, cont string, items []string) {
-	if format != stream.Protobuf {
+	if format == stream.JSON || format == 0 {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"kind":"ConfigMapList","apiVersion":"v1","metadata":{"resourceVersion":%q,"continue":%q},"items":[%s]}`,
 			rv, cont, strings.Join(items, ","))
@@ -136,10 +146,15 @@ func writeList(w http.ResponseWriter, format stream.Format, rv, cont string, ite
 		l.Items = append(l.Items, cm)
 	}
 	var buf bytes.Buffer
-	if err := protobuf.NewSerializer(nil, nil).Encode(l, &buf); err != nil {
+	var enc runtime.Encoder = protobuf.NewSerializer(nil, nil)
+	ct := "application/vnd.kubernetes.protobuf"
+	if format == stream.CBOR {
+		enc, ct = cborserializer.NewSerializer(nil, nil), "application/cbor"
+	}
+	if err := enc.Encode(l, &buf); err != nil {
 		panic(err)
 	}
-	w.Header().Set("Content-Type", "application/vnd.kubernetes.protobuf")
+	w.Header().Set("Content-Type", ct)
 	w.Write(buf.Bytes())
 }
 
@@ -154,7 +169,8 @@ func (f *fixture) watchUntilIn(t *testing.T, format stream.Format, query string,
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", f.srv.URL+"/api/v1/namespaces/d/configmaps?watch=true&"+query, nil)
-	req.Header.Set("Accept", "application/vnd.kubernetes.protobuf, application/json")
+	mt := map[stream.Format]string{stream.Protobuf: "application/vnd.kubernetes.protobuf", stream.CBOR: "application/cbor"}[format]
+	req.Header.Set("Accept", mt+", application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -163,12 +179,12 @@ func (f *fixture) watchUntilIn(t *testing.T, format stream.Format, query string,
 	if ct := resp.Header.Get("Content-Type"); ct != format.ContentType() {
 		t.Fatalf("the watch answered %q, want %q", ct, format.ContentType())
 	}
-	info, ok := runtime.SerializerInfoForMediaType(scheme.Codecs.SupportedMediaTypes(), "application/vnd.kubernetes.protobuf")
+	info, ok := runtime.SerializerInfoForMediaType(cborCodecs.SupportedMediaTypes(), mt)
 	if !ok {
-		t.Fatal("no protobuf serializer")
+		t.Fatalf("no %s serializer", mt)
 	}
 	dec := restclientwatch.NewDecoder(streaming.NewDecoder(info.StreamSerializer.Framer.NewFrameReader(resp.Body), info.StreamSerializer.Serializer),
-		scheme.Codecs.UniversalDeserializer())
+		cborCodecs.UniversalDeserializer())
 	var out []seenEvent
 	for len(out) < n {
 		typ, obj, err := dec.Decode()

@@ -78,8 +78,8 @@ func (g *gapUpstream) step(w http.ResponseWriter, r *http.Request) {
 	g.watchRVs = append(g.watchRVs, q.Get("resourceVersion"))
 	h := g.watches[min(i, len(g.watches)-1)]
 	g.mu.Unlock()
-	if g.format == stream.Protobuf {
-		w = &protoWatchWriter{ResponseWriter: w}
+	if g.format == stream.Protobuf || g.format == stream.CBOR {
+		w = &wireWatchWriter{ResponseWriter: w, format: g.format}
 	}
 	h(w, r)
 }
@@ -580,9 +580,9 @@ func TestParkedEntryIsCounted(t *testing.T) {
 func frameLen(t *testing.T, format stream.Format) int {
 	t.Helper()
 	b := []byte(cmU("ADDED", "a", "ua", "10"))
-	if format == stream.Protobuf {
+	if format != stream.JSON {
 		var err error
-		if b, err = protoFrames(b); err != nil {
+		if b, err = wireFrames(format, b); err != nil {
 			t.Fatal(err)
 		}
 	}
