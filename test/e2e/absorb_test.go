@@ -16,8 +16,9 @@ package e2e
 // are given a timeout longer than the test, since a re-watch would join a shared feed), and
 // the lent identity with --share-watches=false (re-watching every 20 s, so it also shows the
 // state handed from one watch to the next). Each in JSON (as every client of a custom
-// resource speaks) and in protobuf (a typed clientset's default, client-go v0.37: most
-// controllers).
+// resource speaks), in protobuf (a typed clientset's default, client-go v0.37: most
+// controllers) and in CBOR (the apiservers serve it: CBORServingAndStorage; client-go's
+// ClientsAllowCBOR on).
 
 import (
 	"context"
@@ -49,7 +50,7 @@ const absorbRestarts = 10
 // and its handlers see only the real changes (no resync updates); the direct informer (the
 // control) relists.
 func TestAbsorbGoneAcrossRestarts(t *testing.T) {
-	c := newCluster(t, cluster.Options{APIServers: 2, APIServerFlags: []string{"--shutdown-delay-duration=1s", "--request-timeout=6s"}})
+	c := newCluster(t, cluster.Options{APIServers: 2, APIServerFlags: []string{"--shutdown-delay-duration=1s", "--request-timeout=6s"}, FeatureGates: "CBORServingAndStorage=true"})
 	ns := resilienceNamespace(t, c, "absorb")
 	writer, err := kubernetes.NewForConfig(c.RESTConfig(1, c.AdminToken))
 	if err != nil {
@@ -244,7 +245,7 @@ func absorbRelists(all []*countingInformer, before []int64) string {
 // at least one 410 was absorbed, and every store equals a fresh list after each step. The
 // control, direct to apiserver-0, relists.
 func TestAbsorbGoneRollingRestart(t *testing.T) {
-	c := newCluster(t, cluster.Options{APIServers: 3, APIServerFlags: []string{"--shutdown-delay-duration=1s", "--request-timeout=6s"}})
+	c := newCluster(t, cluster.Options{APIServers: 3, APIServerFlags: []string{"--shutdown-delay-duration=1s", "--request-timeout=6s"}, FeatureGates: "CBORServingAndStorage=true"})
 	ns := resilienceNamespace(t, c, "absorb-roll")
 	ctx := ctxT(t, 10*time.Minute)
 	clients := make([]kubernetes.Interface, len(c.APIServers))
@@ -366,12 +367,16 @@ func absorbInformers(t *testing.T, c *cluster.Cluster, ns string, ownArgs, lendA
 	lendCfg.BearerToken = ""
 	ownCfg := resilienceClientConfig(c, own)
 	ownJSON, lendJSON := absorbJSON(ownCfg), absorbJSON(lendCfg)
+	enableCBORClients(t)
+	ownCBOR, lendCBOR := absorbCBOR(ownCfg), absorbCBOR(lendCfg)
 	via = []*countingInformer{
 		startCountingInformerWatching(t, "watchsan, own token", ownJSON, ns, 15*time.Minute),
 		startCountingInformerWatching(t, "watchsan, lent identity, no sharing", lendJSON, ns, 20*time.Second),
 		// The clientset's default content type: protobuf.
 		startCountingInformerWatching(t, "watchsan, own token, protobuf", ownCfg, ns, 15*time.Minute),
 		startCountingInformerWatching(t, "watchsan, lent identity, no sharing, protobuf", lendCfg, ns, 20*time.Second),
+		startCountingInformerWatching(t, "watchsan, own token, cbor", ownCBOR, ns, 15*time.Minute),
+		startCountingInformerWatching(t, "watchsan, lent identity, no sharing, cbor", lendCBOR, ns, 20*time.Second),
 	}
 	return own, lend, via
 }
@@ -382,6 +387,14 @@ func absorbJSON(cfg *rest.Config) *rest.Config {
 	cfg = rest.CopyConfig(cfg)
 	cfg.ContentType = "application/json"
 	cfg.AcceptContentTypes = "application/json"
+	return cfg
+}
+
+// absorbCBOR is cfg with its clients speaking CBOR (enableCBORClients first).
+func absorbCBOR(cfg *rest.Config) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
+	cfg.ContentType = "application/cbor"
+	cfg.AcceptContentTypes = "application/cbor"
 	return cfg
 }
 
@@ -401,7 +414,8 @@ func requireAbsorbed(t *testing.T, p *proxy, name string) {
 	if n < 1 {
 		t.Errorf("%s absorbed no 410", name)
 	}
-	// JSON and protobuf feeds absorb alike (docs/design.md section 12): none refused by format.
+	// JSON, protobuf and CBOR feeds absorb alike (docs/design.md section 12): none refused by
+	// format.
 	if f := p.Metric("watchsan_watch_gone_absorbed_total", map[string]string{"outcome": "format"}); f != 0 {
 		t.Errorf("%s: %v 410s not absorbed for their format, want 0", name, f)
 	}
