@@ -23,6 +23,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -137,6 +138,7 @@ func TestAbsorbGoneAcrossRestarts(t *testing.T) {
 	if n := direct.relists(); n == 0 {
 		t.Errorf("%s never relisted: no restart was answered 410, so the test cannot tell absorbing from no 410", direct.name)
 	}
+	requireWatchFormats(t, via)
 	for i, p := range []*proxy{own, lend} {
 		if n := p.Metric("watchsan_watch_relists_forced_total", nil); n != 0 {
 			t.Errorf("watchsan told %v clients to relist, want 0", n)
@@ -341,6 +343,7 @@ func TestAbsorbGoneRollingRestart(t *testing.T) {
 	if direct.relists() == 0 {
 		t.Errorf("%s never relisted: the rolling restart answered no resume 410", direct.name)
 	}
+	requireWatchFormats(t, via)
 	for i, px := range []*proxy{p, lend} {
 		if n := px.Metric("watchsan_watch_relists_forced_total", nil); n != 0 {
 			t.Errorf("watchsan told %v clients to relist, want 0", n)
@@ -396,6 +399,28 @@ func absorbCBOR(cfg *rest.Config) *rest.Config {
 	cfg.ContentType = "application/cbor"
 	cfg.AcceptContentTypes = "application/cbor"
 	return cfg
+}
+
+// requireWatchFormats fails unless every watch of each informer of via was answered in the
+// format its name says (JSON unless "protobuf" or "cbor"): an informer that fell back to JSON
+// would not show another format's absorbing.
+func requireWatchFormats(t *testing.T, via []*countingInformer) {
+	t.Helper()
+	for _, w := range via {
+		want := "application/json"
+		switch {
+		case strings.Contains(w.name, "protobuf"):
+			want = "application/vnd.kubernetes.protobuf;stream=watch"
+		case strings.Contains(w.name, "cbor"):
+			want = "application/cbor-seq"
+		}
+		w.req.mu.Lock()
+		types := maps.Clone(w.req.watchTypes)
+		w.req.mu.Unlock()
+		if len(types) != 1 || types[want] == 0 {
+			t.Errorf("%s: watches answered %v, want all %s", w.name, types, want)
+		}
+	}
 }
 
 // requireAbsorbed fails unless watchsan p absorbed at least one 410: a test whose restarts
