@@ -280,30 +280,32 @@ func absorbCodecFor(format stream.Format) absorbCodec {
 // jsonAbsorb is the JSON absorbCodec.
 type jsonAbsorb struct{}
 
-// jsonListPage is a JSON list response, as decoded.
-type jsonListPage struct {
-	Kind       string `json:"kind"`
-	APIVersion string `json:"apiVersion"`
-	Metadata   struct {
-		ResourceVersion string `json:"resourceVersion"`
-		Continue        string `json:"continue"`
-	} `json:"metadata"`
-	Items []json.RawMessage `json:"items"`
+// mapListPage is a list response in JSON or CBOR (one data model), as decoded; Raw is the
+// format's raw value type.
+type mapListPage[Raw ~[]byte] struct {
+	Kind       string          `json:"kind"`
+	APIVersion string          `json:"apiVersion"`
+	Metadata   metav1.ListMeta `json:"metadata"`
+	Items      []Raw           `json:"items"`
+}
+
+func (m *mapListPage[Raw]) page() *listPage {
+	p := &listPage{kind: m.Kind, apiVersion: m.APIVersion, rv: m.Metadata.ResourceVersion, cont: m.Metadata.Continue,
+		items: make([][]byte, len(m.Items))}
+	for i, it := range m.Items {
+		p.items[i] = it
+	}
+	return p
 }
 
 func (jsonAbsorb) accept() string { return "application/json" }
 
 func (jsonAbsorb) decodeList(body []byte) (*listPage, error) {
-	var page jsonListPage
+	var page mapListPage[json.RawMessage]
 	if err := json.Unmarshal(body, &page); err != nil {
 		return nil, err
 	}
-	p := &listPage{kind: page.Kind, apiVersion: page.APIVersion, rv: page.Metadata.ResourceVersion, cont: page.Metadata.Continue,
-		items: make([][]byte, len(page.Items))}
-	for i, it := range page.Items {
-		p.items[i] = it
-	}
-	return p, nil
+	return page.page(), nil
 }
 
 // itemMeta is what of an item the diff reads.

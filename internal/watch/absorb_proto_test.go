@@ -3,7 +3,6 @@ package watch
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -212,13 +211,14 @@ func (f *fixture) watchUntilIn(t *testing.T, format stream.Format, query string,
 	return out
 }
 
-// capturedProto is every frame of the protobuf streams captured from a real apiserver
+// capturedFrames is every frame of the streams captured from a real apiserver in format
 // (internal/stream/testdata/captured), by file.
-func capturedProto(t testing.TB) map[string][][]byte {
+func capturedFrames(t testing.TB, format stream.Format) map[string][][]byte {
 	t.Helper()
-	files, err := filepath.Glob("../stream/testdata/captured/*.pb")
+	ext := map[stream.Format]string{stream.JSON: "json", stream.Protobuf: "pb", stream.CBOR: "cbor"}[format]
+	files, err := filepath.Glob("../stream/testdata/captured/*." + ext)
 	if err != nil || len(files) == 0 {
-		t.Fatalf("no captured protobuf streams (%v)", err)
+		t.Fatalf("no captured %s streams (%v)", format, err)
 	}
 	out := map[string][][]byte{}
 	for _, name := range files {
@@ -226,10 +226,16 @@ func capturedProto(t testing.TB) map[string][][]byte {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for len(b) >= 4 {
-			n := 4 + int(binary.BigEndian.Uint32(b))
-			out[filepath.Base(name)] = append(out[filepath.Base(name)], b[:n])
-			b = b[n:]
+		rd := stream.NewReader(format, bytes.NewReader(b), 1<<20)
+		for {
+			ev, err := rd.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			out[filepath.Base(name)] = append(out[filepath.Base(name)], append([]byte(nil), ev.Raw...))
 		}
 	}
 	return out
@@ -243,7 +249,7 @@ func capturedProto(t testing.TB) map[string][][]byte {
 func TestProtoFramesAreTheApiserversBytes(t *testing.T) {
 	c := protoAbsorb{}
 	n := 0
-	for file, frames := range capturedProto(t) {
+	for file, frames := range capturedFrames(t, stream.Protobuf) {
 		for i, frame := range frames {
 			var ev metav1.WatchEvent
 			if err := ev.Unmarshal(frame[4:]); err != nil {
@@ -335,14 +341,16 @@ func TestProtoListDecodes(t *testing.T) {
 	}
 }
 
-// FuzzProtoAbsorbList: decoding a list response and making watch events of its items never
-// panics on any bytes; what decodes makes frames the Reader reads back to the same identity.
-func FuzzProtoAbsorbList(f *testing.F) {
+// FuzzProtoAbsorbList and FuzzCBORAbsorbList: decoding a list response and making watch
+// events of its items never panics on any bytes, nor does taking the object of a frame; what
+// decodes makes frames the Reader reads back to the same identity, whose object is the item's.
+func FuzzProtoAbsorbList(f *testing.F) { fuzzAbsorbList(f, stream.Protobuf) }
+func FuzzCBORAbsorbList(f *testing.F)  { fuzzAbsorbList(f, stream.CBOR) }
+
+func fuzzAbsorbList(f *testing.F, format stream.Format) {
+	c := absorbCodecFor(format)
 	f.Fuzz(func(t *testing.T, body []byte) {
-		c := protoAbsorb{}
-		if _, err := c.objectOf(body); err == nil {
-			_ = err // a frame of garbage may decode; it must not panic
-		}
+		_, _ = c.objectOf(body)
 		p, err := c.decodeList(body)
 		if err != nil {
 			return
@@ -355,7 +363,7 @@ func FuzzProtoAbsorbList(f *testing.F) {
 				continue
 			}
 			frame := c.frame(stream.Modified, it.obj)
-			ev, err := stream.NewReader(stream.Protobuf, bytes.NewReader(frame), len(frame)).Next()
+			ev, err := stream.NewReader(format, bytes.NewReader(frame), len(frame)).Next()
 			if err != nil || ev.Namespace+"/"+ev.Name != key || ev.UID != it.uid || ev.RVInt != it.rv {
 				t.Fatalf("an item read as %q %+v reads back as %+v (%v)", key, it, ev, err)
 			}
@@ -367,29 +375,32 @@ func FuzzProtoAbsorbList(f *testing.F) {
 	})
 }
 
-// TestWriteAbsorbFuzzSeeds writes FuzzProtoAbsorbList's seed corpus (testdata/fuzz): lists as
-// the apiserver encodes them, and captured watch frames. It only runs when asked to:
+// TestWriteAbsorbFuzzSeeds writes the seed corpora of FuzzProtoAbsorbList and
+// FuzzCBORAbsorbList (testdata/fuzz): lists as the apiserver encodes them, and captured watch
+// frames. It only runs when asked to:
 // WATCHSAN_WRITE_FUZZ_SEEDS=1 go test -run TestWriteAbsorbFuzzSeeds ./internal/watch/
 func TestWriteAbsorbFuzzSeeds(t *testing.T) {
 	if os.Getenv("WATCHSAN_WRITE_FUZZ_SEEDS") == "" {
 		t.Skip("set WATCHSAN_WRITE_FUZZ_SEEDS=1 to regenerate testdata/fuzz")
 	}
-	var seeds [][]byte
-	for _, items := range [][]string{nil, {cmItem("a", "ua", "14")}, {cmItem("a", "ua", "14"), cmItem("b", "", "x"), `{"metadata":{"namespace":"n"}}`}} {
-		rec := httptest.NewRecorder()
-		writeList(rec, stream.Protobuf, "21", "c", items)
-		seeds = append(seeds, rec.Body.Bytes())
-	}
-	for _, frames := range capturedProto(t) {
-		seeds = append(seeds, frames[0], frames[len(frames)-1])
-	}
-	dir := filepath.Join("testdata", "fuzz", "FuzzProtoAbsorbList")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for i, s := range seeds {
-		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed-%02d", i)), []byte(fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", s)), 0o644); err != nil {
+	for target, format := range map[string]stream.Format{"FuzzProtoAbsorbList": stream.Protobuf, "FuzzCBORAbsorbList": stream.CBOR} {
+		var seeds [][]byte
+		for _, items := range [][]string{nil, {cmItem("a", "ua", "14")}, {cmItem("a", "ua", "14"), cmItem("b", "", "x"), `{"metadata":{"namespace":"n"}}`}} {
+			rec := httptest.NewRecorder()
+			writeList(rec, format, "21", "c", items)
+			seeds = append(seeds, rec.Body.Bytes())
+		}
+		for _, frames := range capturedFrames(t, format) {
+			seeds = append(seeds, frames[0], frames[len(frames)-1])
+		}
+		dir := filepath.Join("testdata", "fuzz", target)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
+		}
+		for i, s := range seeds {
+			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("seed-%02d", i)), []byte(fmt.Sprintf("go test fuzz v1\n[]byte(%q)\n", s)), 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 }
