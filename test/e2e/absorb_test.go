@@ -353,11 +353,12 @@ func TestAbsorbGoneRollingRestart(t *testing.T) {
 	}
 }
 
-// absorbInformers starts the two watchsans of the absorb tests and an informer through each: own
-// (ownArgs, the clients' own admin token, sharing on as by default; the informer's watches time
-// out after 15 minutes, longer than the test) and lend (lending the admin token from a
-// kubeconfig naming apiserver-0, plus lendArgs, with --share-watches=false; the informer
-// re-watches every 20 s).
+// absorbInformers starts the two watchsans of the absorb tests and an informer through each in
+// each format (via: own's and lend's in JSON, then in protobuf, then in CBOR): own (ownArgs,
+// the clients' own admin token, sharing on as by default; the informers' watches time out
+// after 15 minutes, longer than the test) and lend (lending the admin token from a kubeconfig
+// naming apiserver-0, plus lendArgs, with --share-watches=false; the informers re-watch every
+// 20 s). The apiservers must serve CBOR (CBORServingAndStorage).
 func absorbInformers(t *testing.T, c *cluster.Cluster, ns string, ownArgs, lendArgs []string) (own, lend *proxy, via []*countingInformer) {
 	t.Helper()
 	own = startProxy(t, ownArgs...)
