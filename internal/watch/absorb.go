@@ -40,8 +40,9 @@ const (
 	// absorbOverBudget: the state, or the list, would pass --watch-absorb-state-bytes or
 	// --watch-absorb-total-bytes; the state was dropped.
 	absorbOverBudget = "over-budget"
-	// absorbFormat: the feed's format is not JSON, or its objects are not whole objects (a
-	// Table, metadata only: Accept with "as=").
+	// absorbFormat: the feed's objects are not whole objects (a Table, metadata only: Accept
+	// with "as="), or its format is not one absorbing reads (absorbCodecFor: JSON, protobuf
+	// and CBOR are).
 	absorbFormat = "format"
 	// absorbListFailed: the list did not succeed in time (backed off within the resume
 	// timeout), was malformed, or did not agree with the state.
@@ -79,7 +80,7 @@ func (h *Handler) stateFor(r *http.Request, p params, format stream.Format) (*fe
 	switch {
 	case h.cfg.DisableAbsorb:
 		return nil, ""
-	case format != stream.JSON || strings.Contains(r.Header.Get("Accept"), "as="):
+	case absorbCodecFor(format) == nil || strings.Contains(r.Header.Get("Accept"), "as="):
 		return nil, absorbFormat
 	case !completeFromStart(r, p):
 		return nil, absorbNotComplete
@@ -219,6 +220,7 @@ var errListBudget = errors.New("the list is larger than the watch's state budget
 
 // listed is a list of the feed's scope, read whole.
 type listed struct {
+	codec            absorbCodec // the feed's format's
 	budget           *stateBudget
 	held             int64 // bytes taken from the budget while it is held
 	kind, apiVersion string
@@ -230,20 +232,80 @@ type listed struct {
 type listItem struct {
 	uid string
 	rv  uint64
-	obj []byte // the item's JSON, kind and apiVersion set
+	obj []byte // the item as a watch event's object (absorbCodec.item)
 }
 
 func (l *listed) free() { l.budget.give(l.held) }
 
-// listPage is one page of a list response, as decoded.
+// listPage is one page of a list response, as decoded: the list's kind ("ConfigMapList"),
+// apiVersion, resourceVersion and continue token, and its items' bytes as the list holds them.
 type listPage struct {
-	Kind       string `json:"kind"`
-	APIVersion string `json:"apiVersion"`
-	Metadata   struct {
-		ResourceVersion string `json:"resourceVersion"`
-		Continue        string `json:"continue"`
-	} `json:"metadata"`
-	Items []json.RawMessage `json:"items"`
+	kind, apiVersion, rv, cont string
+	items                      [][]byte
+}
+
+// absorbCodec is what of absorbing is particular to a feed's wire format (absorbCodecFor):
+// the list's Accept and decoding, and the watch event frames made of a list's items and of
+// the state's frames, as the apiserver's watch writes them in that format. absorb.go's flow
+// is the same for every format.
+type absorbCodec interface {
+	// accept is the list request's Accept: the feed's format alone.
+	accept() string
+	// decodeList decodes one page of a list response.
+	decodeList(body []byte) (*listPage, error)
+	// item is a list item as a watch event's object (kind and apiVersion, of l, as the
+	// watch carries them) and the key, uid and resourceVersion it has.
+	item(l *listed, raw []byte) (key string, it *listItem, err error)
+	// frame is a whole watch event frame of type typ with the object obj.
+	frame(typ string, obj []byte) []byte
+	// objectOf is the object of a watch event's frame (one the feed read), as frame takes it.
+	objectOf(frame []byte) ([]byte, error)
+	// bookmark is the object of a BOOKMARK at rv of l's kind: only its resourceVersion set.
+	bookmark(l *listed, rv string) []byte
+}
+
+// absorbCodecFor is format's absorbCodec, nil for one absorbing does not read.
+func absorbCodecFor(format stream.Format) absorbCodec {
+	switch format {
+	case stream.JSON:
+		return jsonAbsorb{}
+	case stream.Protobuf:
+		return protoAbsorb{}
+	case stream.CBOR:
+		return cborAbsorb{}
+	}
+	return nil
+}
+
+// jsonAbsorb is the JSON absorbCodec.
+type jsonAbsorb struct{}
+
+// mapListPage is a list response in JSON or CBOR (one data model), as decoded; Raw is the
+// format's raw value type.
+type mapListPage[Raw ~[]byte] struct {
+	Kind       string          `json:"kind"`
+	APIVersion string          `json:"apiVersion"`
+	Metadata   metav1.ListMeta `json:"metadata"`
+	Items      []Raw           `json:"items"`
+}
+
+func (m *mapListPage[Raw]) page() *listPage {
+	p := &listPage{kind: m.Kind, apiVersion: m.APIVersion, rv: m.Metadata.ResourceVersion, cont: m.Metadata.Continue,
+		items: make([][]byte, len(m.Items))}
+	for i, it := range m.Items {
+		p.items[i] = it
+	}
+	return p
+}
+
+func (jsonAbsorb) accept() string { return "application/json" }
+
+func (jsonAbsorb) decodeList(body []byte) (*listPage, error) {
+	var page mapListPage[json.RawMessage]
+	if err := json.Unmarshal(body, &page); err != nil {
+		return nil, err
+	}
+	return page.page(), nil
 }
 
 // itemMeta is what of an item the diff reads.
@@ -270,7 +332,10 @@ type itemMeta struct {
 // without waiting for a backend.
 func (f *feed) list(paced bool, exact string) (*listed, error) {
 	b := f.state.budget
-	l := &listed{budget: b, items: map[string]*listItem{}}
+	l := &listed{codec: absorbCodecFor(f.format), budget: b, items: map[string]*listItem{}}
+	if l.codec == nil {
+		return nil, fmt.Errorf("no list in format %s", f.format)
+	}
 	deadline := f.h.clk.Now().Add(f.h.cfg.ResumeTimeout)
 	if exact != "" {
 		deadline = f.h.clk.Now().Add(completeListTimeout)
@@ -281,12 +346,12 @@ func (f *feed) list(paced bool, exact string) (*listed, error) {
 		if l.pages == 0 && exact == "" {
 			plan.Backoff, plan.AfterFailure = &f.pacing.backoff, paced
 		}
-		page, n, err := f.listPage(cont, exact, plan, b.perFeed-l.held)
+		page, n, err := f.listPage(l.codec, cont, exact, plan, b.perFeed-l.held)
 		if err != nil {
 			l.free()
 			return nil, err
 		}
-		cost := n + int64(len(page.Items))*stateOverhead
+		cost := n + int64(len(page.items))*stateOverhead
 		if l.held+cost > b.perFeed || !b.take(cost) {
 			l.free()
 			return nil, errListBudget
@@ -294,36 +359,37 @@ func (f *feed) list(paced bool, exact string) (*listed, error) {
 		l.held += cost
 		l.pages++
 		if l.pages == 1 {
-			l.kind, l.apiVersion = strings.TrimSuffix(page.Kind, "List"), page.APIVersion
-			rv, ok := stream.ParseRV(page.Metadata.ResourceVersion)
+			l.kind, l.apiVersion = strings.TrimSuffix(page.kind, "List"), page.apiVersion
+			rv, ok := stream.ParseRV(page.rv)
 			if !ok || l.kind == "" || l.apiVersion == "" {
 				l.free()
-				return nil, fmt.Errorf("the list's kind %q, apiVersion %q or resourceVersion %q is not one watchsan reads", page.Kind, page.APIVersion, page.Metadata.ResourceVersion)
+				return nil, fmt.Errorf("the list's kind %q, apiVersion %q or resourceVersion %q is not one watchsan reads", page.kind, page.apiVersion, page.rv)
 			}
 			l.rv = rv
 		}
-		for _, raw := range page.Items {
-			if err := l.add(raw); err != nil {
+		for _, raw := range page.items {
+			key, it, err := l.codec.item(l, raw)
+			if err != nil {
 				l.free()
 				return nil, err
 			}
+			l.items[key] = it
 		}
-		cont = page.Metadata.Continue
+		cont = page.cont
 		if cont == "" {
 			return l, nil
 		}
 	}
 }
 
-// add keys one item of the list.
-func (l *listed) add(raw json.RawMessage) error {
+func (jsonAbsorb) item(l *listed, raw []byte) (string, *listItem, error) {
 	var im itemMeta
 	if err := json.Unmarshal(raw, &im); err != nil {
-		return fmt.Errorf("a list item: %w", err)
+		return "", nil, fmt.Errorf("a list item: %w", err)
 	}
 	rv, ok := stream.ParseRV(im.Metadata.ResourceVersion)
 	if im.Metadata.Name == "" || !ok {
-		return fmt.Errorf("a list item without a name or an integer resourceVersion (%q)", im.Metadata.ResourceVersion)
+		return "", nil, fmt.Errorf("a list item without a name or an integer resourceVersion (%q)", im.Metadata.ResourceVersion)
 	}
 	obj := []byte(raw)
 	if im.Kind == "" || im.APIVersion == "" {
@@ -331,7 +397,7 @@ func (l *listed) add(raw json.RawMessage) error {
 		// apiVersion; a watch event's object has them (client-go's decoder needs them).
 		body := bytes.TrimLeft(obj, " \t\r\n")
 		if len(body) < 2 || body[0] != '{' {
-			return errors.New("a list item that is no object")
+			return "", nil, errors.New("a list item that is no object")
 		}
 		head := fmt.Sprintf(`{"kind":%q,"apiVersion":%q`, l.kind, l.apiVersion)
 		rest := bytes.TrimLeft(body[1:], " \t\r\n")
@@ -340,13 +406,12 @@ func (l *listed) add(raw json.RawMessage) error {
 		}
 		obj = append([]byte(head), rest...)
 	}
-	l.items[im.Metadata.Namespace+"/"+im.Metadata.Name] = &listItem{uid: im.Metadata.UID, rv: rv, obj: obj}
-	return nil
+	return im.Metadata.Namespace + "/" + im.Metadata.Name, &listItem{uid: im.Metadata.UID, rv: rv, obj: obj}, nil
 }
 
 // listPage gets one page of the scope's list (cont: the previous page's continue token), at
 // most max bytes of body.
-func (f *feed) listPage(cont, exact string, plan upstream.Plan, max int64) (*listPage, int64, error) {
+func (f *feed) listPage(codec absorbCodec, cont, exact string, plan upstream.Plan, max int64) (*listPage, int64, error) {
 	q := f.client.URL.Query()
 	lq := url.Values{"limit": {strconv.Itoa(absorbPageSize)}}
 	for _, k := range []string{"labelSelector", "fieldSelector"} {
@@ -363,7 +428,7 @@ func (f *feed) listPage(cont, exact string, plan upstream.Plan, max int64) (*lis
 	}
 	lr := f.requestFrom(true, "")
 	lr.URL = &url.URL{Path: strings.Replace(f.client.URL.Path, "/watch/", "/", 1), RawQuery: lq.Encode()}
-	lr.Header.Set("Accept", "application/json")
+	lr.Header.Set("Accept", codec.accept())
 	lr.Header.Set("User-Agent", absorbAgent+" (for "+f.client.UserAgent()+")")
 	at, err := f.h.deps.Attempts.Do(f.ctx, lr, plan)
 	if err != nil {
@@ -371,7 +436,7 @@ func (f *feed) listPage(cont, exact string, plan upstream.Plan, max int64) (*lis
 	}
 	defer at.Cancel(nil)
 	resp := at.Resp
-	if format, ok := stream.FormatOf(resp.Header.Get("Content-Type")); resp.StatusCode != http.StatusOK || !ok || format != stream.JSON || !identity(resp.Header) {
+	if format, ok := stream.FormatOf(resp.Header.Get("Content-Type")); resp.StatusCode != http.StatusOK || !ok || format != f.format || !identity(resp.Header) {
 		drain(resp)
 		err := fmt.Errorf("%s answered the list %s (%s)", at.Backend, resp.Status, resp.Header.Get("Content-Type"))
 		if resp.StatusCode == http.StatusGone {
@@ -387,11 +452,11 @@ func (f *feed) listPage(cont, exact string, plan upstream.Plan, max int64) (*lis
 	if int64(len(body)) > max {
 		return nil, 0, errListBudget
 	}
-	var page listPage
-	if err := json.Unmarshal(body, &page); err != nil {
+	page, err := codec.decodeList(body)
+	if err != nil {
 		return nil, 0, fmt.Errorf("the list from %s: %w", at.Backend, err)
 	}
-	return &page, int64(len(body)), nil
+	return page, int64(len(body)), nil
 }
 
 // synthetic is one event of an absorb; gone: a DELETED at the last delivered RV.
@@ -419,11 +484,11 @@ func (f *feed) diff(l *listed, R uint64) ([]synthetic, error) {
 	sort.Strings(gone)
 	rv := strconv.FormatUint(R, 10)
 	for _, key := range gone {
-		obj, err := objectOf(s.objs[key].frame)
+		obj, err := l.codec.objectOf(s.objs[key].frame)
 		if err != nil {
 			return nil, fmt.Errorf("the state's %s: %w", key, err)
 		}
-		ev, err := f.synthesize(stream.Deleted, obj, rv)
+		ev, err := f.synthesize(l.codec, stream.Deleted, obj, rv)
 		if err != nil {
 			return nil, fmt.Errorf("a DELETED for %s: %w", key, err)
 		}
@@ -450,22 +515,24 @@ func (f *feed) diff(l *listed, R uint64) ([]synthetic, error) {
 	}
 	sort.Slice(changes, func(i, j int) bool { return changes[i].it.rv < changes[j].it.rv })
 	for _, c := range changes {
-		ev, err := f.synthesize(c.typ, c.it.obj, "")
+		ev, err := f.synthesize(l.codec, c.typ, c.it.obj, "")
 		if err != nil {
 			return nil, fmt.Errorf("an %s: %w", c.typ, err)
 		}
 		out = append(out, synthetic{ev: ev})
 	}
-	bm := fmt.Sprintf(`{"kind":%q,"apiVersion":%q,"metadata":{"resourceVersion":%q}}`, l.kind, l.apiVersion, strconv.FormatUint(l.rv, 10))
-	ev, err := f.synthesize(stream.Bookmark, []byte(bm), "")
+	ev, err := f.synthesize(l.codec, stream.Bookmark, l.codec.bookmark(l, strconv.FormatUint(l.rv, 10)), "")
 	if err != nil {
 		return nil, fmt.Errorf("the bookmark: %w", err)
 	}
 	return append(out, synthetic{ev: ev}), nil
 }
 
-// objectOf is the object of a JSON watch event's frame.
-func objectOf(frame []byte) ([]byte, error) {
+func (jsonAbsorb) bookmark(l *listed, rv string) []byte {
+	return fmt.Appendf(nil, `{"kind":%q,"apiVersion":%q,"metadata":{"resourceVersion":%q}}`, l.kind, l.apiVersion, rv)
+}
+
+func (jsonAbsorb) objectOf(frame []byte) ([]byte, error) {
 	var e struct {
 		Object json.RawMessage `json:"object"`
 	}
@@ -478,30 +545,34 @@ func objectOf(frame []byte) ([]byte, error) {
 	return e.Object, nil
 }
 
-// synthesize makes a JSON watch event of type typ with object obj, as the feed's Reader reads
-// one (so the policy, the writers and the ring take it as any other), its resourceVersion set
-// to rv when rv is not "" (stream.Writer's in-place rewrite, as a delete's rewrite is made).
-func (f *feed) synthesize(typ string, obj []byte, rv string) (*stream.Event, error) {
+func (jsonAbsorb) frame(typ string, obj []byte) []byte {
 	frame := make([]byte, 0, len(obj)+40)
 	frame = append(frame, `{"type":`...)
 	frame = strconv.AppendQuote(frame, typ)
 	frame = append(frame, `,"object":`...)
 	frame = append(frame, obj...)
-	frame = append(frame, "}\n"...)
-	ev, err := readOne(frame, f.h.cfg.MaxFrameSize)
+	return append(frame, "}\n"...)
+}
+
+// synthesize makes a watch event of type typ with object obj in the feed's format (codec's),
+// as the feed's Reader reads one (so the policy, the writers and the ring take it as any
+// other), its resourceVersion set to rv when rv is not "" (stream.Writer's in-place rewrite,
+// as a delete's rewrite is made).
+func (f *feed) synthesize(codec absorbCodec, typ string, obj []byte, rv string) (*stream.Event, error) {
+	ev, err := readOne(f.format, codec.frame(typ, obj), f.h.cfg.MaxFrameSize)
 	if err != nil || rv == "" || ev.RV == rv {
 		return ev, err
 	}
 	var buf bytes.Buffer
-	if err := stream.NewWriter(stream.JSON, &buf).WriteWithRV(ev, rv); err != nil {
+	if err := stream.NewWriter(f.format, &buf).WriteWithRV(ev, rv); err != nil {
 		return nil, err
 	}
-	return readOne(buf.Bytes(), f.h.cfg.MaxFrameSize)
+	return readOne(f.format, buf.Bytes(), f.h.cfg.MaxFrameSize)
 }
 
-// readOne reads the one JSON event in frame.
-func readOne(frame []byte, maxFrame int) (*stream.Event, error) {
-	ev, err := stream.NewReader(stream.JSON, bytes.NewReader(frame), maxFrame).Next()
+// readOne reads the one event in frame, in format.
+func readOne(format stream.Format, frame []byte, maxFrame int) (*stream.Event, error) {
+	ev, err := stream.NewReader(format, bytes.NewReader(frame), maxFrame).Next()
 	if err != nil {
 		return nil, err
 	}
@@ -559,7 +630,7 @@ func (f *feed) completeByList(c string) {
 	}
 	s := f.state
 	for key, it := range l.items {
-		frame := append(append([]byte(`{"type":"ADDED","object":`), it.obj...), "}\n"...)
+		frame := l.codec.frame(stream.Added, it.obj)
 		if !s.put(key, &stateObj{uid: it.uid, rv: it.rv, frame: frame}) {
 			fail(completeOverBudget, errListBudget)
 			return

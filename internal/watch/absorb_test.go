@@ -20,16 +20,18 @@ import (
 // gapUpstream is an apiserver for the absorb tests: watch i is served by watches[i] (the last
 // repeats), and every list by the objects of list, two items a page whatever the limit (an
 // apiserver may return fewer than asked, with a continue token), at resourceVersion listRV.
-// listStatus, when not 0, answers every list with it instead.
+// listStatus, when not 0, answers every list with it instead. Its watches and lists are on
+// the wire in format (zero: JSON; absorb_proto_test.go), its lists in listFormat when set.
 type gapUpstream struct {
-	mu         sync.Mutex
-	watches    []func(w http.ResponseWriter, r *http.Request)
-	nwatch     int
-	watchRVs   []string
-	list       []string // items' JSON, built-in style: no kind, no apiVersion
-	listRV     string
-	listStatus int
-	lists      []string // each list request's query
+	format, listFormat stream.Format
+	mu                 sync.Mutex
+	watches            []func(w http.ResponseWriter, r *http.Request)
+	nwatch             int
+	watchRVs           []string
+	list               []string // items' JSON, built-in style: no kind, no apiVersion
+	listRV             string
+	listStatus         int
+	lists              []string // each list request's query
 	// exact, exactRV: the list at resourceVersionMatch=Exact, at exactRV; nil: 410 (compacted).
 	exact   []string
 	exactRV string
@@ -64,9 +66,11 @@ func (g *gapUpstream) step(w http.ResponseWriter, r *http.Request) {
 		if end < len(items) {
 			cont = fmt.Sprintf("%s%d", prefix, page+1)
 		}
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"kind":"ConfigMapList","apiVersion":"v1","metadata":{"resourceVersion":%q,"continue":%q},"items":[%s]}`,
-			rv, cont, strings.Join(items[min(2*page, len(items)):end], ","))
+		lf := g.listFormat
+		if lf == 0 {
+			lf = g.format
+		}
+		writeList(w, lf, rv, cont, items[min(2*page, len(items)):end])
 		return
 	}
 	i := g.nwatch
@@ -74,6 +78,9 @@ func (g *gapUpstream) step(w http.ResponseWriter, r *http.Request) {
 	g.watchRVs = append(g.watchRVs, q.Get("resourceVersion"))
 	h := g.watches[min(i, len(g.watches)-1)]
 	g.mu.Unlock()
+	if g.format == stream.Protobuf || g.format == stream.CBOR {
+		w = &wireWatchWriter{ResponseWriter: w, format: g.format}
+	}
 	h(w, r)
 }
 
@@ -189,11 +196,12 @@ const gapInitial = "ADDED a/ua 10, ADDED b/ub 11, ADDED c/uc 12, ADDED d/ud 13, 
 // for a (unchanged) or f (created and deleted in the gap); then the watch from 21 goes on.
 const gapAbsorbed = gapInitial + ", DELETED b/ub 14, DELETED d/ud 14, ADDED e/ue 16, ADDED d/ud2 18, MODIFIED c/uc 20, BOOKMARK 21, MODIFIED a/ua 22"
 
-func testAbsorbed(t *testing.T, resume func(w http.ResponseWriter, r *http.Request)) {
+func testAbsorbed(t *testing.T, format stream.Format, resume func(w http.ResponseWriter, r *http.Request)) {
 	g := gapWatches(resume)
+	g.format = format
 	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){g.step}}
 	f := newFixture(t, Config{}, up)
-	got := f.watchUntil(t, "resourceVersion=0&allowWatchBookmarks=true", 13)
+	got := f.watchUntilIn(t, format, "resourceVersion=0&allowWatchBookmarks=true", 13)
 	if s := joinEvents(got); s != gapAbsorbed {
 		t.Fatalf("client saw [%s]\nwant       [%s]", s, gapAbsorbed)
 	}
@@ -233,15 +241,17 @@ func testAbsorbed(t *testing.T, resume func(w http.ResponseWriter, r *http.Reque
 // A feed with a complete state (it began with the initial state), answered ERROR 410 at its
 // resume, lists its scope and sends the client the difference only, then watches on.
 func TestGoneEventAbsorbedWithTheDifference(t *testing.T) {
-	testAbsorbed(t, events(gone410))
+	forFormats(t, func(t *testing.T, format stream.Format) { testAbsorbed(t, format, events(gone410)) })
 }
 
 // The same when the resume is answered HTTP 410.
 func TestGoneStatusAbsorbedWithTheDifference(t *testing.T) {
-	testAbsorbed(t, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(410)
-		io.WriteString(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"too old resource version: 14 (15)","reason":"Expired","code":410}`)
+	forFormats(t, func(t *testing.T, format stream.Format) {
+		testAbsorbed(t, format, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(410)
+			io.WriteString(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"too old resource version: 14 (15)","reason":"Expired","code":410}`)
+		})
 	})
 }
 
@@ -284,11 +294,16 @@ func TestGoneNotAbsorbedWhenDisabled(t *testing.T) {
 // A feed whose state passes its budget drops it (counted, its bytes given back) and passes the
 // 410; the budget is real: what the states hold never passes it.
 func TestGoneOverBudgetPassesThe410(t *testing.T) {
+	forFormats(t, testGoneOverBudgetPassesThe410)
+}
+
+func testGoneOverBudgetPassesThe410(t *testing.T, format stream.Format) {
 	g := gapWatches(events(gone410))
+	g.format = format
 	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){g.step}}
-	// Room for three objects (each about 180 bytes of frame, key and uid, and the overhead).
-	f := newFixture(t, Config{AbsorbStateBytes: 3 * (stateOverhead + 200)}, up)
-	got := f.watchUntil(t, "resourceVersion=0&allowWatchBookmarks=true", 20)
+	// Room for three objects (each its frame in the format, key and uid, and the overhead).
+	f := newFixture(t, Config{AbsorbStateBytes: 3 * int64(stateOverhead+frameLen(t, format)+20)}, up)
+	got := f.watchUntilIn(t, format, "resourceVersion=0&allowWatchBookmarks=true", 20)
 	if s, want := joinEvents(got), gapInitial+", ERROR 410"; s != want {
 		t.Fatalf("client saw [%s], want [%s]", s, want)
 	}
@@ -341,7 +356,7 @@ func TestStateBudgetsHold(t *testing.T) {
 	b := &stateBudget{perFeed: 2000, total: 3000}
 	s1, s2 := newFeedState(b), newFeedState(b)
 	ev := func(typ, name, rv string) *stream.Event {
-		e, err := readOne([]byte(cmU(typ, name, "u"+name, rv)), 1<<20)
+		e, err := readOne(stream.JSON, []byte(cmU(typ, name, "u"+name, rv)), 1<<20)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -403,24 +418,30 @@ func TestGoneAbsorbedForAWatchList(t *testing.T) {
 // its timeoutSeconds meets a restarted apiserver) is absorbed too. A re-watch from another
 // resourceVersion adopts nothing.
 func TestReWatchAdoptsTheEndedWatchsState(t *testing.T) {
+	forFormats(t, testReWatchAdoptsTheEndedWatchsState)
+}
+
+func testReWatchAdoptsTheEndedWatchsState(t *testing.T, format stream.Format) {
 	g := gapWatches(events(gone410))
+	g.format = format
 	g.watches[0] = hangAfter(cmU("ADDED", "a", "ua", "10"), cmU("ADDED", "b", "ub", "11"), cmU("ADDED", "c", "uc", "12"),
 		cmU("ADDED", "d", "ud", "13"), initialEnd("13"), cmU("MODIFIED", "a", "ua", "14"))
 	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){g.step}}
 	f := newFixture(t, Config{}, up)
-	first := f.watchUntil(t, "resourceVersion=0&allowWatchBookmarks=true", 6)
+	first := f.watchUntilIn(t, format, "resourceVersion=0&allowWatchBookmarks=true", 6)
 	if s := joinEvents(first); s != gapInitial {
 		t.Fatalf("first watch saw [%s], want [%s]", s, gapInitial)
 	}
 	if !testutil.Until(5*time.Second, func() bool { return f.h.parkedCount() == 1 }) {
 		t.Fatalf("%d states parked after the first watch ended, want 1", f.h.parkedCount())
 	}
-	got := f.watchUntil(t, "resourceVersion=14&allowWatchBookmarks=true", 7)
+	got := f.watchUntilIn(t, format, "resourceVersion=14&allowWatchBookmarks=true", 7)
 	want := strings.TrimPrefix(gapAbsorbed, gapInitial+", ")
 	if s := joinEvents(got); s != want {
 		t.Fatalf("the re-watch saw [%s]\nwant         [%s]", s, want)
 	}
-	if f.h.parkedCount() != 0 {
+	// (The re-watch's own state may be parked by now, at 22, once its client went.)
+	if parkedAt(f.h, "14") {
 		t.Fatalf("the state is still parked after its re-watch adopted it")
 	}
 	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(absorbAbsorbed)); v != 1 {
@@ -485,12 +506,17 @@ func TestGoneAbsorbedAgainAfterABackoff(t *testing.T) {
 // after its own list) lists the scope at exactly it before its first event: its state is then
 // complete, and a 410, here on its first attempt, is absorbed as for a watch-list.
 func TestCompletingListMakesAWatchFromAClientRVAbsorb(t *testing.T) {
+	forFormats(t, testCompletingListMakesAWatchFromAClientRVAbsorb)
+}
+
+func testCompletingListMakesAWatchFromAClientRVAbsorb(t *testing.T, format stream.Format) {
 	g := gapWatches(events(gone410))
+	g.format = format
 	g.watches = g.watches[1:] // the client's watch from 14: answered 410, then from 21
 	g.exact, g.exactRV = []string{cmItem("a", "ua", "14"), cmItem("b", "ub", "11"), cmItem("c", "uc", "12"), cmItem("d", "ud", "13")}, "14"
 	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){g.step}}
 	f := newFixture(t, Config{AbsorbCompleteByList: true}, up)
-	got := f.watchUntil(t, "resourceVersion=14&allowWatchBookmarks=true", 7)
+	got := f.watchUntilIn(t, format, "resourceVersion=14&allowWatchBookmarks=true", 7)
 	want := strings.TrimPrefix(gapAbsorbed, gapInitial+", ")
 	if s := joinEvents(got); s != want {
 		t.Fatalf("client saw [%s]\nwant       [%s]", s, want)
@@ -549,4 +575,87 @@ func TestParkedEntryIsCounted(t *testing.T) {
 	if f.h.parkedCount() != 0 || tight.held.Load() != 0 || s2.dropped == "" {
 		t.Fatalf("over the budget: %d parked, %d bytes held, dropped %q; want nothing parked and the state freed", f.h.parkedCount(), tight.held.Load(), s2.dropped)
 	}
+}
+
+// frameLen is the length of a configmap's watch event frame of the fixtures in format.
+func frameLen(t *testing.T, format stream.Format) int {
+	t.Helper()
+	b := []byte(cmU("ADDED", "a", "ua", "10"))
+	if format != stream.JSON {
+		var err error
+		if b, err = wireFrames(format, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return len(b)
+}
+
+// A list answered in another format than the feed's (a protobuf watch answered in protobuf,
+// its list in JSON) is a failed list: the client gets the 410, as without absorbing.
+func TestGoneListInAnotherFormatPassesThe410(t *testing.T) {
+	forFormats(t, func(t *testing.T, format stream.Format) {
+		g := gapWatches(events(gone410))
+		g.format, g.listFormat = format, stream.Protobuf
+		if format == stream.Protobuf {
+			g.listFormat = stream.JSON
+		}
+		up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){g.step}}
+		f := newFixture(t, Config{}, up)
+		f.requireListedThenGone(t, g, format, absorbListFailed)
+	})
+}
+
+// requireListedThenGone watches g's gap in format and requires that the feed listed, and its
+// client got the 410 after the initial events, counted as outcome and as a forced relist.
+func (f *fixture) requireListedThenGone(t *testing.T, g *gapUpstream, format stream.Format, outcome string) {
+	t.Helper()
+	got := f.watchUntilIn(t, format, "resourceVersion=0&allowWatchBookmarks=true", 20)
+	if s, want := joinEvents(got), gapInitial+", ERROR 410"; s != want {
+		t.Fatalf("client saw [%s], want [%s]", s, want)
+	}
+	if _, lists := g.snapshot(); len(lists) == 0 {
+		t.Fatalf("no list asked")
+	}
+	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(outcome)); v != 1 {
+		t.Fatalf("gone_absorbed{%s} = %v, want 1", outcome, v)
+	}
+	if v := promtest.ToFloat64(f.m.RelistsForced); v != 1 {
+		t.Fatalf("relists forced = %v, want 1", v)
+	}
+}
+
+// A list larger than the feed's budget, its state within it, fails the absorb (counted
+// over-budget, what it read given back): the client gets the 410.
+func TestGoneListOverBudgetPassesThe410(t *testing.T) {
+	forFormats(t, func(t *testing.T, format stream.Format) {
+		g := gapWatches(events(gone410))
+		g.format = format
+		for i := range 20 {
+			g.list = append(g.list, cmItem(fmt.Sprint("x", i), fmt.Sprint("ux", i), "17"))
+		}
+		up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){g.step}}
+		// Room for the state's four objects and two more; the list has 24.
+		f := newFixture(t, Config{AbsorbStateBytes: 6 * int64(stateOverhead+frameLen(t, format)+10)}, up)
+		f.requireListedThenGone(t, g, format, absorbOverBudget) // the list, not the state, passed the budget
+		// The ended watch's state is parked (its client may re-watch from 14); the list's
+		// bytes, at least its items' overhead, are given back.
+		if !testutil.Until(5*time.Second, func() bool { return f.h.parkedCount() == 1 }) {
+			t.Fatalf("%d states parked after the watch ended, want 1", f.h.parkedCount())
+		}
+		if held := promtest.ToFloat64(f.m.AbsorbStateBytes); held >= 24*stateOverhead {
+			t.Fatalf("%v bytes held after the list failed: the list's not given back", held)
+		}
+	})
+}
+
+// parkedAt says whether a state is parked at resourceVersion rv.
+func parkedAt(h *Handler, rv string) bool {
+	h.parked.mu.Lock()
+	defer h.parked.mu.Unlock()
+	for k := range h.parked.states {
+		if strings.HasSuffix(k, "\x00rv="+rv) {
+			return true
+		}
+	}
+	return false
 }

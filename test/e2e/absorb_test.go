@@ -15,11 +15,15 @@ package e2e
 // stay private with sharing on: a client's own token (its watch-list is private; its watches
 // are given a timeout longer than the test, since a re-watch would join a shared feed), and
 // the lent identity with --share-watches=false (re-watching every 20 s, so it also shows the
-// state handed from one watch to the next).
+// state handed from one watch to the next). Each in JSON (as every client of a custom
+// resource speaks), in protobuf (a typed clientset's default, client-go v0.37: most
+// controllers) and in CBOR (the apiservers serve it: CBORServingAndStorage; client-go's
+// ClientsAllowCBOR on).
 
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -47,7 +51,7 @@ const absorbRestarts = 10
 // and its handlers see only the real changes (no resync updates); the direct informer (the
 // control) relists.
 func TestAbsorbGoneAcrossRestarts(t *testing.T) {
-	c := newCluster(t, cluster.Options{APIServers: 2, APIServerFlags: []string{"--shutdown-delay-duration=1s", "--request-timeout=6s"}})
+	c := newCluster(t, cluster.Options{APIServers: 2, APIServerFlags: []string{"--shutdown-delay-duration=1s", "--request-timeout=6s"}, FeatureGates: "CBORServingAndStorage=true"})
 	ns := resilienceNamespace(t, c, "absorb")
 	writer, err := kubernetes.NewForConfig(c.RESTConfig(1, c.AdminToken))
 	if err != nil {
@@ -134,6 +138,7 @@ func TestAbsorbGoneAcrossRestarts(t *testing.T) {
 	if n := direct.relists(); n == 0 {
 		t.Errorf("%s never relisted: no restart was answered 410, so the test cannot tell absorbing from no 410", direct.name)
 	}
+	requireWatchFormats(t, via)
 	for i, p := range []*proxy{own, lend} {
 		if n := p.Metric("watchsan_watch_relists_forced_total", nil); n != 0 {
 			t.Errorf("watchsan told %v clients to relist, want 0", n)
@@ -242,7 +247,7 @@ func absorbRelists(all []*countingInformer, before []int64) string {
 // at least one 410 was absorbed, and every store equals a fresh list after each step. The
 // control, direct to apiserver-0, relists.
 func TestAbsorbGoneRollingRestart(t *testing.T) {
-	c := newCluster(t, cluster.Options{APIServers: 3, APIServerFlags: []string{"--shutdown-delay-duration=1s", "--request-timeout=6s"}})
+	c := newCluster(t, cluster.Options{APIServers: 3, APIServerFlags: []string{"--shutdown-delay-duration=1s", "--request-timeout=6s"}, FeatureGates: "CBORServingAndStorage=true"})
 	ns := resilienceNamespace(t, c, "absorb-roll")
 	ctx := ctxT(t, 10*time.Minute)
 	clients := make([]kubernetes.Interface, len(c.APIServers))
@@ -338,6 +343,7 @@ func TestAbsorbGoneRollingRestart(t *testing.T) {
 	if direct.relists() == 0 {
 		t.Errorf("%s never relisted: the rolling restart answered no resume 410", direct.name)
 	}
+	requireWatchFormats(t, via)
 	for i, px := range []*proxy{p, lend} {
 		if n := px.Metric("watchsan_watch_relists_forced_total", nil); n != 0 {
 			t.Errorf("watchsan told %v clients to relist, want 0", n)
@@ -347,11 +353,12 @@ func TestAbsorbGoneRollingRestart(t *testing.T) {
 	}
 }
 
-// absorbInformers starts the two watchsans of the absorb tests and an informer through each: own
-// (ownArgs, the clients' own admin token, sharing on as by default; the informer's watches time
-// out after 15 minutes, longer than the test) and lend (lending the admin token from a
-// kubeconfig naming apiserver-0, plus lendArgs, with --share-watches=false; the informer
-// re-watches every 20 s).
+// absorbInformers starts the two watchsans of the absorb tests and an informer through each in
+// each format (via: own's and lend's in JSON, then in protobuf, then in CBOR): own (ownArgs,
+// the clients' own admin token, sharing on as by default; the informers' watches time out
+// after 15 minutes, longer than the test) and lend (lending the admin token from a kubeconfig
+// naming apiserver-0, plus lendArgs, with --share-watches=false; the informers re-watch every
+// 20 s). The apiservers must serve CBOR (CBORServingAndStorage).
 func absorbInformers(t *testing.T, c *cluster.Cluster, ns string, ownArgs, lendArgs []string) (own, lend *proxy, via []*countingInformer) {
 	t.Helper()
 	own = startProxy(t, ownArgs...)
@@ -363,22 +370,58 @@ func absorbInformers(t *testing.T, c *cluster.Cluster, ns string, ownArgs, lendA
 	lendCfg := resilienceClientConfig(c, lend)
 	lendCfg.BearerToken = ""
 	ownCfg := resilienceClientConfig(c, own)
-	for _, cfg := range []*rest.Config{ownCfg, lendCfg} {
-		absorbJSON(cfg)
-	}
+	ownJSON, lendJSON := absorbJSON(ownCfg), absorbJSON(lendCfg)
+	enableCBORClients(t)
+	ownCBOR, lendCBOR := absorbCBOR(ownCfg), absorbCBOR(lendCfg)
 	via = []*countingInformer{
-		startCountingInformerWatching(t, "watchsan, own token", ownCfg, ns, 15*time.Minute),
-		startCountingInformerWatching(t, "watchsan, lent identity, no sharing", lendCfg, ns, 20*time.Second),
+		startCountingInformerWatching(t, "watchsan, own token", ownJSON, ns, 15*time.Minute),
+		startCountingInformerWatching(t, "watchsan, lent identity, no sharing", lendJSON, ns, 20*time.Second),
+		// The clientset's default content type: protobuf.
+		startCountingInformerWatching(t, "watchsan, own token, protobuf", ownCfg, ns, 15*time.Minute),
+		startCountingInformerWatching(t, "watchsan, lent identity, no sharing, protobuf", lendCfg, ns, 20*time.Second),
+		startCountingInformerWatching(t, "watchsan, own token, cbor", ownCBOR, ns, 15*time.Minute),
+		startCountingInformerWatching(t, "watchsan, lent identity, no sharing, cbor", lendCBOR, ns, 20*time.Second),
 	}
 	return own, lend, via
 }
 
-// absorbJSON makes cfg's clients speak JSON, as every client of a custom resource does: a
-// clientset's built-in types default to protobuf (client-go v0.37), whose 410s are not
-// absorbed yet (docs/design.md section 12, "Not covered").
-func absorbJSON(cfg *rest.Config) {
+// absorbJSON is cfg with its clients speaking JSON, as every client of a custom resource does
+// (a clientset's built-in types default to protobuf, client-go v0.37).
+func absorbJSON(cfg *rest.Config) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
 	cfg.ContentType = "application/json"
 	cfg.AcceptContentTypes = "application/json"
+	return cfg
+}
+
+// absorbCBOR is cfg with its clients speaking CBOR (enableCBORClients first).
+func absorbCBOR(cfg *rest.Config) *rest.Config {
+	cfg = rest.CopyConfig(cfg)
+	cfg.ContentType = "application/cbor"
+	cfg.AcceptContentTypes = "application/cbor"
+	return cfg
+}
+
+// requireWatchFormats fails unless every watch of each informer of via was answered in the
+// format its name says (JSON unless "protobuf" or "cbor"): an informer that fell back to JSON
+// would not show another format's absorbing.
+func requireWatchFormats(t *testing.T, via []*countingInformer) {
+	t.Helper()
+	for _, w := range via {
+		want := "application/json"
+		switch {
+		case strings.Contains(w.name, "protobuf"):
+			want = "application/vnd.kubernetes.protobuf;stream=watch"
+		case strings.Contains(w.name, "cbor"):
+			want = "application/cbor-seq"
+		}
+		w.req.mu.Lock()
+		types := maps.Clone(w.req.watchTypes)
+		w.req.mu.Unlock()
+		if len(types) != 1 || types[want] == 0 {
+			t.Errorf("%s: watches answered %v, want all %s", w.name, types, want)
+		}
+	}
 }
 
 // requireAbsorbed fails unless watchsan p absorbed at least one 410: a test whose restarts
@@ -396,5 +439,10 @@ func requireAbsorbed(t *testing.T, p *proxy, name string) {
 		p.Metric("watchsan_watch_gone_absorbed_total", map[string]string{"outcome": "list-failed"}))
 	if n < 1 {
 		t.Errorf("%s absorbed no 410", name)
+	}
+	// JSON, protobuf and CBOR feeds absorb alike (docs/design.md section 12): none refused by
+	// format.
+	if f := p.Metric("watchsan_watch_gone_absorbed_total", map[string]string{"outcome": "format"}); f != 0 {
+		t.Errorf("%s: %v 410s not absorbed for their format, want 0", name, f)
 	}
 }

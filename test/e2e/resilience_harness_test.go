@@ -96,6 +96,8 @@ type clientRequests struct {
 
 	mu  sync.Mutex
 	log []clientRequest // every request above, in the order sent
+	// watchTypes counts the watch responses (200) by their Content-Type.
+	watchTypes map[string]int
 }
 
 // clientRequest is one request an informer sent for its configmaps.
@@ -153,6 +155,14 @@ func (rt *countingRT) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := rt.next.RoundTrip(req)
 	if req.URL.Path == rt.path && (err != nil || resp.StatusCode >= 300) {
 		rt.c.failures.Add(1)
+	}
+	if req.URL.Path == rt.path && err == nil && resp.StatusCode == http.StatusOK && req.URL.Query().Get("watch") != "" {
+		rt.c.mu.Lock()
+		if rt.c.watchTypes == nil {
+			rt.c.watchTypes = map[string]int{}
+		}
+		rt.c.watchTypes[resp.Header.Get("Content-Type")]++
+		rt.c.mu.Unlock()
 	}
 	return resp, err
 }

@@ -161,7 +161,10 @@ func TestResilienceSIGSTOP(t *testing.T) {
 // restarted first one, whose watch cache began at its restart: no relist, no re-watch, nothing
 // lost or repeated. A watchsan with only the first apiserver resumes once it is back; but a
 // restarted apiserver's watch cache holds no event from before its start, so it answers the
-// resume (from before the kill, with changes made in between) with 410 Expired, and watchsan
+// resume (from before the kill, with changes made in between) with 410 Expired. The typed
+// informer's watch (a watch-list, in protobuf, the clientset's default) holds a complete
+// state, so watchsan absorbs it (docs/design.md section 12): the informer gets the difference
+// and never relists. A plain watch from a client's resourceVersion holds none, and watchsan
 // tells its client to relist, once, with a well-formed ERROR event: the one honest ending
 // (issue #4 item 4). Controls: direct to the first apiserver, and resume disabled.
 func TestResilienceKillRestart(t *testing.T) {
@@ -225,10 +228,13 @@ func TestResilienceKillRestart(t *testing.T) {
 	if n := both.Metric("watchsan_watch_relists_forced_total", nil); n != 0 {
 		t.Errorf("watchsan with two apiservers told %v clients to relist, want 0", n)
 	}
-	// The single-apiserver watchsan's informer relisted once, as the 410 told it to.
-	if viaSingle.req.watchLists.Load() != 2 || viaSingle.req.lists.Load() != 0 || viaSingle.req.rewatches.Load() != 0 ||
+	// The single-apiserver watchsan's informer never relisted: its 410 was absorbed.
+	if viaSingle.req.watchLists.Load() != 1 || viaSingle.req.lists.Load() != 0 || viaSingle.req.rewatches.Load() != 0 ||
 		viaSingle.req.failures.Load() != 0 || viaSingle.errs.Load() != 0 {
-		t.Errorf("%s: want exactly one relist (a second watch-list) and nothing else", viaSingle.counts())
+		t.Errorf("%s: want its one watch-list and nothing else (the 410 absorbed, no relist)", viaSingle.counts())
+	}
+	if n := single.Metric("watchsan_watch_gone_absorbed_total", map[string]string{"outcome": "absorbed"}); n != 1 {
+		t.Errorf("watchsan(apiserver-0 only) absorbed %v 410s, want 1 (the typed informer's)", n)
 	}
 	compareStore(t, wr, viaSingle)
 	ctlNoResume.requireDisturbed(t)
@@ -245,7 +251,9 @@ func TestResilienceKillRestart(t *testing.T) {
 // kill) whose resume point the restarted apiserver no longer has: the apiserver answers the
 // resume with 200 and an ERROR 410 event (its watch cache's "too old resource version"); the
 // client must get that ERROR once, then a clean end, and watchsan must count the forced relist
-// (issue #4 items 4 and 7). The informers watching through p got one too.
+// (issue #4 items 4 and 7). Its watch, from a client's resourceVersion, holds no state to
+// absorb the 410 with (docs/design.md section 12); the informers watching through p, from a
+// watch-list, absorbed theirs and are not counted.
 func expiredOnResume(t *testing.T, raw *rawWatch, p *proxy) {
 	t.Run("410-on-resume-ends-the-stream", func(t *testing.T) {
 		ended := false
@@ -262,8 +270,11 @@ func expiredOnResume(t *testing.T, raw *rawWatch, p *proxy) {
 		if !ended || len(errs) != 1 || errs[0] != "ERROR:410" || !errors.Is(raw.err, io.EOF) {
 			t.Errorf("plain client: ERROR events %v, stream ended with %v; want one ERROR:410, then a clean end", errs, raw.err)
 		}
-		if n := p.Metric("watchsan_watch_relists_forced_total", nil); n != 2 {
-			t.Errorf("watchsan counted %v forced relists, want 2 (the informer's and the plain client's 410)", n)
+		if n := p.Metric("watchsan_watch_relists_forced_total", nil); n != 1 {
+			t.Errorf("watchsan counted %v forced relists, want 1 (the plain client's 410; the informer's was absorbed)", n)
+		}
+		if n := p.Metric("watchsan_watch_gone_absorbed_total", map[string]string{"outcome": "not-complete"}); n != 1 {
+			t.Errorf("watchsan counted %v 410s not absorbed for want of a complete state, want 1 (the plain client's)", n)
 		}
 	})
 }
