@@ -49,7 +49,7 @@ const (
 )
 
 // AbsorbOutcomes lists watchsan_watch_gone_absorbed_total's outcomes (to initialise series).
-var AbsorbOutcomes = []string{absorbAbsorbed, absorbNotComplete, absorbOverBudget, absorbFormat, absorbListFailed}
+var AbsorbOutcomes = []string{absorbAbsorbed, absorbNotComplete, absorbOverBudget, absorbFormat, absorbListFailed, absorbListDenied}
 
 // absorbAgent is the User-Agent of an absorb's list, before the client's own.
 const absorbAgent = "watchsan-absorb"
@@ -114,7 +114,7 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 	why := f.noState
 	switch {
 	case f.state == nil && why == "":
-		why = absorbNotComplete // a shared feed: it began at a client's resourceVersion
+		why = absorbNotComplete
 	case f.state != nil && f.state.dropped != "":
 		why = f.state.dropped
 	}
@@ -151,6 +151,15 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 			zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()), zap.Int("absorbs", pc.run-1))
 		return false, attemptEnd{}
 	}
+	// A shared feed's subscribers get a list's objects: each must be allowed to list
+	// (share_state.go).
+	shared, _ := f.sub.(*sharedFeed)
+	if shared != nil {
+		if why := shared.absorbAllowed(); why != "" {
+			m.GoneAbsorbed.WithLabelValues(why).Inc()
+			return false, attemptEnd{}
+		}
+	}
 	l, err := f.list(pc.run > 1, "")
 	if err != nil {
 		if f.ctx.Err() != nil {
@@ -174,6 +183,9 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 		return false, attemptEnd{}
 	}
 	counts := map[string]int{}
+	if shared != nil {
+		shared.absorbBegin() // no joins until absorbEnd: the ring is made sound across it
+	}
 	for _, se := range evs {
 		d := f.sub.decide
 		if se.gone {
@@ -186,6 +198,9 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 			counts[se.ev.Type]++
 			m.AbsorbEvents.WithLabelValues(se.ev.Type).Inc()
 		}
+	}
+	if shared != nil {
+		shared.absorbEnd(l.rv)
 	}
 	f.lease.Progress(l.rv, 0)
 	_ = f.sub.flush()
