@@ -21,13 +21,20 @@ import (
 // ERROR event), as a restarted apiserver's watch cache does.
 type gapFixture struct {
 	*shareFixture
-	held atomic.Pointer[chan struct{}]
+	held   atomic.Pointer[chan struct{}]
+	listed atomic.Int32 // lists through the gate
 }
 
 func newGapFixture(t *testing.T, cfg Config) *gapFixture {
 	t.Helper()
 	x := &gapFixture{shareFixture: newShareFixture(t, cfg)}
 	x.api.HistorySize = 8 // before the first request
+	x.auth.next = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && r.URL.Query().Get("watch") != "true" && strings.HasSuffix(r.URL.Path, "/configmaps") {
+			x.listed.Add(1)
+		}
+		x.gate.ServeHTTP(w, r)
+	})
 	x.gate.wrap = func(w http.ResponseWriter, r *http.Request) http.ResponseWriter {
 		if c := x.held.Load(); c != nil {
 			select {
@@ -220,5 +227,135 @@ func TestShareAbsorbsAHandedOffWatchList(t *testing.T) {
 			!slices.ContainsFunc(evs, func(e string) bool { return strings.HasPrefix(e, "ADDED new1-0 ") }) {
 			t.Fatalf("re-watch %d got %v: want keep-1 deleted and new1-0 added (the list: %s)", i, evs, want)
 		}
+	}
+}
+
+// parkOwn runs a watch-list of token's own (private: a client with its own credentials does
+// not hand off) that ends after a second, and returns the resourceVersion its state is parked
+// at: the initial-events-end bookmark's, the last its client got.
+func (x *gapFixture) parkOwn(t *testing.T, token string) uint64 {
+	t.Helper()
+	c := watchAt(t, x.srv.URL, watchList+"&timeoutSeconds=1", bearer(token), true)
+	select {
+	case <-c.ended:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the watch-list did not end at its timeoutSeconds")
+	}
+	evs := c.events()
+	var B uint64
+	if len(evs) == 0 || !strings.HasPrefix(evs[len(evs)-1], "BOOKMARK initial-events-end ") {
+		t.Fatalf("the watch-list got %v, want its initial events and bookmark", evs)
+	}
+	fmt.Sscan(strings.Fields(evs[len(evs)-1])[2], &B)
+	testutil.Eventually(t, 10*time.Second, "the ended watch-list's state to be parked", func() bool { return x.h.parkedCount() == 1 })
+	return B
+}
+
+// A state is only ever handed to a feed that goes upstream as the principal whose watch built
+// it: bob's re-watch from where alice's ended opens a reviewed feed (as bob) that adopts
+// nothing, and its 410 is bob's client's.
+func TestShareStateNeverAcrossPrincipals(t *testing.T) {
+	x := newGapFixture(t, Config{})
+	x.write(t, "keep", 4, 10)
+	B := x.parkOwn(t, "alice")
+	bob := watchAt(t, x.srv.URL, "resourceVersion="+rv(B), bearer("bob"), true)
+	x.waitSubscribers(t, 1)
+	if n := x.h.parkedCount(); n != 1 {
+		t.Fatalf("%d states parked after bob's feed opened: it adopted alice's", n)
+	}
+	x.outage(t, 0)
+	bob.waitFor(t, "bob", 1)
+	if got := bob.events(); got[len(got)-1] != "ERROR  " {
+		t.Fatalf("bob got %v, want the 410 (an ERROR)", got)
+	}
+	if v := x.absorbed(absorbNotComplete); v != 1 {
+		t.Fatalf("gone_absorbed{not-complete} = %v, want 1", v)
+	}
+	if _, lists := x.lists(); lists != 0 {
+		t.Fatalf("%d lists for a feed without a state", lists)
+	}
+}
+
+// lists counts the lists that reached memapi through the gate (an absorb's).
+func (x *gapFixture) lists() (reviews []string, lists int) {
+	for _, ra := range x.auth.sent() {
+		reviews = append(reviews, ra.Verb)
+	}
+	return reviews, int(x.listed.Load())
+}
+
+// A reviewed shared feed absorbs only when every subscriber may list its scope too: alice's
+// re-watch opens a feed as alice that adopts her parked state; with bob (watch and list) as
+// the other subscriber the 410 is absorbed, and with dave (watch, no list) it is given to both.
+func TestShareReviewedAbsorbsOnlyWhenEverySubscriberMayList(t *testing.T) {
+	for _, tc := range []struct {
+		other   string
+		outcome string
+	}{{"bob", absorbAbsorbed}, {"dave", absorbListDenied}} {
+		t.Run(tc.other, func(t *testing.T) {
+			x := newGapFixture(t, Config{})
+			x.write(t, "keep", 4, 10)
+			B := x.parkOwn(t, "alice")
+			clients := []*client{watchAt(t, x.srv.URL, "resourceVersion="+rv(B), bearer("alice"), true)}
+			x.waitSubscribers(t, 1)
+			if n := x.h.parkedCount(); n != 0 {
+				t.Fatalf("%d states parked after alice's re-watch opened a feed: want hers adopted", n)
+			}
+			clients = append(clients, watchAt(t, x.srv.URL, "resourceVersion="+rv(B), bearer(tc.other), true))
+			x.waitSubscribers(t, 2)
+			x.outage(t, 0)
+			for i, c := range clients {
+				testutil.Eventually(t, 20*time.Second, fmt.Sprintf("client %d to get the outcome", i), func() bool {
+					evs := c.events()
+					return len(evs) >= 2 || len(evs) == 1 && evs[0] == "ERROR  "
+				})
+				evs := c.events()
+				gotErr := slices.Contains(evs, "ERROR  ")
+				if gotErr != (tc.outcome != absorbAbsorbed) {
+					t.Fatalf("client %d got %v (outcome %s)", i, evs, tc.outcome)
+				}
+				if !gotErr && !slices.ContainsFunc(evs, func(e string) bool { return strings.HasPrefix(e, "DELETED keep-0 ") }) {
+					t.Fatalf("client %d got %v: want keep-0 deleted", i, evs)
+				}
+			}
+			if v := x.absorbed(tc.outcome); v != 1 {
+				t.Fatalf("gone_absorbed{%s} = %v, want 1", tc.outcome, v)
+			}
+			reviews, lists := x.lists()
+			if !slices.Contains(reviews, "list") {
+				t.Fatalf("reviews %v: want a list review before the absorb", reviews)
+			}
+			if want := map[string]int{absorbAbsorbed: 1, absorbListDenied: 0}[tc.outcome]; lists != want {
+				t.Fatalf("%d lists, want %d", lists, want)
+			}
+		})
+	}
+}
+
+// A shared feed's state is bounded by the same budget as a private one's: the handed-off state
+// fits, the feed's later events pass the budget, the state is dropped (counted, its bytes given
+// back), and the 410 then reaches every subscriber, counted as over-budget.
+func TestShareStateOverBudgetDropped(t *testing.T) {
+	x := newGapFixture(t, Config{AbsorbStateBytes: 6 * (stateOverhead + 400)})
+	x.write(t, "keep", 4, 10)
+	clients := x.watchLists(t, 2, func(int) string { return watchList })
+	if v := promtest.ToFloat64(x.m.AbsorbStatesDropped); v != 0 {
+		t.Fatalf("the watch-list's state was dropped before the handoff (%v): the test's budget is too small", v)
+	}
+	x.write(t, "grow", 10, 10)
+	testutil.Eventually(t, 10*time.Second, "the shared feed's state to be dropped", func() bool {
+		return promtest.ToFloat64(x.m.AbsorbStatesDropped) == 1 && promtest.ToFloat64(x.m.AbsorbStateBytes) == 0
+	})
+	x.outage(t, 0)
+	for i, c := range clients {
+		testutil.Eventually(t, 20*time.Second, fmt.Sprintf("client %d to get the 410", i), func() bool {
+			return slices.Contains(c.events(), "ERROR  ")
+		})
+	}
+	if v := x.absorbed(absorbOverBudget); v != 1 {
+		t.Fatalf("gone_absorbed{over-budget} = %v, want 1", v)
+	}
+	if _, lists := x.lists(); lists != 0 {
+		t.Fatalf("%d lists for a dropped state", lists)
 	}
 }
