@@ -23,6 +23,14 @@ type gapFixture struct {
 	*shareFixture
 	held   atomic.Pointer[chan struct{}]
 	listed atomic.Int32 // lists through the gate
+	// writesFrom, when set, holds the events of every plain watch from its resourceVersion
+	// until its channel closes (heldWriter).
+	writesFrom atomic.Pointer[heldFrom]
+}
+
+type heldFrom struct {
+	rv   string
+	hold chan struct{}
 }
 
 func newGapFixture(t *testing.T, cfg Config) *gapFixture {
@@ -41,6 +49,9 @@ func newGapFixture(t *testing.T, cfg Config) *gapFixture {
 			case <-*c:
 			case <-r.Context().Done():
 			}
+		}
+		if h := x.writesFrom.Load(); h != nil && r.URL.Query().Get("sendInitialEvents") == "" && r.URL.Query().Get("resourceVersion") == h.rv {
+			return &heldWriter{ResponseWriter: w, r: r, hold: h.hold}
 		}
 		return w
 	}
@@ -357,5 +368,51 @@ func TestShareStateOverBudgetDropped(t *testing.T) {
 	}
 	if _, lists := x.lists(); lists != 0 {
 		t.Fatalf("%d lists for a dropped state", lists)
+	}
+}
+
+// A watch-list handed off ahead of its feed (its bookmark above what the feed delivered:
+// member.skip) when the feed absorbs a 410 gets the difference too: the feed's DELETEDs at its
+// own resourceVersion (never back from it, never skipped), the rest as every member; its store
+// then equals a fresh list, as the other member's does.
+func TestShareAbsorbReachesAHandoffStillSkipping(t *testing.T) {
+	x := newGapFixture(t, Config{})
+	r0 := x.write(t, "keep", 3, 10)
+	hold := &heldFrom{rv: rv(r0), hold: make(chan struct{})}
+	x.writesFrom.Store(hold)
+	first := x.watchLists(t, 1, func(int) string { return watchList })
+	x.write(t, "z", 1, 10)
+	x.delete(t, "d", "z-0")
+	clients := append(first, watchAt(t, x.srv.URL, watchList, nil, true))
+	x.waitHandedOff(t, 2)
+	if j := promtest.ToFloat64(x.m.SharedHandoffs.WithLabelValues(handoffJoined)); j != 1 {
+		t.Fatalf("handoffs joined %v, want 1 (ahead of the held feed)", j)
+	}
+	skip := x.api.ResourceVersion()
+	c := make(chan struct{})
+	x.held.Store(&c)
+	x.gate.breakAll()
+	x.writesFrom.Store(nil)
+	close(hold.hold)
+	x.delete(t, "d", "keep-0")
+	x.write(t, "new", 1, 10)
+	for i := range 6 {
+		name := fmt.Sprintf("brief-%d", i)
+		if err := x.create("d", name); err != nil {
+			t.Fatal(err)
+		}
+		x.delete(t, "d", name)
+	}
+	x.held.Store(nil)
+	close(c)
+	x.waitStores(t, "after the gap", clients...)
+	if v := x.absorbed(absorbAbsorbed); v != 1 {
+		t.Fatalf("gone_absorbed{absorbed} = %v, want 1", v)
+	}
+	if got := clients[1].events(); !slices.Contains(got, "DELETED keep-0 "+rv(skip)) {
+		t.Fatalf("the skipping member got %v: want keep-0's DELETED at its own resourceVersion %d", got, skip)
+	}
+	if got := clients[0].events(); !slices.Contains(got, "DELETED keep-0 "+rv(r0)) {
+		t.Fatalf("the other member got %v: want keep-0's DELETED at the feed's last resourceVersion %d", got, r0)
 	}
 }
