@@ -187,8 +187,8 @@ func (sf *sharedFeed) absorbBegin() {
 }
 
 // absorbEnd is called once every event of an absorb (its bookmark at the list's L last) was
-// delivered: the ring starts over at L. Why that is sound (docs/design.md section 12, "A
-// shared feed's absorb"): a member that was subscribed got every synthesized event (a
+// delivered: the ring starts over at L. Why that is sound (docs/design.md section 12, "Shared
+// feeds", the ring across an absorb): a member that was subscribed got every synthesized event (a
 // handoff's member still skipping got the DELETEDs at its own resourceVersion, fanOutGone),
 // so it holds the list's state at L. A join at N in [R, L) would hold the true state at N, of
 // which the difference says nothing (an object created after R and deleted before L is in
