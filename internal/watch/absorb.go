@@ -50,7 +50,7 @@ const (
 )
 
 // AbsorbOutcomes lists watchsan_watch_gone_absorbed_total's outcomes (to initialise series).
-var AbsorbOutcomes = []string{absorbAbsorbed, absorbNotComplete, absorbOverBudget, absorbFormat, absorbListFailed}
+var AbsorbOutcomes = []string{absorbAbsorbed, absorbNotComplete, absorbOverBudget, absorbFormat, absorbListFailed, absorbListDenied}
 
 // absorbAgent is the User-Agent of an absorb's list, before the client's own.
 const absorbAgent = "watchsan-absorb"
@@ -85,7 +85,7 @@ func (h *Handler) stateFor(r *http.Request, p params, format stream.Format) (*fe
 	case !completeFromStart(r, p):
 		return nil, absorbNotComplete
 	}
-	return newFeedState(h.stateBudget), ""
+	return newFeedState(h.stateBudget, format), ""
 }
 
 // observeState updates the feed's state with an event delivered; it says so once when the
@@ -115,7 +115,7 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 	why := f.noState
 	switch {
 	case f.state == nil && why == "":
-		why = absorbNotComplete // a shared feed: it began at a client's resourceVersion
+		why = absorbNotComplete
 	case f.state != nil && f.state.dropped != "":
 		why = f.state.dropped
 	}
@@ -152,6 +152,15 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 			zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()), zap.Int("absorbs", pc.run-1))
 		return false, attemptEnd{}
 	}
+	// A shared feed's subscribers get a list's objects: each must be allowed to list
+	// (share_state.go).
+	shared, _ := f.sub.(*sharedFeed)
+	if shared != nil {
+		if why := shared.absorbAllowed(); why != "" {
+			m.GoneAbsorbed.WithLabelValues(why).Inc()
+			return false, attemptEnd{}
+		}
+	}
 	l, err := f.list(pc.run > 1, "")
 	if err != nil {
 		if f.ctx.Err() != nil {
@@ -175,6 +184,9 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 		return false, attemptEnd{}
 	}
 	counts := map[string]int{}
+	if shared != nil {
+		shared.absorbBegin() // no joins until absorbEnd: the ring is made sound across it
+	}
 	for _, se := range evs {
 		d := f.sub.decide
 		if se.gone {
@@ -187,6 +199,9 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 			counts[se.ev.Type]++
 			m.AbsorbEvents.WithLabelValues(se.ev.Type).Inc()
 		}
+	}
+	if shared != nil {
+		shared.absorbEnd(l.rv)
 	}
 	f.lease.Progress(l.rv, 0)
 	_ = f.sub.flush()
@@ -602,7 +617,7 @@ var CompletingListResults = []string{completeDone, completeGone, completeOverBud
 // (compacted: an old re-watch) or the list fails or passes the budget, the feed keeps no state,
 // as before. It is called before the feed's first read: nothing is delivered meanwhile.
 func (f *feed) completeByList(c string) {
-	f.state = newFeedState(f.h.stateBudget)
+	f.state = newFeedState(f.h.stateBudget, f.format)
 	m := f.h.deps.Metrics
 	fail := func(result string, err error) {
 		m.AbsorbCompletingLists.WithLabelValues(result).Inc()

@@ -354,7 +354,7 @@ func TestGoneListFailingBacksOffThenPassesThe410(t *testing.T) {
 // ended state held is given back.
 func TestStateBudgetsHold(t *testing.T) {
 	b := &stateBudget{perFeed: 2000, total: 3000}
-	s1, s2 := newFeedState(b), newFeedState(b)
+	s1, s2 := newFeedState(b, stream.JSON), newFeedState(b, stream.JSON)
 	ev := func(typ, name, rv string) *stream.Event {
 		e, err := readOne(stream.JSON, []byte(cmU(typ, name, "u"+name, rv)), 1<<20)
 		if err != nil {
@@ -378,7 +378,7 @@ func TestStateBudgetsHold(t *testing.T) {
 		t.Fatalf("the budget holds %d bytes after the only state was dropped", b.held.Load())
 	}
 	// Two states under their own budget together pass the total: the second is dropped.
-	s1 = newFeedState(b)
+	s1 = newFeedState(b, stream.JSON)
 	for i := 0; i < 6; i++ {
 		s1.observe(ev("ADDED", fmt.Sprint("a", i), fmt.Sprint(10+i)))
 	}
@@ -556,7 +556,7 @@ func TestParkedEntryIsCounted(t *testing.T) {
 	clk := newStepClock()
 	f := newFixtureClock(t, Config{}, &upstreamScript{}, clk)
 	b := &stateBudget{perFeed: 1 << 20, total: 1 << 20}
-	s := newFeedState(b)
+	s := newFeedState(b, stream.JSON)
 	f.h.park("scope", "5", s)
 	if want := int64(len("scope\x00rv=5")) + stateOverhead; b.held.Load() != want || f.h.parkedCount() != 1 {
 		t.Fatalf("an empty state parked: %d bytes held, %d parked; want %d and 1", b.held.Load(), f.h.parkedCount(), want)
@@ -570,7 +570,7 @@ func TestParkedEntryIsCounted(t *testing.T) {
 		t.Fatalf("after the park time: %d parked, %d bytes held; want none", f.h.parkedCount(), b.held.Load())
 	}
 	tight := &stateBudget{perFeed: 1 << 20, total: 10}
-	s2 := newFeedState(tight)
+	s2 := newFeedState(tight, stream.JSON)
 	f.h.park("scope", "7", s2)
 	if f.h.parkedCount() != 0 || tight.held.Load() != 0 || s2.dropped == "" {
 		t.Fatalf("over the budget: %d parked, %d bytes held, dropped %q; want nothing parked and the state freed", f.h.parkedCount(), tight.held.Load(), s2.dropped)

@@ -178,7 +178,14 @@ func (k credKey) review(ra *authorizationv1.ResourceAttributes) reviewKey {
 // apiserver allowed it (now or within the cache's lifetime), else why not (a
 // PrivateFeedReasons value). It waits at most for one review, and not after r's client left.
 func (h *Handler) review(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck credKey) string {
+	return h.reviewVerb(r.Context(), r, info, cred, ck, "watch")
+}
+
+// reviewVerb is review for verb on r's scope (an absorb asks for list, share_state.go),
+// waiting for the answer until ctx ends.
+func (h *Handler) reviewVerb(ctx context.Context, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck credKey, verb string) string {
 	ra := reviewAttributes(r, info)
+	ra.Verb = verb
 	key := ck.review(ra)
 	rv := h.reviews
 	now := h.clk.Now()
@@ -211,7 +218,7 @@ func (h *Handler) review(r *http.Request, info *reqinfo.Info, cred upstream.Cred
 	}
 	select {
 	case <-fl.done:
-	case <-r.Context().Done():
+	case <-ctx.Done():
 		return privateReviewFailed // the client left: it is served nothing anyway
 	}
 	if !first {

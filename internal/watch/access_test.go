@@ -41,6 +41,8 @@ type authUser struct {
 	namespaces map[string]bool // "*": all
 	// field, if set, is the one fieldSelector its watches and lists are allowed with.
 	field string
+	// noList: it may watch and get, not list (a role with watch and no list).
+	noList bool
 }
 
 func newAuthAPI(next http.Handler) *authAPI {
@@ -50,6 +52,7 @@ func newAuthAPI(next http.Handler) *authAPI {
 		"bob":   {namespaces: map[string]bool{"d": true}},
 		"carol": {namespaces: map[string]bool{}},
 		"node":  {namespaces: map[string]bool{"d": true}, field: "metadata.name=cm-1"},
+		"dave":  {namespaces: map[string]bool{"d": true}, noList: true},
 		// TestFeedsListing's client with a token of its own: reviewed, its feed listed
 		"s3cret-t0ken": {namespaces: map[string]bool{"d": true}},
 	}}
@@ -59,6 +62,9 @@ func (u *authUser) may(ra *authorizationv1.ResourceAttributes) bool {
 	switch ra.Verb {
 	case "get", "list", "watch":
 	default:
+		return false
+	}
+	if u.noList && ra.Verb == "list" {
 		return false
 	}
 	if !u.namespaces["*"] && !u.namespaces[ra.Namespace] {

@@ -440,10 +440,15 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 		// From a client's resourceVersion: complete if it follows a watch of this client's
 		// that ended there, else if the list at exactly that resourceVersion can be had
 		// (state.go, absorb.go).
-		if s := h.adopt(stateKey(r, cred), p.rv); s != nil {
+		if s := h.adopt(stateKey(r, cred), p.rv); s != nil && s.format == format {
 			f.state, f.noState = s, ""
-		} else if h.cfg.AbsorbCompleteByList {
-			f.completeByList(p.rv)
+		} else {
+			if s != nil {
+				s.free() // built from frames of another format than this stream's
+			}
+			if h.cfg.AbsorbCompleteByList {
+				f.completeByList(p.rv)
+			}
 		}
 	}
 	if f.state != nil {
@@ -500,7 +505,7 @@ func (f *feed) release() {
 	if s := f.state; s != nil {
 		// Complete at the last delivered resourceVersion: parked for the client's re-watch
 		// from it (state.go); else nothing anyone can use.
-		if rv := f.sub.LastDelivered(); s.dropped == "" && !f.sub.InInitialPhase() && absorbCodecFor(f.format) != nil && isIntRV(rv) && f.handoff == nil {
+		if rv := f.sub.LastDelivered(); s.dropped == "" && !f.sub.InInitialPhase() && absorbCodecFor(f.format) != nil && isIntRV(rv) && (f.handoff == nil || f.handoff.sf == nil) {
 			f.h.park(s.key, rv, s)
 		} else {
 			s.free()

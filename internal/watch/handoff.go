@@ -200,7 +200,9 @@ func (ho *handoff) feedFor(f *feed, at uint64) (*sharedFeed, *member) {
 	if len(g.feeds) >= h.cfg.ShareMaxFeeds {
 		return nil, nil
 	}
-	return h.openFeed(key, r, &ho.info, f.cred, nil, strconv.FormatUint(at, 10), at, ho.sub.allowBookmarks) // lent: no review
+	// The private feed's state, complete at at, goes with it (share_state.go); lent: no review.
+	st, why := handoffState(f)
+	return h.openFeed(key, r, &ho.info, f.cred, nil, strconv.FormatUint(at, 10), at, ho.sub.allowBookmarks, st, why)
 }
 
 func (ho *handoff) moved(f *feed, sf *sharedFeed, m *member, result string, at uint64) bool {
@@ -267,9 +269,9 @@ func (sf *sharedFeed) handoffJoin(at, newest uint64, bookmarks bool) (*member, s
 		return nil, handoffNotCovered, nil
 	case sf.notJoinable != "" || sf.rewrote:
 		return nil, handoffNotJoinable, nil
-	case at < sf.ring.start:
+	case !sf.absorbing && at < sf.ring.start:
 		return nil, handoffNotCovered, nil
-	case newest > sf.last:
+	case newest > sf.last || sf.absorbing: // an absorb's end wakes it to judge again (share_state.go)
 		ch := make(chan struct{})
 		sf.waiters = append(sf.waiters, rvWaiter{rv: newest, ch: ch})
 		return nil, handoffBehind, ch

@@ -222,26 +222,41 @@ func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Creden
 	g := h.feeds
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if sf := g.feeds[key]; sf != nil {
-		m, reason := sf.add(at, p.allowBookmarks)
-		if reason == "" {
+	sf := g.feeds[key]
+	var (
+		m      *member
+		reason string
+	)
+	switch {
+	case sf != nil:
+		if m, reason = sf.add(at, p.allowBookmarks); reason == "" {
 			h.deps.Metrics.SharedJoins.Inc()
 		}
-		return sf, m, reason
-	}
-	if len(g.feeds) >= h.cfg.ShareMaxFeeds {
+	case len(g.feeds) >= h.cfg.ShareMaxFeeds:
 		return nil, nil, privateFeedLimit
+	default:
+		sf, m = h.openFeed(key, r, info, cred, ck, p.rv, at, p.allowBookmarks, nil, "")
 	}
-	sf, m := h.openFeed(key, r, info, cred, ck, p.rv, at, p.allowBookmarks)
-	return sf, m, ""
+	if m != nil && ck != nil {
+		// What its review was made with, for an absorb's list review (share_state.go), set
+		// under the registry's lock, which absorbAllowed takes too.
+		acc := newMemberAccess(r, info, cred, *ck)
+		sf.mu.Lock()
+		m.access = acc
+		sf.mu.Unlock()
+	}
+	return sf, m, reason
 }
 
 // openFeed opens the feed for key from resourceVersion rv (at), r its template, with a first
 // member at at; the registry's lock is held, and the caller has checked --share-max-feeds. ck
-// is the digest of cred when it was reviewed (access.go), nil for the lent identity.
-func (h *Handler) openFeed(key string, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck *credKey, rv string, at uint64, bookmarks bool) (*sharedFeed, *member) {
+// is the digest of cred when it was reviewed (access.go), nil for the lent identity. st is the
+// state a handoff moves onto it, complete at rv (nil: none, why says why; both zero: it
+// adopts the one parked at rv, share_state.go).
+func (h *Handler) openFeed(key string, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck *credKey, rv string, at uint64, bookmarks bool, st *feedState, why string) (*sharedFeed, *member) {
 	sf := h.newSharedFeed(key, r, info, cred, rv, at)
 	sf.reviewed = ck
+	h.sharedState(sf, sf.f.client, cred, rv, st, why)
 	h.feeds.feeds[key] = sf
 	m, _ := sf.add(at, bookmarks)
 	h.deps.Metrics.SharedFeeds.Inc()
@@ -291,7 +306,10 @@ type sharedFeed struct {
 	notJoinable string
 	// rewrote: the policy rewrote a delivered resourceVersion; no watch-list hands off onto
 	// the feed (handoff.go).
-	rewrote   bool
+	rewrote bool
+	// absorbing: an absorb's events are being delivered (share_state.go): no one joins, no
+	// waiting handoff is woken, until it ends.
+	absorbing bool
 	closed    bool
 	idleTimer clock.Timer
 	// waiters are handoffs waiting for the feed to deliver a resourceVersion (handoff.go).
@@ -336,6 +354,7 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, info *reqinfo.Info,
 func (sf *sharedFeed) run() {
 	f := sf.f
 	defer f.release()
+	defer sf.parkState() // before release; a no-op once parked below
 	slot := &moveSlot{}
 	first, err := sf.h.deps.Attempts.Do(f.ctx, f.requestFrom(true, ""), f.plan(sf.from, slot))
 	if err != nil {
@@ -357,6 +376,7 @@ func (sf *sharedFeed) run() {
 		return
 	}
 	f.format = format
+	sf.stateFormat()
 	sf.pol.fix = fix.NewStream(sf.policy)
 	sf.writer = stream.NewWriter(format, &sf.frame)
 	sf.header = first.Resp.Header.Clone()
@@ -372,6 +392,7 @@ func (sf *sharedFeed) run() {
 	}
 	sf.log.Debug("shared feed ended", zap.Stringer("reason", end), zap.Uint64("events", f.events), zap.Int("resumes", f.resumes))
 	sf.pol.logEnd(end)
+	sf.parkState() // before the members end: their re-watches may open a feed that adopts it
 	sf.close(end)
 }
 
@@ -429,7 +450,7 @@ func (sf *sharedFeed) addLocked(at uint64, bookmarks bool) (*member, string) {
 		return nil, privateNotCovered
 	case sf.notJoinable != "":
 		return nil, sf.notJoinable
-	case at < sf.ring.start || at > sf.last:
+	case sf.absorbing || at < sf.ring.start || at > sf.last:
 		return nil, privateNotCovered
 	}
 	m := &member{bookmarks: bookmarks, max: sf.h.cfg.ShareSubscriberBytes, wake: make(chan struct{}, 1)}
@@ -505,9 +526,8 @@ func (sf *sharedFeed) HasResumePoint() bool  { return sf.pol.HasResumePoint() }
 // decide applies the feed's policy to one event, once for every member (sink).
 func (sf *sharedFeed) decide(ev *stream.Event) fix.Decision { return sf.pol.decide(ev) }
 
-// decideGone is decide for a delete an absorb synthesized (sink). A shared feed keeps no state
-// yet (it starts from a client's resourceVersion: docs/design.md section 12), so it absorbs
-// nothing; write keeps its ring sound if it ever does.
+// decideGone is decide for a delete an absorb synthesized (sink): a shared feed with a state
+// absorbs (share_state.go), and write keeps its ring sound across it.
 func (sf *sharedFeed) decideGone(ev *stream.Event) fix.Decision { return sf.pol.decideGone(ev) }
 
 // write renders the event into the frame each member is sent, keeps an object event in the
@@ -534,10 +554,14 @@ func (sf *sharedFeed) write(ev *stream.Event, d fix.Decision) error {
 	switch {
 	case ev.Type == stream.Error:
 		rv = 0
+	case d.Reason == fix.ReasonAbsorbedDelete && sf.absorbing:
+		// A delete at the last delivered resourceVersion, of an unknown true one: to every
+		// member, never to the ring, which starts over at the absorb's end (share_state.go).
+		sf.fanOutGone(ev, raw, rv)
+		return nil
 	case d.Reason == fix.ReasonAbsorbedDelete:
-		// A delete at the last delivered resourceVersion, of an unknown true one: the ring
-		// cannot say which joiners have it (a client elsewhere at a later resourceVersion may
-		// not), so no one joins any more.
+		// Outside an absorb's bounds (none calls it so): the ring cannot say which joiners
+		// have it, so no one joins any more.
 		if sf.notJoinable == "" {
 			sf.notJoinable = privateNotJoinable
 			sf.wakeWaiters(true)
@@ -546,7 +570,7 @@ func (sf *sharedFeed) write(ev *stream.Event, d fix.Decision) error {
 	case ev.Type == stream.Bookmark:
 		sf.advance(rv, isInt, false)
 	default:
-		if sf.advance(rv, isInt, true) {
+		if sf.advance(rv, isInt, true) && !sf.absorbing {
 			sf.ring.add(rv, raw)
 		}
 	}
@@ -574,7 +598,7 @@ func (sf *sharedFeed) advance(rv uint64, isInt, event bool) bool {
 		return false
 	}
 	sf.last = rv
-	if len(sf.waiters) > 0 {
+	if len(sf.waiters) > 0 && !sf.absorbing {
 		sf.wakeWaiters(false)
 	}
 	return true
@@ -659,6 +683,9 @@ type member struct {
 	// feed delivers: a watch-list handed off ahead of the feed (handoff.go). The feed's mu
 	// guards it.
 	skip uint64
+	// access, for a reviewed member, is what its review was made with (share_state.go); nil
+	// for the lent identity. Set under the registry's lock and the feed's mu.
+	access *memberAccess
 
 	// queued, frames and since say how far the member is behind its feed, for /debug/feeds
 	// (feeds_debug.go), which reads them without its lock: the bytes and frames queued and

@@ -18,9 +18,10 @@ import (
 // was last delivered in. It is what lets a feed answer a 410 at its resume point with the
 // difference between a fresh list and what its subscribers hold (absorb.go), instead of
 // sending them the 410. It is kept only where it can be complete: a feed whose upstream watch
-// began with the initial state, or adopted the state of the watch its client's re-watch
-// follows (park, below) (resourceVersion "" or "0" without sendInitialEvents=false, or
-// a watch-list), in JSON, of whole objects (no "as=" in Accept). A watch from a client's
+// began with the initial state (resourceVersion "" or "0" without sendInitialEvents=false, or
+// a watch-list), or adopted the state of the watch its client's re-watch follows (park, below),
+// or a shared feed handed one (share_state.go), in a format absorbing reads (absorbCodecFor:
+// JSON, protobuf, CBOR), of whole objects (no "as=" in Accept). A watch from a client's
 // resourceVersion never sees the objects that did not change since, so a state built from its
 // events alone would miss them, and a diff against a list would miss their deletes.
 
@@ -82,6 +83,10 @@ func (b *stateBudget) give(n int64) {
 type feedState struct {
 	budget *stateBudget
 	key    string // what it is parked by when its feed ends (stateKey)
+	// format is its frames' format, the one of the feed that built it: a state goes only to
+	// a feed answered in the same (a parked state's key holds the client's Accept, not the
+	// format the apiserver chose for it).
+	format stream.Format
 	objs   map[string]*stateObj
 	bytes  int64
 	// scratch is where observe builds an event's key.
@@ -91,8 +96,8 @@ type feedState struct {
 	dropped string
 }
 
-func newFeedState(b *stateBudget) *feedState {
-	return &feedState{budget: b, objs: map[string]*stateObj{}}
+func newFeedState(b *stateBudget, format stream.Format) *feedState {
+	return &feedState{budget: b, format: format, objs: map[string]*stateObj{}}
 }
 
 func objCost(key string, o *stateObj) int64 {

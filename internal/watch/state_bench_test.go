@@ -43,7 +43,7 @@ func BenchmarkFeedState(b *testing.B) {
 	b.SetBytes(int64(len(stream1)))
 	var base, with time.Duration
 	for b.Loop() {
-		s := newFeedState(&stateBudget{perFeed: DefaultAbsorbStateBytes, total: DefaultAbsorbTotalBytes})
+		s := newFeedState(&stateBudget{perFeed: DefaultAbsorbStateBytes, total: DefaultAbsorbTotalBytes}, stream.JSON)
 		base += read(nil)
 		with += read(func(ev *stream.Event) {
 			if !s.observe(ev) {

@@ -14,7 +14,7 @@ import (
 // sum of its objects' costs by capacity, all of it given back when it is freed.
 func TestStateAccountsInPlaceUpdates(t *testing.T) {
 	b := &stateBudget{perFeed: 1 << 20, total: 1 << 20}
-	s := newFeedState(b)
+	s := newFeedState(b, stream.JSON)
 	events := []string{
 		cmU("ADDED", "a", "u1", "10"),
 		cmU("ADDED", "b", "u2", "11"),
@@ -58,7 +58,7 @@ func TestStateAccountsInPlaceUpdates(t *testing.T) {
 
 func readEvent(t *testing.T, frame string) *stream.Event {
 	t.Helper()
-	ev, err := readOne([]byte(frame), 1<<20)
+	ev, err := readOne(stream.JSON, []byte(frame), 1<<20)
 	if err != nil {
 		t.Fatalf("reading %q: %v", frame, err)
 	}

@@ -1,0 +1,248 @@
+package watch
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/watchsan/watchsan/internal/reqinfo"
+	"github.com/watchsan/watchsan/internal/stream"
+	"github.com/watchsan/watchsan/internal/upstream"
+)
+
+// A shared feed's state (issue 19, docs/design.md sections 11 and 12). A shared feed begins at
+// a resourceVersion, never with the initial state, so it holds a complete state only when it
+// is handed one that is complete at exactly the resourceVersion it starts from:
+//   - a watch-list's handoff that opens the feed from its bookmark's L moves the private
+//     feed's state, complete at L, onto it (the bytes stay counted, now as the shared feed's);
+//   - a plain watch from X that opens the feed adopts the state parked under the same
+//     stateKey at X, as a private feed would (state.go).
+//
+// Whose state: stateKey carries cred.Principal(), and the feed goes upstream as its opener's
+// credentials (the lent identity, or the reviewed opener's own), which are the cred the key is
+// made with here: a state is only ever handed to a feed that goes upstream as the principal
+// whose watch of the same scope built it, so the apiserver would have sent it the same
+// objects. Other subscribers of a reviewed feed were allowed the same watch by their review;
+// what an absorb lists is then judged by absorbAllowed.
+//
+// From then on the feed's goroutine keeps the state as a private feed's (feed.pass calls
+// observeState for every event it delivers, within the same budgets, dropped once over them),
+// parks it when the feed ends (parkState) and absorbs a 410 with it (absorbGone), the
+// synthesized events going through the shared sink to the ring and every member, with the
+// ring made sound for joiners across the absorb (absorbBegin, absorbEnd). A handoff that
+// joins an open feed changes nothing of that feed's state: the private feed's is freed.
+
+// The value of watchsan_watch_gone_absorbed_total's outcome label for a reviewed shared feed
+// with a subscriber whose credentials may not list the scope.
+const (
+	// absorbListDenied: a subscriber of the shared feed was reviewed for watch, and the
+	// apiserver did not say that it may list the scope (the absorb's events are a list's).
+	absorbListDenied = "list-denied"
+)
+
+// sharedState gives the shared feed sf, opened from resourceVersion rv by the watch r with
+// cred, its state: moved (a handoff's, complete at rv, or nil) when given, else the one parked
+// under r's stateKey at rv. The registry's lock is held; the feed's goroutine has not started.
+func (h *Handler) sharedState(sf *sharedFeed, r *http.Request, cred upstream.Credentials, rv string, moved *feedState, why string) {
+	f := sf.f
+	switch {
+	case h.cfg.DisableAbsorb:
+		if moved != nil {
+			moved.free()
+		}
+		return
+	case strings.Contains(r.Header.Get("Accept"), "as="):
+		if moved != nil {
+			moved.free()
+		}
+		f.noState = absorbFormat
+		return
+	}
+	key := stateKey(r, cred)
+	if moved == nil && why == "" {
+		moved = h.adopt(key, rv)
+		why = absorbNotComplete // it began at a client's resourceVersion, and nothing was parked there
+	}
+	if moved == nil {
+		f.noState = why
+		return
+	}
+	moved.key = key
+	f.state, f.noState = moved, ""
+}
+
+// stateFormat lets the state go when the feed's first answer is in a format absorbing does not
+// read, or in another one than the state's frames (a handoff's or parked state was built from
+// another stream). The feed's goroutine, at its first answer.
+func (sf *sharedFeed) stateFormat() {
+	if f := sf.f; f.state != nil && (absorbCodecFor(f.format) == nil || f.state.format != f.format) {
+		f.state.free()
+		f.state, f.noState = nil, absorbFormat
+	}
+}
+
+// parkState parks the feed's state, complete at its last delivered resourceVersion, for the
+// next watch from there (state.go), as a private feed's release does; before the feed's
+// members are ended, so that their re-watches (which open a new feed) find it. A feed whose
+// first attempt failed delivered nothing and keeps nothing. The feed's goroutine.
+func (sf *sharedFeed) parkState() {
+	f := sf.f
+	s := f.state
+	if s == nil {
+		return
+	}
+	f.state = nil
+	if !sf.ok {
+		s.free()
+		return
+	}
+	if rv := sf.LastDelivered(); s.dropped == "" && !sf.InInitialPhase() && absorbCodecFor(f.format) != nil && isIntRV(rv) {
+		sf.h.park(s.key, rv, s)
+		return
+	}
+	s.free()
+}
+
+// handoffState is what a watch-list's private feed f hands a shared feed it opens: its state,
+// complete at its bookmark, moved (f keeps none from then on: if the handoff then fails, f's
+// later 410 is its client's), and why not when it has none.
+func handoffState(f *feed) (*feedState, string) {
+	s, why := f.state, f.noState
+	f.state, f.noState = nil, absorbNotComplete
+	if s == nil && why == "" {
+		why = absorbNotComplete
+	}
+	return s, why
+}
+
+// memberAccess is what a reviewed subscriber's access review was made with (access.go), kept so
+// that an absorb can ask whether it may list the scope too: its request's URL and headers (not
+// the request: a detached member's handler returned), its identity and their digest.
+type memberAccess struct {
+	req  *http.Request
+	info reqinfo.Info
+	cred upstream.Credentials
+	ck   credKey
+}
+
+func newMemberAccess(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck credKey) *memberAccess {
+	u := *r.URL
+	req := &http.Request{Method: r.Method, URL: &u, Header: r.Header.Clone(), Host: r.Host, RemoteAddr: r.RemoteAddr,
+		Proto: r.Proto, ProtoMajor: r.ProtoMajor, ProtoMinor: r.ProtoMinor}
+	return &memberAccess{req: req, info: *info, cred: cred, ck: ck}
+}
+
+// absorbAllowed says whether the feed may send its subscribers an absorb's difference: "", or
+// why not (an AbsorbOutcomes value). The absorb lists the scope as the feed's opener, and what
+// it sends is a list's objects, while a reviewed subscriber was reviewed for watch only. The
+// apiserver grants list and watch separately; RBAC roles almost always grant both, but a role
+// with watch and no list exists, and its holder must not read through the feed what its own
+// list would be refused. So on a reviewed feed every subscriber's credentials are reviewed for
+// list too (cached and coalesced as every review, access.go), and one that is not allowed
+// leaves the 410 to every subscriber (docs/design.md section 12). The lent identity is one
+// identity: its opener and subscribers are the same user, and the list goes as it. The feed's
+// goroutine; it waits for at most one review per credentials.
+func (sf *sharedFeed) absorbAllowed() string {
+	if sf.reviewed == nil {
+		return ""
+	}
+	g := sf.h.feeds
+	// The registry's lock too: a join sets its member's access under it (join), so no member
+	// is seen before its access is.
+	g.mu.Lock()
+	sf.mu.Lock()
+	byCred := map[credKey]*memberAccess{}
+	unknown := false
+	for m := range sf.members {
+		if m.access == nil {
+			unknown = true // a handoff's, never on a reviewed feed; refused rather than guessed
+			continue
+		}
+		byCred[m.access.ck] = m.access
+	}
+	sf.mu.Unlock()
+	g.mu.Unlock()
+	if unknown {
+		return absorbListDenied
+	}
+	for _, a := range byCred {
+		if why := sf.h.reviewVerb(sf.f.ctx, a.req, &a.info, a.cred, a.ck, "list"); why != "" {
+			sf.log.Info("a subscriber of the shared feed may watch but was not allowed to list its scope; the 410 goes to every subscriber",
+				zap.String("why", why))
+			return absorbListDenied
+		}
+	}
+	return ""
+}
+
+// absorbBegin is called before an absorb's first event (absorbGone): until absorbEnd, no one
+// joins the feed (a join at an RV in (R, L) would get the difference's ADDED and MODIFIED
+// after it without its DELETED, which all carry R), and no waiting handoff is woken. The
+// feed's goroutine.
+func (sf *sharedFeed) absorbBegin() {
+	sf.mu.Lock()
+	defer sf.mu.Unlock()
+	sf.absorbing = true
+}
+
+// absorbEnd is called once every event of an absorb (its bookmark at the list's L last) was
+// delivered: the ring starts over at L. Why that is sound (docs/design.md section 12, "Shared
+// feeds", the ring across an absorb): a member that was subscribed got every synthesized event (a
+// handoff's member still skipping got the DELETEDs at its own resourceVersion, fanOutGone),
+// so it holds the list's state at L. A join at N in [R, L) would hold the true state at N, of
+// which the difference says nothing (an object created after R and deleted before L is in
+// neither the state nor the list), and the ring's events after N are not "the events after N"
+// (the DELETEDs carry R, below N): so such a join must not be served from the ring, and is not
+// once the ring covers from L only (privateNotCovered: a private feed, whose upstream answers
+// it as the apiserver does). A join at L or after gets the ring's events after it, all real
+// events delivered after L, as for any feed that started at L. The handoffs that waited are
+// woken to judge again against the new ring. The feed's goroutine.
+func (sf *sharedFeed) absorbEnd(L uint64) {
+	sf.mu.Lock()
+	defer sf.mu.Unlock()
+	sf.absorbing = false
+	sf.ring = newRing(L, sf.h.cfg.ShareRingBytes, sf.h.cfg.ShareRingEvents, sf.h.deps.Metrics.SharedRingEvictions.Inc)
+	sf.last = max(sf.last, L)
+	sf.wakeWaiters(true)
+}
+
+// fanOutGone appends an absorb's DELETED, rendered at the last delivered resourceVersion R in
+// raw, to every member's queue: not to the ring (absorbEnd starts it over), and never skipped.
+// A member a handoff joined ahead of the feed (member.skip, handoff.go) has a client whose
+// snapshot at its own S >= R holds only objects the feed holds as they are, minus some deleted
+// in (R, S] (every object of the snapshot is at most the feed's newest at the join, and the
+// feed delivered every event up to it): the difference is then its difference too, and none of
+// its ADDED or MODIFIED is at or below S (such an object would be in the snapshot above the
+// feed's newest). Its DELETEDs are rendered at S instead of R, so that its resourceVersion never
+// goes back; a delete of an object the snapshot lacks (deleted in (R, S]) is one of nothing,
+// which a client ignores. mu is held.
+func (sf *sharedFeed) fanOutGone(ev *stream.Event, raw []byte, R uint64) {
+	now := sf.h.clk.Now()
+	var at map[uint64][]byte // the frame rendered at each skipping member's resourceVersion
+	for m := range sf.members {
+		frame := raw
+		if m.skip > R {
+			if at == nil {
+				at = map[uint64][]byte{}
+			}
+			if frame = at[m.skip]; frame == nil {
+				if err := sf.writer.WriteWithRV(ev, strconv.FormatUint(m.skip, 10)); err != nil {
+					sf.log.Warn("could not render an absorb's delete for a handed-off subscriber; its stream is ended, its client re-watches",
+						zap.Error(err))
+					sf.drop(m)
+					m.finish(EndNoResume)
+					continue
+				}
+				frame = sf.frame.take()
+				at[m.skip] = frame
+			}
+		}
+		if !m.push(frame, now) {
+			sf.drop(m)
+			continue
+		}
+		sf.dirty = true
+	}
+}
