@@ -15,8 +15,8 @@ package e2e
 // create, a create-then-delete); etcd is compacted at its current revision, past every
 // resume point; the layers let watches through again. Every secrets watch's resume is then
 // answered 410 by every apiserver. A feed with a complete state absorbs it (the private
-// JSON watch-list, "secrets/json", whose watches time out after 15 minutes so that its
-// stream stays the watch-list's); the others (protobuf today; the shared feeds of the sharing
+// JSON watch-list, "secrets/json", with a token of its own and watches that time out after 15
+// minutes so that its stream stays the watch-list's); the others (protobuf today; the shared feeds of the sharing
 // soak) hand it to their clients, which relist: reported, not failed. The soak fails if a
 // compaction fault produced no 410 at all (a fault that tested nothing), if the absorbing
 // informer relisted, and on any lost, duplicated or regressing event of the secrets
@@ -75,22 +75,26 @@ func (c soakCompaction) gones() float64 {
 	return n
 }
 
-// startSecretInformers starts the secrets informers through watchsan, with cfg (the soak's
-// client config: with or without a token of its own): soakSecretsAbsorbing and a protobuf one
-// whose watches time out after 15 minutes (their streams stay private watch-lists for the
-// soak), and in the sharing soak two JSON ones that re-watch every soakShareRewatch and so
-// share a feed.
-func (s *soak) startSecretInformers(cfg *rest.Config, ns string) {
-	add := func(name string, cd sanCodec, rewatch time.Duration) {
-		c := rest.CopyConfig(cfg)
+// startSecretInformers starts the secrets informers through watchsan: soakSecretsAbsorbing
+// with own (a client config with the admin token of its own) and a protobuf one with cfg (the
+// soak's client config: in the sharing soak without a token, on the lent identity), both with
+// watches that time out after 15 minutes (their streams stay the watch-lists' for the soak),
+// and in the sharing soak two JSON ones with cfg that re-watch every soakShareRewatch and so
+// share a feed. The absorbing one has a token of its own because a lent identity's watch-list
+// is handed off onto a shared feed once its initial events are over (design.md section 11),
+// and shared feeds keep no state yet (section 12, "Not covered"); a watch with its own token
+// stays private.
+func (s *soak) startSecretInformers(own, cfg *rest.Config, ns string) {
+	add := func(name string, base *rest.Config, cd sanCodec, rewatch time.Duration) {
+		c := rest.CopyConfig(base)
 		c.ContentType, c.AcceptContentTypes = cd.contentType, cd.accept
 		s.secInfs = append(s.secInfs, startCountingInformerOf(s.t, name, c, ns, soakCompactResource, rewatch))
 	}
-	add(soakSecretsAbsorbing, sanCodecJSON, 15*time.Minute)
-	add("secrets/protobuf", sanCodecProtobuf, 15*time.Minute)
+	add(soakSecretsAbsorbing, own, sanCodecJSON, 15*time.Minute)
+	add("secrets/protobuf", cfg, sanCodecProtobuf, 15*time.Minute)
 	if s.share {
 		for i := range 2 {
-			add(fmt.Sprintf("secrets/json-shared#%d", i+1), sanCodecJSON, soakShareRewatch)
+			add(fmt.Sprintf("secrets/json-shared#%d", i+1), cfg, sanCodecJSON, soakShareRewatch)
 		}
 	}
 }

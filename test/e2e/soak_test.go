@@ -193,7 +193,7 @@ func TestSoak(t *testing.T) {
 	if share {
 		secCfg.BearerToken = ""
 	}
-	s.startSecretInformers(secCfg, ns)
+	s.startSecretInformers(resilienceClientConfig(c, s.p), secCfg, ns)
 	s.wr = newRecordingWriter(t, c, ns)
 	s.wr.start(soakObjects, soakPace)
 	eventually(t, 30*time.Second, "the writer to get going", func() bool { return s.wr.count() >= 20 })
