@@ -70,7 +70,11 @@ test-node-ha: cluster-bins
 # built with -race by the e2e tests, and `make test` runs the soak's harness with it.
 # SOAK_SHARE=1 is the soak of shared watch feeds (issue 15): watchsan lends an identity with
 # --share-watches, three identical informers per codec re-watch every 10 s so their watches
-# join the feeds, and the soak also fails unless clients joined feeds.
+# join the feeds, and the soak also fails unless clients joined feeds. The fault kinds include
+# forced compactions (issue 19, test/e2e/soak_compact_test.go): the apiservers serve secrets
+# from etcd (--watch-cache-sizes=secrets#0), every watch is cut while secrets change and etcd
+# is compacted, and the soak fails on a compaction that forced no 410 or on a relist of the
+# informer whose feed absorbs; the report gives the 410s by outcome and relists per informer.
 SOAK_DURATION ?= 10m
 SOAK_SEED     ?=
 SOAK_TIMEOUT  ?= 2h

@@ -221,9 +221,17 @@ func startCountingInformer(t *testing.T, name string, cfg *rest.Config, ns strin
 // frequent.
 func startCountingInformerWatching(t *testing.T, name string, cfg *rest.Config, ns string, watchTimeout time.Duration) *countingInformer {
 	t.Helper()
+	return startCountingInformerOf(t, name, cfg, ns, "configmaps", watchTimeout)
+}
+
+// startCountingInformerOf is startCountingInformerWatching on resource, "configmaps" or
+// "secrets" (the soak's compaction faults watch secrets, whose watch cache is off: see
+// soakCompactResource). A secret's "seq" is read from its data as a configmap's is.
+func startCountingInformerOf(t *testing.T, name string, cfg *rest.Config, ns, resource string, watchTimeout time.Duration) *countingInformer {
+	t.Helper()
 	w := &countingInformer{name: name, first: map[string]time.Time{}}
 	cfg = rest.CopyConfig(cfg)
-	path := "/api/v1/namespaces/" + ns + "/configmaps"
+	path := "/api/v1/namespaces/" + ns + "/" + resource
 	inner := cfg.WrapTransport
 	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
 		if inner != nil {
@@ -245,7 +253,14 @@ func startCountingInformerWatching(t *testing.T, name string, cfg *rest.Config, 
 			}
 		}
 	}
-	w.informer = coreinformers.NewFilteredConfigMapInformer(cs, ns, 0, cache.Indexers{}, tweak)
+	switch resource {
+	case "configmaps":
+		w.informer = coreinformers.NewFilteredConfigMapInformer(cs, ns, 0, cache.Indexers{}, tweak)
+	case "secrets":
+		w.informer = coreinformers.NewFilteredSecretInformer(cs, ns, 0, cache.Indexers{}, tweak)
+	default:
+		t.Fatalf("counting informer of %q: want configmaps or secrets", resource)
+	}
 	if err := w.informer.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
 		w.errs.Add(1)
 		w.mu.Lock()
@@ -259,11 +274,11 @@ func startCountingInformerWatching(t *testing.T, name string, cfg *rest.Config, 
 		if tombstone {
 			obj = d.Obj
 		}
-		cm, ok := obj.(*corev1.ConfigMap)
+		objName, rv, seq, ok := countedFacts(obj)
 		if !ok {
 			return
 		}
-		o := cmChange{Type: typ, Name: cm.Name, RV: cm.ResourceVersion, Seq: cm.Data["seq"], At: time.Now(),
+		o := cmChange{Type: typ, Name: objName, RV: rv, Seq: seq, At: time.Now(),
 			Resync: resync, Tombstone: tombstone, Initial: initial}
 		w.mu.Lock()
 		w.events = append(w.events, o)
@@ -276,10 +291,8 @@ func startCountingInformerWatching(t *testing.T, name string, cfg *rest.Config, 
 		w.mu.Unlock()
 	}
 	rvOf := func(obj any) string {
-		if cm, ok := obj.(*corev1.ConfigMap); ok {
-			return cm.ResourceVersion
-		}
-		return ""
+		_, rv, _, _ := countedFacts(obj)
+		return rv
 	}
 	if _, err := w.informer.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
 		AddFunc:    func(obj any, initial bool) { record("ADDED", obj, false, initial) },
@@ -304,6 +317,18 @@ func startCountingInformerWatching(t *testing.T, name string, cfg *rest.Config, 
 	})
 	eventually(t, 30*time.Second, "informer "+name+" to sync", w.informer.HasSynced)
 	return w
+}
+
+// countedFacts is the name, resourceVersion and writer's sequence number ("seq" in its data)
+// of a configmap or a secret; ok is false for anything else.
+func countedFacts(obj any) (name, rv, seq string, ok bool) {
+	switch o := obj.(type) {
+	case *corev1.ConfigMap:
+		return o.Name, o.ResourceVersion, o.Data["seq"], true
+	case *corev1.Secret:
+		return o.Name, o.ResourceVersion, string(o.Data["seq"]), true
+	}
+	return "", "", "", false
 }
 
 // seen returns when the informer first got an ADDED for name.
@@ -929,7 +954,13 @@ type faultedAPIServer struct {
 	hangReadyz atomic.Bool
 	conns      atomic.Int64 // TLS connections accepted
 	watching   atomic.Int64 // watch requests being served now
+	srv        *httptest.Server
 }
+
+// cutConnections closes every client connection the layer's server holds, now: every watch
+// through it breaks mid-stream (the client reads an unexpected EOF), quiet ones too, which the
+// layer's own resets, after an event, never reach.
+func (f *faultedAPIServer) cutConnections() { f.srv.CloseClientConnections() }
 
 func newFaultedAPIServer(t *testing.T, c *cluster.Cluster, i int) *faultedAPIServer {
 	t.Helper()
@@ -966,6 +997,7 @@ func newFaultedAPIServer(t *testing.T, c *cluster.Cluster, i int) *faultedAPISer
 	}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
+	f.srv = srv
 	f.URL = srv.URL
 	f.CAFile = filepath.Join(t.TempDir(), "front-ca.pem")
 	if err := os.WriteFile(f.CAFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {

@@ -263,8 +263,15 @@ func (c *capture) check(t *testing.T) {
 // a watch from an older revision gets "too old resource version".
 func (e *sanEnv) compactEtcd(t *testing.T, rv string) {
 	t.Helper()
+	compactEtcd(t, e.c, rv)
+}
+
+// compactEtcd compacts c's etcd up to revision rv (physically: the call returns once the old
+// revisions are gone).
+func compactEtcd(t testing.TB, c *cluster.Cluster, rv string) {
+	t.Helper()
 	body := fmt.Sprintf(`{"revision":%q,"physical":true}`, rv)
-	resp, err := http.Post(e.c.EtcdURL+"/v3/kv/compaction", "application/json", strings.NewReader(body))
+	resp, err := http.Post(c.EtcdURL+"/v3/kv/compaction", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatalf("compacting etcd: %v", err)
 	}

@@ -61,6 +61,12 @@ func TestSoakAudit(t *testing.T) {
 			func(a soakAudit) bool { return a.failed() && a.lost == 1 && a.excused == 0 }},
 		{"a relist long after does not excuse a loss", []cmChange{exact[0], exact[1], exact[3], exact[4]}, []time.Time{at(600)},
 			func(a soakAudit) bool { return a.failed() && a.lost == 1 && a.excused == 0 }},
+		{"an absorbed delete at the stream's last resourceVersion", append(clone(exact[:4]), ch("DELETED", "a", "13", "3", 3.1)), nil,
+			func(a soakAudit) bool { return !a.failed() && a.seen == 5 }},
+		{"a delete below the stream's last resourceVersion goes back", append(clone(exact[:4]), ch("DELETED", "a", "12", "3", 3.1)), nil,
+			func(a soakAudit) bool { return a.failed() && a.reorder == 1 && a.regress == 0 }},
+		{"a delete below its object's last resourceVersion goes back", append(clone(exact[:4]), ch("DELETED", "a", "11", "3", 3.1)), nil,
+			func(a soakAudit) bool { return a.failed() && a.reorder == 1 && a.regress == 1 }},
 		{"an event nobody wrote", append(clone(exact), ch("ADDED", "c", "20", "9", 4)), nil,
 			func(a soakAudit) bool { return a.failed() && a.unknown == 1 }},
 	} {

@@ -5,7 +5,8 @@ package e2e
 // protobuf, CBOR), a writer changing configmaps directly on the apiservers without pause, and a
 // random schedule of faults, one at a time with recovery between, never all three apiservers
 // down: SIGSTOP then SIGCONT, SIGKILL then restart, a rolling SIGTERM restart of all three,
-// the layer's resets, 503 storms and immediate ends. Every second it samples watchsan's CPU,
+// the layer's resets, 503 storms and immediate ends, and forced compactions of etcd (every watch
+// cut, the resumes then answered 410: soak_compact_test.go, issue 19). Every second it samples watchsan's CPU,
 // RSS and goroutines, the requests reaching the apiservers and what the clients did; at the end
 // it prints a table per 10 s and the totals, and fails on any event lost, duplicated or going
 // back in resourceVersion, on a store that differs from a fresh list, on an upstream request
@@ -142,7 +143,8 @@ func TestSoak(t *testing.T) {
 		FeatureGates: "CBORServingAndStorage=true",
 		// A rolling restart's drain ends within the request timeout; the schedule's grace
 		// period is sometimes shorter (a SIGKILL mid-drain), sometimes longer.
-		APIServerFlags: []string{"--shutdown-delay-duration=1s", "--request-timeout=5s"},
+		// The compaction faults' resource is served from etcd (soak_compact_test.go).
+		APIServerFlags: []string{"--shutdown-delay-duration=1s", "--request-timeout=5s", soakCompactFlag},
 	})
 	ns := resilienceNamespace(t, c, "soak")
 	s := &soak{t: t, c: c, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), fault: "none", share: share}
@@ -186,6 +188,12 @@ func TestSoak(t *testing.T) {
 			s.infs = append(s.infs, startCountingInformerWatching(t, name, cfg, ns, soakShareRewatch))
 		}
 	}
+	s.sec = newSoakSecrets(t, c, ns)
+	secCfg := resilienceClientConfig(c, s.p)
+	if share {
+		secCfg.BearerToken = ""
+	}
+	s.startSecretInformers(resilienceClientConfig(c, s.p), secCfg, ns)
 	s.wr = newRecordingWriter(t, c, ns)
 	s.wr.start(soakObjects, soakPace)
 	eventually(t, 30*time.Second, "the writer to get going", func() bool { return s.wr.count() >= 20 })
@@ -211,6 +219,7 @@ func TestSoak(t *testing.T) {
 		audits[i] = auditHistory(s.wr.history(), w.history(), w.req.relists())
 		compareStore(t, s.wr, w)
 	}
+	s.secAudits = s.finishSecrets()
 	report := s.report(audits)
 	t.Log("\n" + report)
 	s.reported = true
@@ -226,6 +235,7 @@ func TestSoak(t *testing.T) {
 		}
 	}
 	s.checkBounds()
+	s.checkCompactions(s.secAudits)
 	if share {
 		s.checkShared()
 	}
@@ -304,8 +314,14 @@ type soak struct {
 	missedScrapes int
 	kinds         map[string]int
 	share         bool // the sharing soak (WATCHSAN_SOAK_SHARE=1)
-	stuck         bool // a recovery timed out: the schedule stopped early
-	reported      bool // the report was printed
+	// The compaction faults (soak_compact_test.go): the secrets writer and informers, what
+	// each fault did, and the secrets informers' audits once the soak ended.
+	sec         *soakSecrets
+	secInfs     []*countingInformer
+	compactions []soakCompaction
+	secAudits   []soakAudit
+	stuck       bool // a recovery timed out: the schedule stopped early
+	reported    bool // the report was printed
 }
 
 func (s *soak) since() time.Duration { return time.Since(s.start).Truncate(100 * time.Millisecond) }
@@ -340,6 +356,7 @@ var soakFaults = []soakFault{
 	{"resets", (*soak).resets},
 	{"503-storm", (*soak).storm503},
 	{"immediate-ends", (*soak).immediateEnds},
+	{"compact", (*soak).compact},
 }
 
 // schedule runs faults until d has passed: first every kind once in a random order, then
@@ -806,12 +823,16 @@ func auditHistory(want map[string][]cmChange, got []cmChange, relists []time.Tim
 			a.problem("%v: resourceVersion not an integer", e)
 			continue
 		}
-		if prev, ok := lastByName[e.Name]; ok && rv <= prev {
+		// An absorbed 410's deletes carry exactly the last delivered resourceVersion
+		// (docs/design.md section 12, "The deletes at exactly R"): a DELETED at the
+		// object's or the stream's last resourceVersion repeats it and goes back from neither.
+		atR := e.Type == "DELETED"
+		if prev, ok := lastByName[e.Name]; ok && (rv < prev || rv == prev && !atR) {
 			a.regress++
 			a.problem("%v at %s: the object's resourceVersion went from %d to %d", e, e.At.Format("15:04:05.000"), prev, rv)
 		}
 		lastByName[e.Name] = max(lastByName[e.Name], rv)
-		if rv <= lastRV && !e.Initial && !inRelist(e.At) {
+		if (rv < lastRV || rv == lastRV && !atR) && !e.Initial && !inRelist(e.At) {
 			a.reorder++
 			a.problem("%v at %s after %v: the stream's resourceVersion went back", e, e.At.Format("15:04:05.000"), lastEv)
 		}
@@ -938,6 +959,7 @@ func (s *soak) report(audits []soakAudit) string {
 		fmt.Fprintf(&b, "%-11s %6d %6d %5d %10d %5d %8d %8d %8d %9d %7d\n", w.name, a.seen, a.lost-a.excused, a.dups,
 			a.regress+a.reorder, a.unknown, a.excused, a.resyncs, a.tombstones, w.req.rewatches.Load(), w.relists())
 	}
+	s.compactReport(&b, s.secAudits)
 	fmt.Fprintf(&b, "schedule:\n  %s\n", strings.Join(schedule, "\n  "))
 	return b.String()
 }
