@@ -36,7 +36,7 @@ type apiGate struct {
 	api     http.Handler
 	watches atomic.Int32
 	mu      sync.Mutex
-	open    map[*context.CancelFunc]struct{}
+	open    map[*context.CancelFunc]chan struct{} // closed when the watch's handler returned
 	// wrap, when set, is what the api answers each watch on (set before the first request).
 	wrap func(http.ResponseWriter, *http.Request) http.ResponseWriter
 }
@@ -48,14 +48,16 @@ func (g *apiGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	g.watches.Add(1)
 	ctx, cancel := context.WithCancel(r.Context())
+	ended := make(chan struct{})
 	g.mu.Lock()
-	g.open[&cancel] = struct{}{}
+	g.open[&cancel] = ended
 	g.mu.Unlock()
 	defer func() {
 		g.mu.Lock()
 		delete(g.open, &cancel)
 		g.mu.Unlock()
 		cancel()
+		close(ended)
 	}()
 	r = r.WithContext(ctx)
 	if g.wrap != nil {
@@ -64,12 +66,24 @@ func (g *apiGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.api.ServeHTTP(w, r)
 }
 
-// breakAll ends every watch open through the gate.
+// breakAll ends every watch open through the gate and returns once each has: a change made
+// after it is in none of them (a canceled watch's handler may still send what it already had
+// until it returns).
 func (g *apiGate) breakAll() {
 	g.mu.Lock()
-	defer g.mu.Unlock()
-	for c := range g.open {
+	var ended []chan struct{}
+	for c, e := range g.open {
 		(*c)()
+		ended = append(ended, e)
+	}
+	g.mu.Unlock()
+	deadline := time.After(10 * time.Second)
+	for _, e := range ended {
+		select {
+		case <-e:
+		case <-deadline:
+			panic("a watch broken by the gate did not end in 10s")
+		}
 	}
 }
 
@@ -97,7 +111,7 @@ func newShareFixtureClock(t *testing.T, cfg Config, clk clock.WithDelayedExecuti
 	t.Helper()
 	log := zaptest.NewLogger(t)
 	x := &shareFixture{api: memapi.New(log), m: metrics.New(nil)}
-	x.gate = &apiGate{api: x.api, open: map[*context.CancelFunc]struct{}{}}
+	x.gate = &apiGate{api: x.api, open: map[*context.CancelFunc]chan struct{}{}}
 	x.auth = newAuthAPI(x.gate)
 	gateSrv := httptest.NewServer(x.auth)
 	x.direct = httptest.NewServer(x.api)
@@ -118,6 +132,7 @@ func newShareFixtureClock(t *testing.T, cfg Config, clk clock.WithDelayedExecuti
 	if err != nil {
 		t.Fatal(err)
 	}
+	waitServed(t, h)
 	x.h = h
 	x.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info, cred := reqinfo.Parse(r), upstream.Decide(r.Header, r.TLS, true, upstream.IdentityOff)
