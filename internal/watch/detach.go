@@ -346,21 +346,28 @@ func (h *Handler) removeDetached(d *detached) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	delete(h.detached, d)
-	if len(h.detached) == 0 && h.detachedGone != nil {
+	h.wakeDetachedLocked()
+}
+
+// wakeDetachedLocked tells WaitDetached when no watch owns its connection any more; mu is held.
+func (h *Handler) wakeDetachedLocked() {
+	if len(h.detached) == 0 && len(h.owned) == 0 && h.detachedGone != nil {
 		close(h.detachedGone)
 		h.detachedGone = nil
 	}
 }
 
-// WaitDetached waits until no detached watch is open, or until ctx ends: then it closes the
+// WaitDetached waits until no watch that owns its connection is open (a detached shared
+// watch, or a private one on HTTP/1.1, own.go), or until ctx ends: then it closes the
 // connections of those left (their streams end where they are, shutdown) and returns ctx's
-// error. At shutdown every feed ends (Deps.Done) and its detached members with it, each after
-// its queue and the last chunk; http.Server.Shutdown does not wait for hijacked connections,
-// so the server calls this after it. Watches detached after it gave up are ended at once.
+// error. At shutdown every feed ends (Deps.Done) and its watches with it, each after its
+// queue and the last chunk; http.Server.Shutdown does not wait for hijacked connections, so
+// the server calls this after it. Watches that take their connection after it gave up are
+// ended at once.
 func (h *Handler) WaitDetached(ctx context.Context) error {
 	for {
 		h.mu.Lock()
-		if len(h.detached) == 0 {
+		if len(h.detached) == 0 && len(h.owned) == 0 {
 			h.mu.Unlock()
 			return nil
 		}
@@ -378,9 +385,16 @@ func (h *Handler) WaitDetached(ctx context.Context) error {
 			for d := range h.detached {
 				left = append(left, d)
 			}
+			owned := make([]net.Conn, 0, len(h.owned))
+			for oc := range h.owned {
+				owned = append(owned, oc.c)
+			}
 			h.mu.Unlock()
 			for _, d := range left {
 				d.close(EndShutdown)
+			}
+			for _, c := range owned {
+				_ = c.Close() // the watch's next write fails, and it ends
 			}
 			return ctx.Err()
 		}

@@ -158,6 +158,7 @@ func attachedHandler(t *testing.T, x *shareFixture) *httptest.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
+	waitServed(t, h)
 	h.noDetach = true
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info, cred := reqinfo.Parse(r), upstream.Decide(r.Header, r.TLS, true, upstream.IdentityOff)

@@ -148,14 +148,16 @@ type Handler struct {
 	mu      sync.Mutex
 	live    map[*feed]struct{}
 	stopped bool
-	// detached are the open watches that own their connection (detach.go), guarded by mu;
-	// detachedGone is closed when the set empties (WaitDetached), detachForced set once
-	// WaitDetached gave up on them.
+	// detached are the open shared watches that own their connection (detach.go), owned
+	// the private ones (own.go), guarded by mu; detachedGone is closed when both sets are
+	// empty (WaitDetached), detachForced set once WaitDetached gave up on them.
 	detached     map[*detached]struct{}
+	owned        map[*ownedConn]struct{}
 	detachedGone chan struct{}
 	detachForced bool
-	// noDetach keeps every shared subscriber on its handler (tests comparing the two).
-	noDetach bool
+	// noDetach keeps every shared subscriber on its handler, noOwn every private watch on
+	// net/http's writer (tests comparing the two).
+	noDetach, noOwn bool
 	// counters holds each resource label's *eventCounters (subscriber.go).
 	counters sync.Map
 
@@ -215,7 +217,7 @@ func New(cfg Config, d Deps) (*Handler, error) {
 		d.Metrics.WatchMovesFailed.WithLabelValues(r.String())
 	}
 	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, clk: d.Clock,
-		feeds: &registry{feeds: map[string]*sharedFeed{}}, reviews: newReviews(cfg.ShareReviewEntries), detached: map[*detached]struct{}{}}
+		feeds: &registry{feeds: map[string]*sharedFeed{}}, reviews: newReviews(cfg.ShareReviewEntries), detached: map[*detached]struct{}{}, owned: map[*ownedConn]struct{}{}}
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
 	}
@@ -359,6 +361,7 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info *reqinfo.In
 		}
 		return
 	}
+	defer sub.out.finish() // after the release: the body's end is the response's
 	defer f.release()
 	if ho != nil {
 		f.handoff, ho.sub = ho, sub
@@ -457,7 +460,7 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 	sub.start(format, first.Resp.Header, fix.NewStream(fix.Options{
 		Scope: scopeOf(p.scope, cred), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
 		Mode: mode, Memory: h.deps.Memory,
-	}))
+	}), func() { cancel(nil) })
 	return f, sub, f.source(first, slot)
 }
 

@@ -68,6 +68,7 @@ func newMBB(t *testing.T, cfg Config, a, b *upstreamScript) *mbb {
 	if err != nil {
 		t.Fatal(err)
 	}
+	waitServed(t, h)
 	x.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info, cred := reqinfo.Parse(r), upstream.Decide(r.Header, r.TLS, true, upstream.IdentityOff)
 		h.Serve(w, r, &info, &cred, "")
@@ -305,6 +306,7 @@ func TestGoneOnOneBackendResumesOnAnother(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	waitServed(t, h)
 	f := &fixture{h: h, m: m, srv: httptest.NewServer(h)}
 	defer f.srv.Close()
 	clk.stepTimers(t)                                                                // a resume's backoff after b's 410

@@ -62,6 +62,7 @@ func TestMovedWatchResumesElsewhereSeamlessly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	waitServed(t, h)
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	f := &fixture{h: h, m: m, srv: srv}

@@ -48,6 +48,7 @@ func TestDeleteMemoryScopedByIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	waitServed(t, h)
 	// The server's decision for a client with a verified certificate named by X-Test-User.
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		leaf := &x509.Certificate{Subject: pkix.Name{CommonName: r.Header.Get("X-Test-User")}}

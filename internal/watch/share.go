@@ -829,10 +829,11 @@ func (sf *sharedFeed) pump(r *http.Request, m *member, out *batchWriter, deadlin
 	if out.flushClient() != nil {
 		return EndClientGone
 	}
+	left := out.leftChan(r)
 	for {
 		select {
 		case <-m.wake:
-		case <-r.Context().Done():
+		case <-left:
 			return EndClientGone
 		case <-deadline:
 			return EndDeadline

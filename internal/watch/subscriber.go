@@ -1,12 +1,8 @@
 package watch
 
 import (
-	"errors"
 	"net/http"
-	"os"
-	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -70,13 +66,21 @@ func newSubscriber(h *Handler, w http.ResponseWriter, r *http.Request, p params,
 }
 
 // start begins the stream in format, the first answer's header copied from hdr, its policy
-// fs; the status line and headers go out at once.
-func (s *subscriber) start(format stream.Format, hdr http.Header, fs *fix.Stream) {
+// fs; the status line and headers go out at once. On HTTP/1.1 the watch then takes its
+// connection (own.go), and leave is called when the client leaves.
+func (s *subscriber) start(format stream.Format, hdr http.Header, fs *fix.Stream, leave func()) {
 	s.fix, s.format = fs, format
 	copyHeader(s.w.Header(), hdr)
 	s.w.Header().Del("Content-Length")
+	own := s.h.mayOwn(s.client)
+	if own {
+		s.w.Header().Set("Connection", "close") // the watch closes it after its last chunk
+	}
 	s.w.WriteHeader(http.StatusOK)
-	_ = s.out.flushClient() // an error is sticky: the feed's first read ends the watch with it
+	// An error is sticky: the feed's first read ends the watch with it.
+	if s.out.flushClient() == nil && own {
+		s.out.own(s.h, s.w, leave)
+	}
 	s.writer = stream.NewWriter(format, &s.out)
 }
 
@@ -141,7 +145,9 @@ func (s *subscriber) broken() (EndReason, error) {
 }
 
 // gone says whether the client went away (sink).
-func (s *subscriber) gone() bool { return s.client.Context().Err() != nil }
+func (s *subscriber) gone() bool {
+	return s.client.Context().Err() != nil || s.out.conn != nil && s.out.conn.gone.Load()
+}
 
 // relist writes st, an ERROR 410, and flushes it (sink).
 func (s *subscriber) relist(st *metav1.Status) {
@@ -214,149 +220,4 @@ func (rs regressions) MarshalLogArray(enc zapcore.ArrayEncoder) error {
 		}))
 	}
 	return nil
-}
-
-// batchSize is the most a batch of events holds before it is written: what the Reader reads
-// at most at once (stream's busy buffer), so a busy watch writes once per upstream read.
-const batchSize = 64 << 10
-
-// batchPool holds batch buffers between bursts: a quiet watch holds none.
-var batchPool = sync.Pool{New: func() any { b := make([]byte, 0, batchSize); return &b }}
-
-// batchWriter collects whole events for the client's response and writes them in one go when
-// flushed (or when the next event would not fit). The first error is sticky: the client's
-// connection is broken then, and nothing more is written to it.
-//
-// What one flush sends the client (the events of one upstream read, at most a batch and any
-// frames too big for one) gets timeout (Config.WriteTimeout) to get through: a client that
-// stops reading fills its connection's buffers, and then the write blocks. Without a deadline
-// it would block for good, the watch holding its upstream stream open (issue 16: 100 watches
-// that never read held 431 MiB, and passed for stalled upstreams). With one, the write fails,
-// the watch ends (EndSlowClient) and its upstream watch is closed. The deadline is set at the
-// first write after a flush and cleared when the flush is done: it bounds writing, never the
-// time between writes (a quiet watch writes nothing for minutes), and over HTTP/2 a deadline
-// is the stream's, which resets the stream when it passes whether or not a write is pending.
-type batchWriter struct {
-	w   http.ResponseWriter
-	rc  *http.ResponseController
-	buf *[]byte // from batchPool while it holds something; nil otherwise
-	// unflushed: bytes were handed to w since its last flush.
-	unflushed bool
-	err       error
-
-	// timeout bounds writing out what one flush sends; 0: none (the writer cannot set deadlines).
-	timeout time.Duration
-	// deadline is the current flush's (on the real clock, as the connection's deadline is,
-	// never the Handler's), zero between flushes; slow: a write failed at it (the
-	// client did not read).
-	deadline time.Time
-	slow     bool
-}
-
-// newBatchWriter writes to w, what each flush sends bounded by timeout.
-func newBatchWriter(w http.ResponseWriter, rc *http.ResponseController, timeout time.Duration) batchWriter {
-	return batchWriter{w: w, rc: rc, timeout: timeout}
-}
-
-// arm starts the deadline of the flush that the write about to start is part of, unless it
-// runs already. Per flush, not per watch: a client that reads, however slowly, only has to
-// take each flush's worth within the timeout.
-func (b *batchWriter) arm() {
-	if b.timeout <= 0 || !b.deadline.IsZero() {
-		return
-	}
-	b.deadline = time.Now().Add(b.timeout)
-	if err := b.rc.SetWriteDeadline(b.deadline); err != nil {
-		b.timeout = 0 // a ResponseWriter that cannot (a test's recorder): no deadline, as before
-		b.deadline = time.Time{}
-	}
-}
-
-// disarm clears the deadline once a flush is through (see batchWriter).
-func (b *batchWriter) disarm() {
-	if b.deadline.IsZero() {
-		return
-	}
-	b.deadline = time.Time{}
-	if b.err == nil {
-		_ = b.rc.SetWriteDeadline(time.Time{})
-	}
-}
-
-// fail records the first error of a write to the client and whether it was the deadline's:
-// an HTTP/1 connection says so (os.ErrDeadlineExceeded), an HTTP/2 stream is reset when its
-// deadline passes and only says it is closed, hence the clock.
-func (b *batchWriter) fail(err error) {
-	b.err = err
-	if !b.deadline.IsZero() && (errors.Is(err, os.ErrDeadlineExceeded) || !time.Now().Before(b.deadline)) {
-		b.slow = true
-	}
-}
-
-func (b *batchWriter) Write(p []byte) (int, error) {
-	if b.err != nil {
-		return 0, b.err
-	}
-	if b.buf != nil && len(*b.buf)+len(p) > batchSize {
-		b.writeOut()
-		if b.err != nil {
-			return 0, b.err
-		}
-	}
-	if len(p) >= batchSize {
-		// Nothing to gain from copying a frame this big; it goes out as it is.
-		b.unflushed = true
-		b.arm()
-		if _, err := b.w.Write(p); err != nil {
-			b.fail(err)
-			return 0, err
-		}
-		return len(p), nil
-	}
-	if b.buf == nil {
-		b.buf = batchPool.Get().(*[]byte)
-	}
-	*b.buf = append(*b.buf, p...)
-	return len(p), nil
-}
-
-// writeOut hands the batch to the response writer, without flushing it, and returns the
-// buffer to the pool.
-func (b *batchWriter) writeOut() {
-	if b.buf == nil {
-		return
-	}
-	if len(*b.buf) > 0 && b.err == nil {
-		b.unflushed = true
-		b.arm()
-		if _, err := b.w.Write(*b.buf); err != nil {
-			b.fail(err)
-		}
-	}
-	*b.buf = (*b.buf)[:0]
-	batchPool.Put(b.buf)
-	b.buf = nil
-}
-
-// flush writes the batch out and flushes the response to the client.
-func (b *batchWriter) flush() error {
-	if b.buf == nil && !b.unflushed {
-		return b.err
-	}
-	b.writeOut()
-	return b.flushClient()
-}
-
-// flushClient flushes what the response writer holds to the client (the status line and
-// headers too, before the first event).
-func (b *batchWriter) flushClient() error {
-	b.unflushed = false
-	if b.err == nil {
-		b.arm()
-		if err := b.rc.Flush(); err != nil {
-			b.fail(err)
-		}
-	}
-	b.disarm()
-	return b.err
 }

@@ -151,6 +151,7 @@ func newFixtureClock(t *testing.T, cfg Config, up *upstreamScript, clk *stepCloc
 	if err != nil {
 		t.Fatal(err)
 	}
+	waitServed(t, f.h)
 	f.srv = httptest.NewServer(f.h)
 	t.Cleanup(f.srv.Close)
 	return f
@@ -830,4 +831,23 @@ func TestEventsFlushedWhileUpstreamWaits(t *testing.T) {
 			t.Fatalf("event %q not delivered while the upstream is silent", want)
 		}
 	}
+}
+
+// waitServed makes the test's end wait for h's watches that own their connection or detached
+// from their handler: httptest.Server.Close does not wait for hijacked connections, and such a
+// watch logs to the test as it ends (its client closed the connection at the test's cleanup).
+// Registered right after New, it runs after the cleanups of the servers and clients made
+// later. A watch still open 10 seconds on is an error: its client is gone, or the test never
+// let it end.
+func waitServed(t *testing.T, h *Handler) {
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := h.WaitDetached(ctx); err != nil {
+			t.Errorf("watches were still open on their own connections 10s after the test: %v", err)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = h.WaitDetached(ctx) // closed by the first: they end now
+		}
+	})
 }

@@ -1,0 +1,216 @@
+package watch
+
+import (
+	"errors"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// batchSize is the most a batch of events holds before it is written: what the Reader reads
+// at most at once (stream's busy buffer), so a busy watch writes once per upstream read.
+const batchSize = 64 << 10
+
+// chunkRoom is what a batch buffer holds beyond batchSize: a chunk's size line (at most 8 hex
+// digits and CRLF, before the frames) and the CRLF after them, when the watch writes its
+// chunked body itself (ownedConn), plus slack.
+const chunkRoom = 16
+
+// chunkHead is the room a batch keeps before its frames for the chunk's size line when it is
+// written to an owned connection: 8 hex digits and CRLF.
+const chunkHead = 10
+
+// batchPool holds batch buffers between bursts: a quiet watch holds none. Its buffers are
+// empty, with room for a batch and its chunk framing.
+var batchPool = sync.Pool{New: func() any { b := make([]byte, 0, batchSize+chunkRoom); return &b }}
+
+// batchWriter collects whole events for the client's response and writes them in one go when
+// flushed (or when the next event would not fit). The first error is sticky: the client's
+// connection is broken then, and nothing more is written to it.
+//
+// It writes to net/http's ResponseWriter, or, once the watch took its HTTP/1.1 client's
+// connection (own, ownedConn), to the connection itself, each batch one chunk of the chunked
+// body in one write(2) (docs/design.md section 5, "One write per flush").
+//
+// What one flush sends the client (the events of one upstream read, at most a batch and any
+// frames too big for one) gets timeout (Config.WriteTimeout) to get through: a client that
+// stops reading fills its connection's buffers, and then the write blocks. Without a deadline
+// it would block for good, the watch holding its upstream stream open (issue 16: 100 watches
+// that never read held 431 MiB, and passed for stalled upstreams). With one, the write fails,
+// the watch ends (EndSlowClient) and its upstream watch is closed. The deadline is set at the
+// first write after a flush and cleared when the flush is done: it bounds writing, never the
+// time between writes (a quiet watch writes nothing for minutes), and over HTTP/2 a deadline
+// is the stream's, which resets the stream when it passes whether or not a write is pending.
+type batchWriter struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+	// conn is the client's connection once the watch owns it (own); nil: w frames the body.
+	conn *ownedConn
+	buf  *[]byte // from batchPool while it holds something; nil otherwise
+	// unflushed: bytes were handed to w since its last flush.
+	unflushed bool
+	err       error
+
+	// timeout bounds writing out what one flush sends; 0: none (the writer cannot set deadlines).
+	timeout time.Duration
+	// deadline is the current flush's (on the real clock, as the connection's deadline is,
+	// never the Handler's), zero between flushes; slow: a write failed at it (the
+	// client did not read).
+	deadline time.Time
+	slow     bool
+}
+
+// newBatchWriter writes to w, what each flush sends bounded by timeout.
+func newBatchWriter(w http.ResponseWriter, rc *http.ResponseController, timeout time.Duration) batchWriter {
+	return batchWriter{w: w, rc: rc, timeout: timeout}
+}
+
+// arm starts the deadline of the flush that the write about to start is part of, unless it
+// runs already. Per flush, not per watch: a client that reads, however slowly, only has to
+// take each flush's worth within the timeout.
+func (b *batchWriter) arm() {
+	if b.timeout <= 0 || !b.deadline.IsZero() {
+		return
+	}
+	b.deadline = time.Now().Add(b.timeout)
+	if err := b.setWriteDeadline(b.deadline); err != nil {
+		b.timeout = 0 // a ResponseWriter that cannot (a test's recorder): no deadline, as before
+		b.deadline = time.Time{}
+	}
+}
+
+// disarm clears the deadline once a flush is through (see batchWriter).
+func (b *batchWriter) disarm() {
+	if b.deadline.IsZero() {
+		return
+	}
+	b.deadline = time.Time{}
+	if b.err == nil {
+		_ = b.setWriteDeadline(time.Time{})
+	}
+}
+
+func (b *batchWriter) setWriteDeadline(t time.Time) error {
+	if b.conn != nil {
+		return b.conn.c.SetWriteDeadline(t)
+	}
+	return b.rc.SetWriteDeadline(t)
+}
+
+// fail records the first error of a write to the client and whether it was the deadline's:
+// an HTTP/1 connection says so (os.ErrDeadlineExceeded), an HTTP/2 stream is reset when its
+// deadline passes and only says it is closed, hence the clock.
+func (b *batchWriter) fail(err error) {
+	b.err = err
+	if !b.deadline.IsZero() && (errors.Is(err, os.ErrDeadlineExceeded) || !time.Now().Before(b.deadline)) {
+		b.slow = true
+	}
+}
+
+func (b *batchWriter) Write(p []byte) (int, error) {
+	if b.err != nil {
+		return 0, b.err
+	}
+	if b.buf != nil && len(*b.buf)+len(p) > batchSize {
+		b.writeOut()
+		if b.err != nil {
+			return 0, b.err
+		}
+	}
+	if len(p) >= batchSize {
+		// Nothing to gain from copying a frame this big; it goes out as it is.
+		b.unflushed = true
+		b.arm()
+		if err := b.writeRaw(p); err != nil {
+			b.fail(err)
+			return 0, err
+		}
+		return len(p), nil
+	}
+	if b.buf == nil {
+		b.buf = batchPool.Get().(*[]byte)
+		if b.conn != nil {
+			*b.buf = (*b.buf)[:chunkHead] // the size line's room
+		}
+	}
+	*b.buf = append(*b.buf, p...)
+	return len(p), nil
+}
+
+// writeRaw writes a frame too big for a batch: through w, or as a chunk of its own.
+func (b *batchWriter) writeRaw(p []byte) error {
+	if b.conn == nil {
+		_, err := b.w.Write(p)
+		return err
+	}
+	var head [chunkHead]byte
+	h := append(strconv.AppendUint(head[:0], uint64(len(p)), 16), '\r', '\n')
+	for _, part := range [][]byte{h, p, crlf} {
+		if _, err := b.conn.c.Write(part); err != nil {
+			return err
+		}
+	}
+	b.conn.bytes += int64(len(p))
+	return nil
+}
+
+// writeOut hands the batch to the response writer, without flushing it, or writes it to the
+// owned connection as one chunk, and returns the buffer to the pool.
+func (b *batchWriter) writeOut() {
+	if b.buf == nil {
+		return
+	}
+	bb := *b.buf
+	if b.conn != nil && len(bb) > chunkHead && b.err == nil {
+		// The size line goes right before the frames, in the room kept for it: the chunk is
+		// one write.
+		n := len(bb) - chunkHead
+		var head [chunkHead]byte
+		h := append(strconv.AppendUint(head[:0], uint64(n), 16), '\r', '\n')
+		start := chunkHead - len(h)
+		copy(bb[start:], h)
+		bb = append(bb, '\r', '\n')
+		b.unflushed = true
+		b.arm()
+		if _, err := b.conn.c.Write(bb[start:]); err != nil {
+			b.fail(err)
+		} else {
+			b.conn.bytes += int64(n)
+		}
+	} else if b.conn == nil && len(bb) > 0 && b.err == nil {
+		b.unflushed = true
+		b.arm()
+		if _, err := b.w.Write(bb); err != nil {
+			b.fail(err)
+		}
+	}
+	*b.buf = bb[:0]
+	batchPool.Put(b.buf)
+	b.buf = nil
+}
+
+// flush writes the batch out and flushes the response to the client.
+func (b *batchWriter) flush() error {
+	if b.buf == nil && !b.unflushed {
+		return b.err
+	}
+	b.writeOut()
+	return b.flushClient()
+}
+
+// flushClient flushes what the response writer holds to the client (the status line and
+// headers too, before the first event). An owned connection holds nothing: its writes went
+// out as they were made.
+func (b *batchWriter) flushClient() error {
+	b.unflushed = false
+	if b.err == nil && b.conn == nil {
+		b.arm()
+		if err := b.rc.Flush(); err != nil {
+			b.fail(err)
+		}
+	}
+	b.disarm()
+	return b.err
+}

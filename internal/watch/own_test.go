@@ -1,0 +1,293 @@
+package watch
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/watchsan/watchsan/internal/reqinfo"
+	"github.com/watchsan/watchsan/internal/testutil"
+	"github.com/watchsan/watchsan/internal/upstream"
+)
+
+// writeCounter counts the Writes made on the connections its listener accepted.
+type writeCounter struct {
+	net.Listener
+	writes atomic.Int64
+}
+
+func (l *writeCounter) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &countedWrites{Conn: c, n: &l.writes}, nil
+}
+
+type countedWrites struct {
+	net.Conn
+	n *atomic.Int64
+}
+
+func (c *countedWrites) Write(p []byte) (int, error) {
+	c.n.Add(1)
+	return c.Conn.Write(p)
+}
+
+// servedCounting serves f's Handler on a listener that counts writes, through w's wrapper
+// (nil: none); it returns the address.
+func servedCounting(t *testing.T, f *fixture, wrap func(http.ResponseWriter) http.ResponseWriter) (string, *writeCounter) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wc := &writeCounter{Listener: ln}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if wrap != nil {
+			w = wrap(w)
+		}
+		info, cred := reqinfo.Parse(r), upstream.Decide(r.Header, r.TLS, false, upstream.IdentityOff)
+		f.h.Serve(w, r, &info, &cred, "")
+	}))
+	srv.Listener = wc
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return wc.Addr().String(), wc
+}
+
+// chunks splits a chunked body as sent into its chunks' sizes; complete: it ended with the
+// last chunk.
+func chunks(t *testing.T, raw []byte) (sizes []int, complete bool) {
+	t.Helper()
+	br := bufio.NewReader(bytes.NewReader(raw))
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return sizes, false
+		}
+		n, err := strconv.ParseUint(strings.TrimSpace(line), 16, 32)
+		if err != nil {
+			t.Fatalf("chunk size line %q: %v", line, err)
+		}
+		if n == 0 {
+			return sizes, true
+		}
+		if _, err := br.Discard(int(n) + 2); err != nil {
+			return sizes, false
+		}
+		sizes = append(sizes, int(n))
+	}
+}
+
+// burst is n events of about 200 bytes each, from resourceVersion 10 on.
+func burst(n int) []string {
+	evs := make([]string, n)
+	for i := range evs {
+		evs[i] = obj("ADDED", fmt.Sprintf("cm-%03d", i), strconv.Itoa(10+i))
+	}
+	return evs
+}
+
+// A private watch on HTTP/1.1 takes its connection once the head is out and writes each
+// batch as one chunk in one write (docs/design.md section 5): a burst the upstream sends at
+// once reaches the client in chunks bigger than net/http's 4 KiB buffer, each of them one
+// Write on the connection. Kept on net/http's writer (noOwn), the same chunks take more
+// writes than there are chunks: the control that shows the count can tell.
+func TestOwnedOneWritePerChunk(t *testing.T) {
+	for _, own := range []bool{true, false} {
+		t.Run(fmt.Sprintf("owned=%v", own), func(t *testing.T) {
+			up := &upstreamScript{}
+			evs := burst(300)
+			up.steps = []func(http.ResponseWriter, *http.Request){func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(200)
+				io.WriteString(w, strings.Join(evs, "")) // one write, bigger than a bufio buffer
+				w.(http.Flusher).Flush()
+				<-r.Context().Done()
+			}}
+			f := newFixture(t, Config{}, up)
+			f.h.noOwn = !own
+			addr, wc := servedCounting(t, f, nil)
+			_, head, raw := rawWatch(t, addr, "resourceVersion=5")
+			if got := strings.Contains(head, "Connection: close"); got != own {
+				t.Errorf("head says Connection: close %v, want %v:\n%s", got, own, head)
+			}
+			testutil.Eventually(t, 10*time.Second, "every event on the wire", func() bool {
+				b, _ := raw.get()
+				body, _ := dechunk(t, b)
+				return bytes.Count(body, []byte("\n")) == len(evs)
+			})
+			b, _ := raw.get()
+			body, _ := dechunk(t, b)
+			if string(body) != strings.Join(evs, "") {
+				t.Fatalf("the body is not the events as sent")
+			}
+			sizes, _ := chunks(t, b)
+			big := 0
+			for _, n := range sizes {
+				if n > 4<<10 {
+					big++
+				}
+			}
+			writes := int(wc.writes.Load()) - 1 // the head's
+			t.Logf("owned=%v: %d chunks (%d over 4 KiB) in %d writes", own, len(sizes), big, writes)
+			if big == 0 {
+				t.Fatalf("no chunk over 4 KiB (%v): the test shows nothing", sizes)
+			}
+			switch {
+			case own && writes != len(sizes):
+				t.Errorf("%d chunks took %d writes, want one each", len(sizes), writes)
+			case !own && writes <= len(sizes):
+				t.Errorf("net/http wrote %d chunks over 4 KiB in %d writes: the control tells nothing", big, writes)
+			}
+			if own {
+				f.h.mu.Lock()
+				n := len(f.h.owned)
+				f.h.mu.Unlock()
+				if n != 1 {
+					t.Errorf("%d owned connections, want 1", n)
+				}
+			}
+		})
+	}
+}
+
+// A client that leaves an owned watch (closes its connection) ends it at once: the upstream
+// watch is closed, the stream counted as client-gone, the open watch uncounted, the bytes
+// told to the Detacher (the access log's) and the connection no longer owned.
+func TestOwnedClientLeaves(t *testing.T) {
+	up := &upstreamScript{canceled: make(chan struct{})}
+	up.steps = []func(http.ResponseWriter, *http.Request){thenHang(up, obj("ADDED", "a", "10"), obj("ADDED", "b", "11"))}
+	f := newFixture(t, Config{}, up)
+	told := make(chan int64, 1)
+	addr, _ := servedCounting(t, f, func(w http.ResponseWriter) http.ResponseWriter {
+		return &detachRecorder{ResponseWriter: w, told: told}
+	})
+	c, _, raw := rawWatch(t, addr, "resourceVersion=5")
+	onWire(t, raw, 2)
+	open := f.m.OpenWatches.WithLabelValues("configmaps")
+	if v := promtest.ToFloat64(open); v != 1 {
+		t.Fatalf("open watches %v, want 1", v)
+	}
+	c.Close()
+	select {
+	case <-up.canceled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream watch was not closed after the client left")
+	}
+	testutil.Eventually(t, 10*time.Second, "the watch ended as client-gone", func() bool {
+		return promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndClientGone.String())) == 1 && promtest.ToFloat64(open) == 0
+	})
+	select {
+	case n := <-told:
+		if want := int64(len(obj("ADDED", "a", "10")) * 2); n != want {
+			t.Errorf("the Detacher was told %d bytes, want %d", n, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Detacher was never told the stream ended")
+	}
+	if err := f.h.WaitDetached(ctxT(t, time.Second)); err != nil {
+		t.Errorf("WaitDetached: %v with no watch open", err)
+	}
+}
+
+// At shutdown an owned watch ends cleanly: the last chunk, the connection closed, and
+// WaitDetached (which the server calls after http.Server.Shutdown, which does not wait for
+// hijacked connections) waits for it.
+func TestOwnedShutdownEndsWithLastChunk(t *testing.T) {
+	up := &upstreamScript{}
+	up.steps = []func(http.ResponseWriter, *http.Request){thenHang(up, obj("ADDED", "a", "10"))}
+	f := newFixture(t, Config{}, up)
+	addr, _ := servedCounting(t, f, nil)
+	_, _, raw := rawWatch(t, addr, "resourceVersion=5")
+	onWire(t, raw, 1)
+	close(f.done)
+	if err := f.h.WaitDetached(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatalf("WaitDetached: %v", err)
+	}
+	b, err := raw.ended(t, "the owned watch")
+	if err != io.EOF {
+		t.Errorf("its connection ended with %v, want EOF", err)
+	}
+	if _, complete := chunks(t, b); !complete {
+		t.Errorf("no last chunk: %q", b)
+	}
+	if v := promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndShutdown.String())); v != 1 {
+		t.Errorf("ends{shutdown} = %v, want 1", v)
+	}
+}
+
+// WaitDetached is bounded for owned watches too: past its context it closes their connections.
+func TestWaitOwnedBounded(t *testing.T) {
+	up := &upstreamScript{}
+	up.steps = []func(http.ResponseWriter, *http.Request){thenHang(up, obj("ADDED", "a", "10"))}
+	f := newFixture(t, Config{}, up)
+	addr, _ := servedCounting(t, f, nil)
+	_, _, raw := rawWatch(t, addr, "resourceVersion=5")
+	onWire(t, raw, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // no shutdown: the watch goes on, and the wait ends at once
+	if err := f.h.WaitDetached(ctx); err == nil {
+		t.Fatal("WaitDetached returned nil with an owned watch open")
+	}
+	if _, err := raw.ended(t, "the owned watch"); err != io.EOF && !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("its connection ended with %v, want EOF", err)
+	}
+	testutil.Eventually(t, 10*time.Second, "the watch ended", func() bool {
+		return promtest.ToFloat64(f.m.OpenWatches.WithLabelValues("configmaps")) == 0
+	})
+}
+
+// A client that sends a request after its watch (pipelined) gets no answer to it on this
+// connection, which the head said closes: the stream ends at once.
+func TestOwnedPipelinedRequestEnds(t *testing.T) {
+	up := &upstreamScript{canceled: make(chan struct{})}
+	up.steps = []func(http.ResponseWriter, *http.Request){thenHang(up, obj("ADDED", "a", "10"))}
+	f := newFixture(t, Config{}, up)
+	addr, _ := servedCounting(t, f, nil)
+	c, _, raw := rawWatch(t, addr, "resourceVersion=5")
+	onWire(t, raw, 1)
+	fmt.Fprintf(c, "GET /api/v1/namespaces/d/configmaps HTTP/1.1\r\nHost: watchsan\r\n\r\n")
+	if _, err := raw.ended(t, "the watch after a pipelined request"); err != io.EOF && !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("its connection ended with %v, want EOF or a reset", err)
+	}
+	select {
+	case <-up.canceled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream watch was not closed")
+	}
+	testutil.Eventually(t, 10*time.Second, "the watch ended as client-gone", func() bool {
+		return promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndClientGone.String())) == 1
+	})
+}
+
+// onWire waits until the chunked body raw holds n events.
+func onWire(t *testing.T, raw *byteStream, n int) {
+	t.Helper()
+	testutil.Eventually(t, 10*time.Second, fmt.Sprintf("%d events on the wire", n), func() bool {
+		b, _ := raw.get()
+		body, _ := dechunk(t, b)
+		return bytes.Count(body, []byte("\n")) >= n
+	})
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
