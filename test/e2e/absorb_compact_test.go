@@ -60,15 +60,7 @@ func TestAbsorbGoneCompaction(t *testing.T) {
 	}
 	ctx := ctxT(t, 5*time.Minute)
 	cms := writer.CoreV1().ConfigMaps(ns)
-	for i := range 25 {
-		name := fmt.Sprintf("keep-%02d", i)
-		if i >= 20 {
-			name = fmt.Sprintf("cycle-%d", i-20)
-		}
-		if _, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"seq": "0"}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	absorbSeed(t, ctx, cms)
 
 	front := newFaultedAPIServer(t, c, 0)
 	ups := []string{"--upstream=" + front.URL, "--upstream-ca-file=" + front.CAFile}
@@ -80,9 +72,7 @@ func TestAbsorbGoneCompaction(t *testing.T) {
 	lend := startProxy(t, append([]string{"--kubeconfig=" + kc, "--share-watches=false"}, resilienceFlags...)...)
 	ownCfg, lendCfg, directCfg := resilienceClientConfig(c, own), resilienceClientConfig(c, lend), front.directConfig(c)
 	lendCfg.BearerToken = ""
-	absorbJSON(ownCfg)
-	absorbJSON(lendCfg)
-	absorbJSON(directCfg)
+	ownCfg, lendCfg, directCfg = absorbJSON(ownCfg), absorbJSON(lendCfg), absorbJSON(directCfg)
 	via := []*countingInformer{
 		startCountingInformerWatching(t, "watchsan, own token", ownCfg, ns, 15*time.Minute),
 		startCountingInformerWatching(t, "watchsan, lent identity, no sharing", lendCfg, ns, 20*time.Second),
@@ -174,14 +164,8 @@ func TestAbsorbGoneCompaction(t *testing.T) {
 	for _, w := range all {
 		t.Logf("%s", w.counts())
 	}
-	for _, w := range via {
-		if n := w.relists(); n != 0 {
-			t.Errorf("%s relisted %d times through %d compactions, want 0", w.name, n, absorbCompactions)
-		}
-		if r := absorbResyncs(w); r != 0 {
-			t.Errorf("%s: %d updates whose object did not change (a relist's replay), want 0", w.name, r)
-		}
-	}
+	requireNoRelists(t, via, absorbCompactions, "compactions")
+	requireWatchFormats(t, via)
 	if n := direct.relists(); n < absorbCompactions {
 		t.Errorf("%s relisted %d times through %d compactions, want one each", direct.name, n, absorbCompactions)
 	}

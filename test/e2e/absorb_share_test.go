@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,9 +25,10 @@ import (
 const absorbShareRestarts = 4
 
 // TestAbsorbGoneOnASharedFeed: watchsan with its default configuration (sharing on) lending the
-// admin token's identity from a kubeconfig naming apiserver-0 alone, three JSON informers of
-// one namespace's configmaps through it (each watch with timeoutSeconds=15, so they re-watch,
-// and join the feed, during the test), apiserver-0 restarted four times, SIGKILL and SIGTERM
+// admin token's identity from a kubeconfig naming apiserver-0 alone, three informers of one
+// namespace's configmaps through it, two in JSON (one feed) and a typed one in protobuf (a
+// feed of its own: another Accept), each watch with timeoutSeconds=15, so they re-watch, and
+// join their feed, during the test; apiserver-0 restarted four times, SIGKILL and SIGTERM
 // alternating, the namespace changed on apiserver-1 while it is down (etcd moved on in every
 // round, so every resume from before the restart is answered 410). After each restart every
 // informer's store equals a fresh list; no informer relists, watchsan tells no client to
@@ -43,15 +43,7 @@ func TestAbsorbGoneOnASharedFeed(t *testing.T) {
 	}
 	ctx := ctxT(t, 10*time.Minute)
 	cms := writer.CoreV1().ConfigMaps(ns)
-	for i := range 25 {
-		name := fmt.Sprintf("keep-%02d", i)
-		if i >= 20 {
-			name = fmt.Sprintf("cycle-%d", i-20)
-		}
-		if _, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"seq": "0"}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	absorbSeed(t, ctx, cms)
 
 	kc := filepath.Join(t.TempDir(), "lent.kubeconfig")
 	if err := c.WriteKubeconfig(kc, c.APIServers[0].URL, c.AdminToken, c.CAFile); err != nil {
@@ -60,14 +52,17 @@ func TestAbsorbGoneOnASharedFeed(t *testing.T) {
 	p := startProxy(t, append([]string{"--kubeconfig=" + kc}, resilienceFlags...)...) // sharing on: the default
 	cfg := resilienceClientConfig(c, p)
 	cfg.BearerToken = ""
-	absorbJSON(cfg)
+	jsonCfg := absorbJSON(cfg)
 	var via []*countingInformer
-	for i := range 3 {
-		via = append(via, startCountingInformerWatching(t, fmt.Sprintf("watchsan, shared, informer %d", i), cfg, ns, 15*time.Second))
+	for i := range 2 {
+		via = append(via, startCountingInformerWatching(t, fmt.Sprintf("watchsan, shared, informer %d", i), jsonCfg, ns, 15*time.Second))
 	}
+	// A typed informer (protobuf, the clientset's default): its own feed (another Accept),
+	// whose state is protobuf frames.
+	via = append(via, startCountingInformerWatching(t, "watchsan, shared, informer 2, protobuf", cfg, ns, 15*time.Second))
 	direct := startCountingInformer(t, "control: direct to apiserver-0", c.RESTConfig(0, c.AdminToken), ns)
 	all := append(slices.Clone(via), direct)
-	eventually(t, 30*time.Second, "the informers' watch-lists to hand off onto one feed", func() bool {
+	eventually(t, 30*time.Second, "the informers' watch-lists to hand off onto shared feeds", func() bool {
 		return p.Metric("watchsan_shared_feed_handoffs_total", map[string]string{"result": "opened"})+
 			p.Metric("watchsan_shared_feed_handoffs_total", map[string]string{"result": "joined"}) == float64(len(via))
 	})
@@ -76,27 +71,12 @@ func TestAbsorbGoneOnASharedFeed(t *testing.T) {
 	a := c.APIServers[0]
 	started := time.Now()
 	for round := range absorbShareRestarts {
-		sig := syscall.SIGKILL
-		if round%2 == 1 {
-			sig = syscall.SIGTERM
-		}
 		before := make([]int64, len(all))
 		for i, w := range all {
 			before[i] = w.relists()
 		}
 		stoppedAt := time.Now()
-		if sig == syscall.SIGKILL {
-			if err := a.Kill(); err != nil {
-				t.Fatal(err)
-			}
-		} else {
-			if err := a.Signal(syscall.SIGTERM); err != nil {
-				t.Fatal(err)
-			}
-			if err := a.Wait(ctxT(t, time.Minute)); err != nil {
-				t.Fatal(err)
-			}
-		}
+		sig := absorbStop(t, a, round)
 		if _, err := bump.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{GenerateName: "absorb-bump-"}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -118,14 +98,8 @@ func TestAbsorbGoneOnASharedFeed(t *testing.T) {
 	for _, w := range all {
 		t.Logf("%s", w.counts())
 	}
-	for _, w := range via {
-		if n := w.relists(); n != 0 {
-			t.Errorf("%s relisted %d times through %d restarts, want 0", w.name, n, absorbShareRestarts)
-		}
-		if r := absorbResyncs(w); r != 0 {
-			t.Errorf("%s: %d updates whose object did not change (a relist's replay), want 0", w.name, r)
-		}
-	}
+	requireNoRelists(t, via, absorbShareRestarts, "restarts")
+	requireWatchFormats(t, via)
 	if n := direct.relists(); n == 0 {
 		t.Errorf("%s never relisted: no restart was answered 410, so the test cannot tell absorbing from no 410", direct.name)
 	}

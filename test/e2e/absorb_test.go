@@ -11,8 +11,8 @@ package e2e
 //
 // What absorbs (docs/design.md section 12): a feed whose upstream watch began with the initial
 // state (a watch-list) keeps a complete state, and a re-watch from exactly where such a watch
-// ended adopts it. Shared feeds keep none yet, so the informers here are the two watches that
-// stay private with sharing on: a client's own token (its watch-list is private; its watches
+// ended adopts it. Shared feeds, which hold a state too, are absorb_share_test.go's; the
+// informers here are the two watches that stay private with sharing on: a client's own token (its watch-list is private; its watches
 // are given a timeout longer than the test, since a re-watch would join a shared feed), and
 // the lent identity with --share-watches=false (re-watching every 20 s, so it also shows the
 // state handed from one watch to the next). Each in JSON (as every client of a custom
@@ -59,18 +59,7 @@ func TestAbsorbGoneAcrossRestarts(t *testing.T) {
 	}
 	ctx := ctxT(t, 20*time.Minute)
 	cms := writer.CoreV1().ConfigMaps(ns)
-	mk := func(name, seq string) {
-		t.Helper()
-		if _, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"seq": seq}}, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("create %s: %v", name, err)
-		}
-	}
-	for i := range 20 {
-		mk(fmt.Sprintf("keep-%02d", i), "0")
-	}
-	for i := range 5 {
-		mk(fmt.Sprintf("cycle-%d", i), "0")
-	}
+	absorbSeed(t, ctx, cms)
 
 	own, lend, via := absorbInformers(t, c, ns, resilienceProxyArgs(c, 0), nil)
 	direct := startCountingInformer(t, "control: direct to apiserver-0", c.RESTConfig(0, c.AdminToken), ns)
@@ -79,27 +68,12 @@ func TestAbsorbGoneAcrossRestarts(t *testing.T) {
 
 	a := c.APIServers[0]
 	for round := range absorbRestarts {
-		sig := syscall.SIGKILL
-		if round%2 == 1 {
-			sig = syscall.SIGTERM
-		}
 		before := make([]int64, len(all))
 		for i, w := range all {
 			before[i] = w.relists()
 		}
 		stoppedAt := time.Now()
-		if sig == syscall.SIGKILL {
-			if err := a.Kill(); err != nil {
-				t.Fatal(err)
-			}
-		} else {
-			if err := a.Signal(syscall.SIGTERM); err != nil {
-				t.Fatal(err)
-			}
-			if err := a.Wait(ctxT(t, time.Minute)); err != nil {
-				t.Fatal(err)
-			}
-		}
+		sig := absorbStop(t, a, round)
 		// The outage's changes, made on apiserver-1. Every round moves etcd on (another
 		// namespace), so the restarted watch cache begins after every watch's resume point.
 		if _, err := bump.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{GenerateName: "absorb-bump-"}}, metav1.CreateOptions{}); err != nil {
@@ -127,14 +101,7 @@ func TestAbsorbGoneAcrossRestarts(t *testing.T) {
 	for _, w := range all {
 		t.Logf("%s", w.counts())
 	}
-	for _, w := range via {
-		if n := w.relists(); n != 0 {
-			t.Errorf("%s relisted %d times through %d restarts, want 0", w.name, n, absorbRestarts)
-		}
-		if r := absorbResyncs(w); r != 0 {
-			t.Errorf("%s: %d updates whose object did not change (a relist's replay), want 0", w.name, r)
-		}
-	}
+	requireNoRelists(t, via, absorbRestarts, "restarts")
 	if n := direct.relists(); n == 0 {
 		t.Errorf("%s never relisted: no restart was answered 410, so the test cannot tell absorbing from no 410", direct.name)
 	}
@@ -145,6 +112,60 @@ func TestAbsorbGoneAcrossRestarts(t *testing.T) {
 		}
 		t.Logf("watchsan: %s", resumeSummary(p))
 		requireAbsorbed(t, p, via[i].name)
+	}
+}
+
+// absorbSeed creates the configmaps the absorb tests' namespace starts with: keep-00 to keep-19
+// (absorbOutageChanges updates and deletes them, one each round) and cycle-0 to cycle-4 (it
+// deletes and recreates them).
+func absorbSeed(t *testing.T, ctx context.Context, cms interface {
+	Create(context.Context, *corev1.ConfigMap, metav1.CreateOptions) (*corev1.ConfigMap, error)
+}) {
+	t.Helper()
+	var names []string
+	for i := range 20 {
+		names = append(names, fmt.Sprintf("keep-%02d", i))
+	}
+	for i := range 5 {
+		names = append(names, fmt.Sprintf("cycle-%d", i))
+	}
+	for _, name := range names {
+		if _, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"seq": "0"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create %s: %v", name, err)
+		}
+	}
+}
+
+// absorbStop stops the apiserver a for round r of a restart test: SIGKILL in even rounds,
+// SIGTERM (a rolling restart's, waited for until it exits) in odd ones. It returns the signal.
+func absorbStop(t *testing.T, a *cluster.APIServer, r int) syscall.Signal {
+	t.Helper()
+	if r%2 == 0 {
+		if err := a.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		return syscall.SIGKILL
+	}
+	if err := a.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Wait(ctxT(t, time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	return syscall.SIGTERM
+}
+
+// requireNoRelists fails for every informer of via that relisted, or whose handlers got
+// updates of unchanged objects (a relist's replay), through n faults of the kind what.
+func requireNoRelists(t *testing.T, via []*countingInformer, n int, what string) {
+	t.Helper()
+	for _, w := range via {
+		if r := w.relists(); r != 0 {
+			t.Errorf("%s relisted %d times through %d %s, want 0", w.name, r, n, what)
+		}
+		if r := absorbResyncs(w); r != 0 {
+			t.Errorf("%s: %d updates whose object did not change (a relist's replay), want 0", w.name, r)
+		}
 	}
 }
 
