@@ -33,7 +33,10 @@ const InitialEventsEndAnnotation = "k8s.io/initial-events-end"
 
 // Event is one watch event as read from the wire. Raw aliases the reader's buffer and the
 // *Event itself is reused: both are valid until the next call to the Reader's Next. Copy what
-// must outlive that (Clone). The string fields are ordinary immutable strings, safe to keep.
+// must outlive that (Clone). The string fields are ordinary immutable strings, safe to keep;
+// they share a block of at most 512 bytes with other events' strings (strings.go), so a
+// holder of many strings from different events, such as a cache by object, clones them
+// (strings.Clone) to hold only their own bytes.
 type Event struct {
 	// Type is ADDED, MODIFIED, DELETED, BOOKMARK or ERROR (or whatever the upstream sent).
 	Type string

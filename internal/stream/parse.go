@@ -16,7 +16,7 @@ type parseState struct {
 	arena []byte
 	// key holds a decoded JSON key or CBOR key that was not contiguous on the wire.
 	key []byte
-	// strs builds the event's one string.
+	// strs is the block the events' strings are carved from (str).
 	strs []byte
 	// js is the JSON splitter's scanner, whose container spans the parser uses; jsSkip
 	// skips what it did not record. cs is shared by the CBOR splitter and skipper (never in
@@ -66,33 +66,26 @@ func internType(b []byte) (string, bool) {
 	return "", false
 }
 
-// fill sets ev from the parsed fields. The event's strings share one allocation.
+// fill sets ev from the parsed fields. The event's strings are carved from strs, a block
+// shared by several events' strings (strings.go).
 func (ps *parseState) fill(ev *Event, raw []byte, f Format) {
 	*ev = Event{Raw: raw}
 	typ, known := internType(ps.typ)
-	b := ps.strs[:0]
+	n := len(ps.rv) + len(ps.uid) + len(ps.ns) + len(ps.name)
 	if !known {
-		b = append(b, ps.typ...)
+		n += len(ps.typ)
 	}
-	b = append(b, ps.rv...)
-	b = append(b, ps.uid...)
-	b = append(b, ps.ns...)
-	b = append(b, ps.name...)
-	ps.strs = b
-	if len(b) > 0 {
-		s := string(b)
-		take := func(n int) string {
-			v := s[:n]
-			s = s[n:]
-			return v
+	if n > 0 {
+		if cap(ps.strs)-len(ps.strs) < n {
+			ps.strs = make([]byte, 0, blockFor(n, ps.strs == nil))
 		}
 		if !known {
-			typ = take(len(ps.typ))
+			typ = ps.str(ps.typ)
 		}
-		ev.RV = take(len(ps.rv))
-		ev.UID = take(len(ps.uid))
-		ev.Namespace = take(len(ps.ns))
-		ev.Name = take(len(ps.name))
+		ev.RV = ps.str(ps.rv)
+		ev.UID = ps.str(ps.uid)
+		ev.Namespace = ps.str(ps.ns)
+		ev.Name = ps.str(ps.name)
 	}
 	ev.Type = typ
 	ev.RVInt, ev.RVIsInt = ParseRV(ev.RV)

@@ -452,11 +452,10 @@ func (f *feed) clientEnd() attemptEnd {
 // reportProgress tells the lease how far the watch got: its resume point, and (in the live
 // phase) the RV of an object event that every watch of its scope must deliver too.
 func (f *feed) reportProgress(ev *stream.Event, d fix.Decision) {
-	rv := ev.RV
+	n, ok := ev.RVInt, ev.RVIsInt
 	if d.Action == fix.Rewrite {
-		rv = d.RV
+		n, ok = stream.ParseRV(d.RV)
 	}
-	n, ok := stream.ParseRV(rv)
 	switch {
 	case ev.Type == stream.Error || !ok:
 		return // no position; the read that brought it told the lease the backend is alive

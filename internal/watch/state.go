@@ -2,6 +2,7 @@ package watch
 
 import (
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -142,9 +143,10 @@ func (s *feedState) observe(ev *stream.Event) bool {
 		old.rv = ev.RVInt
 		return true
 	}
-	// ev's strings are its own (stream.Event), and the key is a new string: nothing aliases
-	// the reader's buffer but Raw, copied.
-	return s.put(string(s.scratch), &stateObj{uid: ev.UID, rv: ev.RVInt, frame: append(make([]byte, 0, len(ev.Raw)), ev.Raw...)})
+	// The key is a new string, the uid cloned (ev's strings share a block with other events',
+	// stream.Event, which a state of many objects would keep alive) and Raw copied: the state
+	// holds only its own bytes, as its budget counts them.
+	return s.put(string(s.scratch), &stateObj{uid: strings.Clone(ev.UID), rv: ev.RVInt, frame: append(make([]byte, 0, len(ev.Raw)), ev.Raw...)})
 }
 
 // put holds o under key, within the budgets; false when they would be passed (the state is
