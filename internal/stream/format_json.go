@@ -2,6 +2,7 @@ package stream
 
 import (
 	"bytes"
+	"math/bits"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -146,12 +147,31 @@ func (p *jsonParser) ws(i int) int {
 	return i
 }
 
+// plain is skipPlain(p.b, i): the index of the first quote or backslash at or after i, or
+// len(p.b). Within the blocks whose masks the line path kept (jsonScan.plain) it is the next
+// set bit, found without reading the bytes again; the masks mark exactly those two bytes of
+// the frame (a padded last block marks none past the line, and the newline after it is
+// neither), so past them the search goes on from the first byte they do not cover.
+func (p *jsonParser) plain(i int) int {
+	s := &p.ps.js
+	for k := i / blockSize; k < s.nplain; k++ {
+		m := s.plain[k]
+		if k == i/blockSize {
+			m &= ^uint64(0) << (i % blockSize)
+		}
+		if m != 0 {
+			return k*blockSize + bits.TrailingZeros64(m)
+		}
+	}
+	return skipPlain(p.b, min(max(i, s.nplain*blockSize), len(p.b)))
+}
+
 // str reads the string token at i (p.b[i] == '"'). It returns its content, undecoded, the
 // index past the closing quote, and whether the content holds escapes.
 func (p *jsonParser) str(i int) (content []byte, next int, esc bool, err error) {
 	j := i + 1
 	for {
-		j = skipPlain(p.b, j)
+		j = p.plain(j)
 		if j >= len(p.b) {
 			return nil, 0, false, malformed("unterminated JSON string at %d", i)
 		}
@@ -209,7 +229,7 @@ func (p *jsonParser) members(i int, first bool) (k []byte, vi int, done bool, ne
 	// The compact shape the apiserver writes, `{"key":v` or `,"key":v` with no whitespace and
 	// no escape in the key, read at once; the general path below reads it the same way.
 	if b := p.b; i+1 < len(b) && b[i+1] == '"' && b[i] == "{,"[b2i(!first)] {
-		if j := skipPlain(b, i+2); j+2 < len(b) && b[j] == '"' && b[j+1] == ':' && !isJSONSpace(b[j+2]) {
+		if j := p.plain(i + 2); j+2 < len(b) && b[j] == '"' && b[j+1] == ':' && !isJSONSpace(b[j+2]) {
 			return b[i+2 : j], j + 2, false, 0, nil
 		}
 	}

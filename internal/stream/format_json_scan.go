@@ -74,6 +74,12 @@ type jsonScan struct {
 	spans []jsonSpan
 	open  [spanDepth + 1]int
 
+	// plain[k] marks the quotes and backslashes of the frame's block k (bytes 64k..64k+63),
+	// for its first nplain blocks: what runLine saw of a line it settled, kept for the parser
+	// (jsonParser.plain). nplain is 0 when the exact scan found the frame.
+	plain  [plainBlocks]uint64
+	nplain int
+
 	// bytesOnly makes run use the byte loop alone (tests compare the two paths).
 	bytesOnly bool
 	// stats counts what the scanner did, for the tests that show each path was taken.
@@ -93,11 +99,17 @@ type jsonScanStats struct {
 // parser may skip.
 const spanDepth = 4
 
+// plainBlocks is how many blocks' quote-or-backslash masks runLine keeps for the parser: the
+// first 2 KiB of a frame, where an apiserver writes the envelope and the object's metadata
+// (managedFields, which can be longer, the parser skips by its span).
+const plainBlocks = 32
+
 // jsonSpan is a container's extent in the frame; end is 0 while it is open.
 type jsonSpan struct{ start, end int }
 
 func (s *jsonScan) reset(pos int) {
 	s.pos, s.depth, s.inStr, s.esc, s.err = pos, 0, false, false, nil
+	s.nplain = 0
 	s.spans = s.spans[:0]
 	if s.objs == nil {
 		s.objs = make([]uint64, 1, 4)
@@ -418,6 +430,10 @@ const lineDepth = 63
 // the line path exactly when it does for the exact scan, which then stops there, with what
 // follows (the newline) unread.
 //
+// On lineOK it also keeps the quote-or-backslash masks of the line's first blocks (plain):
+// a classification of each byte by its value alone, which the parser uses in place of
+// skipPlain (jsonParser.plain) for the same answer.
+//
 // What it gains over run: the line's end is known, so the masks of the whole line come in
 // full batches, the tail too, and there is no state to carry between calls; what it still
 // does is look at every byte: the newline an apiserver writes after each event proves
@@ -444,6 +460,9 @@ func (s *jsonScan) runLine(line []byte) jsonLineMiss {
 		}
 		for j := range k {
 			m := &masks[j]
+			if b := base / blockSize; b < plainBlocks {
+				s.plain[b] = m.quote | m.bslash
+			}
 			e, next := escapedBits(m.bslash, esc)
 			in := prefixXor(m.quote&^e) ^ inStr
 			if m.bslash&^in != 0 {
@@ -481,6 +500,7 @@ func (s *jsonScan) runLine(line []byte) jsonLineMiss {
 							return lineEarly
 						}
 						s.pos = n
+						s.nplain = min(base/blockSize+1, plainBlocks)
 						return lineOK
 					}
 				}

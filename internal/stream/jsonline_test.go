@@ -204,3 +204,38 @@ func TestJSONLineNoNewlineQuiet(t *testing.T) {
 		t.Errorf("splitter stats %+v; want the frame left to the exact scan for want of a newline", st)
 	}
 }
+
+// The parser's string search (jsonParser.plain) answers what skipPlain answers at every
+// offset of a frame the line path settled, from the masks runLine kept and past them: on
+// events of every size, with escapes, and a frame longer than the masks cover.
+func TestJSONPlainMasks(t *testing.T) {
+	long := pod("team-a", "web-\"0\"\\x", "0d8e5d8c-0002-4c1a-9d1b-3f7e0a000002", "99", 8192)
+	long.Annotations = map[string]string{"note": "a \"quoted\" value\twith\\escapes\n"}
+	evs := []testEvent{
+		{watch.Added, configMap("default", "cm-a", "0d8e5d8c-0001-4c1a-9d1b-3f7e0a000001", "101")},
+		{watch.Modified, long},
+		{watch.Bookmark, bookmark("104", false)},
+	}
+	data := apiStream(t, JSON, evs, false)
+	for len(data) > 0 {
+		nl := bytes.IndexByte(data, '\n')
+		frame := data[:nl+1]
+		data = data[nl+1:]
+		ps := new(parseState)
+		sp := &jsonSplitter{}
+		sp.bind(ps)
+		sp.reset()
+		if n, err := sp.split(frame, 1<<20, arriveNow); n != len(frame) || err != nil || sp.stats.lines != 1 {
+			t.Fatalf("split: %d, %v, %+v; want the whole frame by the line path", n, err, sp.stats)
+		}
+		if want := min((nl+blockSize-1)/blockSize, plainBlocks); ps.js.nplain != want {
+			t.Fatalf("%d masks kept for a %d-byte line, want %d", ps.js.nplain, nl, want)
+		}
+		p := &jsonParser{b: frame, ps: ps}
+		for i := 0; i <= len(frame); i++ {
+			if got, want := p.plain(i), skipPlain(frame, i); got != want {
+				t.Fatalf("plain(%d) = %d, skipPlain = %d (frame of %d bytes, %d masks)", i, got, want, len(frame), ps.js.nplain)
+			}
+		}
+	}
+}
