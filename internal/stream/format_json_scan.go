@@ -407,6 +407,14 @@ const (
 	lineMisses
 )
 
+// spaces is a block of spaces: neither quotes, backslashes nor brackets.
+var spaces = [blockSize]byte{
+	' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ',
+	' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ',
+	' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ',
+	' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ',
+}
+
 // lineDepth is the nesting the line path follows: its stack of bracket kinds is one word.
 const lineDepth = 63
 
@@ -423,10 +431,12 @@ const lineDepth = 63
 // arithmetic, the same rule that a backslash outside a string is not decided here (a miss),
 // and the same push and pop of every bracket outside a string in order; it stops at the
 // first point the exact scan would stop (an end, or an error, which it leaves to the exact
-// scan to report). The last, partial block is copied into a block padded with spaces, which
-// are neither quotes, backslashes nor brackets; every mask bit of a real byte depends only on
-// the bytes at and before it (the escape carry and the prefix XOR run upwards), so padding
-// after the line changes nothing of the line's. So the value ends at line's last byte for
+// scan to report). The masks of the last, partial block are those of a block whose bytes
+// past the line are neither quotes, backslashes nor brackets (all zero bits): the line's last
+// 64 bytes' masks shifted down, or for a line shorter than a block the line padded with
+// spaces. A raw mask bit is the class of its byte alone, and every bit computed from them of
+// a real byte depends only on the bytes at and before it (the escape carry and the prefix
+// XOR run upwards), so what comes after the line changes nothing of the line's. So the value ends at line's last byte for
 // the line path exactly when it does for the exact scan, which then stops there, with what
 // follows (the newline) unread.
 //
@@ -441,7 +451,7 @@ const lineDepth = 63
 func (s *jsonScan) runLine(line []byte) jsonLineMiss {
 	n := len(line)
 	var masks [maskBatch]jsonMasks
-	var pad [blockSize]byte
+	pad := spaces
 	// inStr is all ones while inside a string at a block's end; esc is 1 when the next
 	// block's first byte is escaped. objs is the stack of bracket kinds: bit d-1 is set when
 	// the container at depth d is an object.
@@ -451,10 +461,15 @@ func (s *jsonScan) runLine(line []byte) jsonLineMiss {
 		k := min((n-base)/blockSize, maskBatch)
 		if k > 0 {
 			jsonMasksOf(line[base:base+k*blockSize], masks[:k])
+		} else if n >= blockSize {
+			// The last, partial block: the masks of the line's last 64 bytes, shifted down so
+			// that bit 0 is base's byte; the bits above the line's end come in as zeros.
+			jsonMasksOf(line[n-blockSize:], masks[:1])
+			m, sh := &masks[0], uint(blockSize-(n-base))
+			m.quote, m.bslash, m.open, m.close = m.quote>>sh, m.bslash>>sh, m.open>>sh, m.close>>sh
+			k = 1
 		} else {
-			for j := copy(pad[:], line[base:]); j < blockSize; j++ {
-				pad[j] = ' '
-			}
+			copy(pad[:], line) // pad is all spaces past the line
 			jsonMasksOf(pad[:], masks[:1])
 			k = 1
 		}

@@ -265,6 +265,9 @@ func (r *Reader) fill() {
 		}
 		if r.short {
 			r.putState() // the Read is likely to wait: nothing of a frame is begun
+			// The last Event is spent (Next was called again): while the watch waits, its
+			// strings keep no block of strings alive (strings.go).
+			r.ev = Event{}
 		}
 	}
 	if r.buf == nil {
