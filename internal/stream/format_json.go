@@ -290,10 +290,16 @@ func (p *jsonParser) skip(i int) (int, error) {
 	case ',', '}', ']', ':':
 		return 0, malformed("missing JSON value at %d", i)
 	}
+	// A number or a literal ends at a delimiter, and also at any byte the frame-end scan acts
+	// on (a quote, a bracket) or a colon, none of which a valid one contains: the value's
+	// member then fails to continue with ',' or '}' (malformed). Read on through them, the
+	// parser would see strings where the scan did not (`0",...` opens a string for the scan),
+	// and a resourceVersion it located could straddle the scan's string boundaries, which a
+	// rewrite of it would then move (FuzzReaderJSON, testdata 4c66bf944e8e9942).
 	j := i
 	for j < len(p.b) {
 		switch p.b[j] {
-		case ',', '}', ']', ' ', '\t', '\r', '\n':
+		case ',', '}', ']', ' ', '\t', '\r', '\n', '"', '{', '[', ':':
 			return j, nil
 		}
 		j++
