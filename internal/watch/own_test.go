@@ -206,16 +206,24 @@ func TestOwnedClientLeaves(t *testing.T) {
 	}
 }
 
-// At shutdown an owned watch ends cleanly: the last chunk, the connection closed, and
-// WaitDetached (which the server calls after http.Server.Shutdown, which does not wait for
-// hijacked connections) waits for it.
-func TestOwnedShutdownEndsWithLastChunk(t *testing.T) {
+// ownedWatch is a watch that owns its connection, its first event on the wire, its upstream
+// watch open after it.
+func ownedWatch(t *testing.T) (*fixture, *byteStream) {
+	t.Helper()
 	up := &upstreamScript{}
 	up.steps = []func(http.ResponseWriter, *http.Request){thenHang(up, obj("ADDED", "a", "10"))}
 	f := newFixture(t, Config{}, up)
 	addr, _ := servedCounting(t, f, nil)
 	_, _, raw := rawWatch(t, addr, "resourceVersion=5")
 	onWire(t, raw, 1)
+	return f, raw
+}
+
+// At shutdown an owned watch ends cleanly: the last chunk, the connection closed, and
+// WaitDetached (which the server calls after http.Server.Shutdown, which does not wait for
+// hijacked connections) waits for it.
+func TestOwnedShutdownEndsWithLastChunk(t *testing.T) {
+	f, raw := ownedWatch(t)
 	close(f.done)
 	if err := f.h.WaitDetached(ctxT(t, 10*time.Second)); err != nil {
 		t.Fatalf("WaitDetached: %v", err)
@@ -234,12 +242,7 @@ func TestOwnedShutdownEndsWithLastChunk(t *testing.T) {
 
 // WaitDetached is bounded for owned watches too: past its context it closes their connections.
 func TestWaitOwnedBounded(t *testing.T) {
-	up := &upstreamScript{}
-	up.steps = []func(http.ResponseWriter, *http.Request){thenHang(up, obj("ADDED", "a", "10"))}
-	f := newFixture(t, Config{}, up)
-	addr, _ := servedCounting(t, f, nil)
-	_, _, raw := rawWatch(t, addr, "resourceVersion=5")
-	onWire(t, raw, 1)
+	f, raw := ownedWatch(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // no shutdown: the watch goes on, and the wait ends at once
 	if err := f.h.WaitDetached(ctx); err == nil {
