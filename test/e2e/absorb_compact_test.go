@@ -63,13 +63,18 @@ func TestAbsorbGoneCompaction(t *testing.T) {
 	absorbSeed(t, ctx, cms)
 
 	front := newFaultedAPIServer(t, c, 0)
+	// With the watch cache off an apiserver sends no bookmarks, so resilienceFlags' short stall
+	// timeout would resume these quiet watches every few seconds on its own schedule, racing the
+	// live compaction (seen in CI: a stall resume in a live phase). The outage cuts the
+	// connections, so no stall timer is needed to see it.
+	flags := append(slices.Clone(resilienceFlags), "--watch-stall-timeout=10m") // the last one given counts
 	ups := []string{"--upstream=" + front.URL, "--upstream-ca-file=" + front.CAFile}
-	own := startProxy(t, append(ups, resilienceFlags...)...)
+	own := startProxy(t, append(ups, flags...)...)
 	kc := filepath.Join(t.TempDir(), "lent.kubeconfig")
 	if err := c.WriteKubeconfig(kc, front.URL, c.AdminToken, front.CAFile); err != nil {
 		t.Fatal(err)
 	}
-	lend := startProxy(t, append([]string{"--kubeconfig=" + kc, "--share-watches=false"}, resilienceFlags...)...)
+	lend := startProxy(t, append([]string{"--kubeconfig=" + kc, "--share-watches=false"}, flags...)...)
 	ownCfg, lendCfg, directCfg := resilienceClientConfig(c, own), resilienceClientConfig(c, lend), front.directConfig(c)
 	lendCfg.BearerToken = ""
 	ownCfg, lendCfg, directCfg = absorbJSON(ownCfg), absorbJSON(lendCfg), absorbJSON(directCfg)
