@@ -42,7 +42,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	reps := fs.Int("reps", 0, "repetitions of each saturation, latency, memory and fan-out run (0: default)")
 	events := fs.Int("events", 0, "events per saturation run with one watch (0: default)")
 	formats := fs.String("formats", "json,protobuf,cbor", "wire formats")
-	idle := fs.String("idle-watches", "", "numbers of idle watches for the memory runs (default 1000,10000)")
+	idle := fs.String("idle-watches", "", "numbers of idle watches for the memory runs (default 5000,9900)")
 	latDur := fs.Duration("latency-duration", 0, "length of one fixed-rate run (0: default)")
 	phases := fs.String("phases", strings.Join(allPhases, ","), "what to measure, comma-separated; the sections of the others are kept from -out's results.json")
 	fanClients := fs.String("fanout-clients", "", "numbers of identical watches for the fan-out runs on a real kube-apiserver (default 10,100,1000)")
@@ -244,7 +244,7 @@ func DefaultConfig() Config {
 		LatencyDuration:   4 * time.Second,
 		LatencyReps:       3,
 		TTFEWatches:       200,
-		IdleWatches:       []int{1000, 10000},
+		IdleWatches:       []int{5000, 9900},
 		MemoryReps:        3,
 		MemorySettle:      2 * time.Second,
 		FanOutClients:     []int{10, 100, 1000},

@@ -46,7 +46,10 @@ const (
 	targetAddedP99     = time.Millisecond
 	targetAddedP99Rate = 10000
 	targetMemVsPass    = 0.75 // idle-watch memory ≤ 0.75x the pass-through
-	targetMemWatches   = 10000
+	// 9,900, not 10,000: watchsan fits --max-connections to its open-file limit (two per
+	// client, config.FitConnections), and machines here have a hard limit of 20,000 that root
+	// cannot raise (no CAP_SYS_RESOURCE): 9,936 connections at most.
+	targetMemWatches = 9900
 	// Issue 15 item 6: identical idle watches sharing one feed (watchsan-share), at 5,000.
 	targetShareMemVsPass  = 0.5
 	targetShareMemWatches = 5000
