@@ -119,11 +119,14 @@ type feed struct {
 	// bookmark (handoff.go); nil: none.
 	handoff *handoff
 
-	// cancel ends ctx; stopDeadline (nil: none) stops the timer that would, and tracked says
-	// the Handler's shutdown would (release).
+	// cancel ends ctx; stopDeadline (nil: none) stops the timer that would, tracked says
+	// the Handler's shutdown would (release), and unfollow (nil: a shared feed's, which has
+	// no request) stops ending it with the request's context (Handler.Serve, once the watch
+	// owns its connection and outlives its handler).
 	cancel       context.CancelCauseFunc
 	stopDeadline clock.Timer
 	tracked      bool
+	unfollow     func() bool
 }
 
 // attemptEnd is how one upstream attempt ended.

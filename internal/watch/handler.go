@@ -339,8 +339,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // client's address and requestID, the id of its access log line. Neither info nor cred is
 // kept: they are passed by reference only so that no frame below the watch's holds copies.
 //
-// Its goroutine spends the watch's life parked in a read from the upstream, every frame of
-// Serve and its callers kept on its stack all that time: the setup and the first attempt
+// A watch that owns its HTTP/1.1 connection (own.go) goes on in a goroutine of its own once its
+// head is out, and Serve returns. Otherwise its goroutine spends the watch's life parked in a
+// read from the upstream, every frame of Serve and its callers kept on its stack all that
+// time: the setup and the first attempt
 // (open) and what is done once the watch ended (ended) are functions of their own that have
 // returned (or not begun) while it waits, so that what stays is small. The runtime halves a
 // goroutine's stack at a GC only while it uses less than a quarter of it: the parked
@@ -361,11 +363,38 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info *reqinfo.In
 		}
 		return
 	}
-	defer sub.out.finish() // after the release: the body's end is the response's
-	defer f.release()
 	if ho != nil {
 		f.handoff, ho.sub = ho, sub
 	}
+	if sub.out.conn != nil {
+		// The watch owns its connection (own.go): it goes on in a goroutine of its own and the
+		// handler returns, so that net/http lets go of what it keeps for the connection while
+		// a handler runs (its 4 KiB read and write buffers, the response) and no parked frame
+		// of net/http's or the server's stays on a stack for the watch's life
+		// (docs/design.md section 5, "One write per flush"). The server counts the request's
+		// end when the connection is closed (Detacher); shutdown waits for it (WaitDetached).
+		f.unfollow()
+		go serveOwned(f, sub, src) // exits when the watch ends
+		return
+	}
+	defer sub.out.finish() // after the release: the body's end is the response's
+	defer f.release()
+	serve(f, sub, src)
+}
+
+// serveOwned is Serve's end for a watch that owns its connection, in a goroutine of its own.
+// net/http recovers a handler's panic, and ends only its connection; so does this: a panic
+// is logged with its stack, and the deferred ends close the watch's connection and feed.
+func serveOwned(f *feed, sub *subscriber, src *source) {
+	defer func() {
+		if p := recover(); p != nil {
+			if ce := f.log.Check(zapcore.ErrorLevel, "panic serving a watch"); ce != nil {
+				ce.Write(zap.Any("panic", p), zap.Stack("stack"))
+			}
+		}
+	}()
+	defer sub.out.finish() // after the release: the body's end is the response's
+	defer f.release()
 	serve(f, sub, src)
 }
 
@@ -380,11 +409,14 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 	p := parseParams(r)
 	m := h.deps.Metrics
 
-	ctx, cancel := context.WithCancelCause(r.Context())
+	// The watch ends with the request's context only while its handler runs: net/http cancels
+	// it when the handler returns, and a watch that owns its connection outlives that (Serve).
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(r.Context()))
+	unfollow := context.AfterFunc(r.Context(), func() { cancel(context.Cause(r.Context())) })
 	log := newWatchLog(h.log, r.RemoteAddr, requestID)
 	sub := newSubscriber(h, w, r, p, m.Resource(info.FullResource()), log)
 	f := &feed{
-		h: h, client: r, ctx: ctx, cancel: cancel, cred: cred, log: log, sub: sub, timeout: p.timeout,
+		h: h, client: r, ctx: ctx, cancel: cancel, unfollow: unfollow, cred: cred, log: log, sub: sub, timeout: p.timeout,
 		backoff: upstream.ResumeBackoff, scope: p.scope, groupResource: info.GroupResource(),
 	}
 	switch {
@@ -504,6 +536,9 @@ func (f *feed) release() {
 	}
 	if f.tracked {
 		f.h.untrack(f)
+	}
+	if f.unfollow != nil {
+		f.unfollow()
 	}
 	if s := f.state; s != nil {
 		// Complete at the last delivered resourceVersion: parked for the client's re-watch

@@ -46,13 +46,15 @@ func (h *Handler) mayOwn(r *http.Request) bool {
 }
 
 // own takes the client's connection, w's, whose head was written and flushed with
-// Connection: close; leave is called once the client leaves. Not taken (w cannot be hijacked,
-// or shutdown gave up on owned connections): the batch goes on through w.
-func (b *batchWriter) own(h *Handler, w http.ResponseWriter, leave func()) {
+// Connection: close; leave is called once the client leaves. It says whether it took it; then
+// w is not used again. Not taken (w cannot be hijacked): the batch goes on through w. Taken
+// but shutdown gave up on owned connections, or the client sent more: the stream ends at once.
+func (b *batchWriter) own(h *Handler, w http.ResponseWriter, leave func()) bool {
 	conn, brw, err := b.rc.Hijack() // clears the connection's deadlines
 	if err != nil {
-		return
+		return false
 	}
+	b.w, b.rc = nil, nil
 	oc := &ownedConn{c: conn, left: make(chan struct{}), leave: leave, read: make(chan struct{}), h: h}
 	if dt := detacherOf(w); dt != nil {
 		oc.end = dt.Detach()
@@ -67,9 +69,10 @@ func (b *batchWriter) own(h *Handler, w http.ResponseWriter, leave func()) {
 		// it closes. The stream ends at once.
 		oc.leftNow()
 		close(oc.read)
-		return
+		return true
 	}
 	go oc.wait() // exits when the connection is closed (finish)
+	return true
 }
 
 // wait waits for the client to leave: its connection's end, or any byte it sends.

@@ -294,3 +294,50 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// An owned watch outlives its handler (Handler.Serve): once its head is out the handler
+// returns, so that net/http lets go of the connection's buffers and the response, and net/http
+// cancelling the request's context then does not end the watch: an event the upstream sends
+// after it still reaches the client, and the client's leaving still ends the watch.
+func TestOwnedWatchOutlivesItsHandler(t *testing.T) {
+	more := make(chan struct{})
+	up := &upstreamScript{canceled: make(chan struct{})}
+	up.steps = []func(http.ResponseWriter, *http.Request){func(w http.ResponseWriter, r *http.Request) {
+		send(w, obj("ADDED", "a", "10"))
+		select {
+		case <-more:
+			send(w, obj("ADDED", "b", "11"))
+		case <-r.Context().Done():
+		}
+		thenHang(up)(w, r)
+	}}
+	f := newFixture(t, Config{}, up)
+	returned := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(returned)
+		info, cred := reqinfo.Parse(r), upstream.Decide(r.Header, r.TLS, false, upstream.IdentityOff)
+		f.h.Serve(w, r, &info, &cred, "")
+	}))
+	t.Cleanup(srv.Close)
+	c, _, raw := rawWatch(t, srv.Listener.Addr().String(), "resourceVersion=5")
+	onWire(t, raw, 1)
+	select {
+	case <-returned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler of an owned watch did not return")
+	}
+	close(more)
+	onWire(t, raw, 2)
+	if v := promtest.ToFloat64(f.m.OpenWatches.WithLabelValues("configmaps")); v != 1 {
+		t.Fatalf("open watches %v after the handler returned, want 1", v)
+	}
+	c.Close()
+	select {
+	case <-up.canceled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream watch was not closed after the client left")
+	}
+	testutil.Eventually(t, 10*time.Second, "the watch ended as client-gone", func() bool {
+		return promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndClientGone.String())) == 1
+	})
+}

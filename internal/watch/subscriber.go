@@ -78,8 +78,10 @@ func (s *subscriber) start(format stream.Format, hdr http.Header, fs *fix.Stream
 	}
 	s.w.WriteHeader(http.StatusOK)
 	// An error is sticky: the feed's first read ends the watch with it.
-	if s.out.flushClient() == nil && own {
-		s.out.own(s.h, s.w, leave)
+	if s.out.flushClient() == nil && own && s.out.own(s.h, s.w, leave) {
+		// Nothing of net/http's response is used again: let it, its connection's buffers and
+		// the request's headers go once the handler returns (Handler.Serve detaches).
+		s.w, s.rc = nil, nil
 	}
 	s.writer = stream.NewWriter(format, &s.out)
 }
@@ -146,7 +148,12 @@ func (s *subscriber) broken() (EndReason, error) {
 
 // gone says whether the client went away (sink).
 func (s *subscriber) gone() bool {
-	return s.client.Context().Err() != nil || s.out.conn != nil && s.out.conn.gone.Load()
+	if oc := s.out.conn; oc != nil {
+		// net/http no longer watches an owned connection, and cancels the request's context
+		// once a detached handler returned (Handler.Serve): only the connection's reader says.
+		return oc.gone.Load()
+	}
+	return s.client.Context().Err() != nil
 }
 
 // relist writes st, an ERROR 410, and flushes it (sink).
