@@ -185,14 +185,7 @@ func TestOwnedClientLeaves(t *testing.T) {
 		t.Fatalf("open watches %v, want 1", v)
 	}
 	c.Close()
-	select {
-	case <-up.canceled:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the upstream watch was not closed after the client left")
-	}
-	testutil.Eventually(t, 10*time.Second, "the watch ended as client-gone", func() bool {
-		return promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndClientGone.String())) == 1 && promtest.ToFloat64(open) == 0
-	})
+	requireClientGone(t, f, up)
 	select {
 	case n := <-told:
 		if want := int64(len(obj("ADDED", "a", "10")) * 2); n != want {
@@ -332,12 +325,20 @@ func TestOwnedWatchOutlivesItsHandler(t *testing.T) {
 		t.Fatalf("open watches %v after the handler returned, want 1", v)
 	}
 	c.Close()
+	requireClientGone(t, f, up)
+}
+
+// requireClientGone waits for the watch's end after its client left: its upstream watch
+// closed, the stream counted as client-gone, no watch open.
+func requireClientGone(t *testing.T, f *fixture, up *upstreamScript) {
+	t.Helper()
 	select {
 	case <-up.canceled:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the upstream watch was not closed after the client left")
 	}
+	open := f.m.OpenWatches.WithLabelValues("configmaps")
 	testutil.Eventually(t, 10*time.Second, "the watch ended as client-gone", func() bool {
-		return promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndClientGone.String())) == 1
+		return promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndClientGone.String())) == 1 && promtest.ToFloat64(open) == 0
 	})
 }
