@@ -497,3 +497,29 @@ func TestFanOutReport(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// A rerun of one phase keeps an old reason a path was skipped only for a path it did not
+// measure: haproxy skipped at 10,000 idle watches, then measured by a memory rerun at 9,900,
+// is no longer reported skipped; decode, not measured by the rerun, keeps its reason; and the
+// memory section, taken apart, says when.
+func TestKeepOthersDropsSkipsOfMeasuredPaths(t *testing.T) {
+	dir := t.TempDir()
+	old := &Results{Skipped: map[PathName]string{HAProxy: "haproxy at 10000 idle watches", Decode: "not wanted"},
+		Throughput: []*ThroughputResult{{Path: Pass}}}
+	if err := WriteReport(dir, old); err != nil {
+		t.Fatal(err)
+	}
+	res := &Results{Skipped: map[PathName]string{}, Memory: []*MemoryResult{{Path: HAProxy, Watches: 9900, PerWatchKiB: 4}}}
+	if kept := keepOthers(filepath.Join(dir, "results.json"), res, map[string]bool{"memory": true}); kept != "throughput" {
+		t.Errorf("kept %q, want throughput", kept)
+	}
+	if why := res.Skipped[HAProxy]; why != "" {
+		t.Errorf("haproxy, measured by the rerun, still skipped: %q", why)
+	}
+	if why := res.Skipped[Decode]; why != "not wanted" {
+		t.Errorf("decode's reason %q, want the old one kept", why)
+	}
+	if res.MemoryEnv == nil {
+		t.Error("the memory runs, taken apart, do not say when")
+	}
+}

@@ -152,6 +152,21 @@ func keepOthers(file string, res *Results, ran map[string]bool) string {
 	if json.Unmarshal(b, &old) != nil {
 		return ""
 	}
+	// An old reason a path was skipped stays only for a path this run did not measure: a
+	// rerun that measured it (haproxy once the limit allowed it) must not keep saying why not.
+	measured := map[PathName]bool{}
+	for _, t := range res.Throughput {
+		measured[t.Path] = true
+	}
+	for _, l := range res.Latency {
+		measured[l.Path] = true
+	}
+	for _, t := range res.TTFE {
+		measured[t.Path] = true
+	}
+	for _, m := range res.Memory {
+		measured[m.Path] = true
+	}
 	var kept []string
 	keep := func(phase string, has bool, copy func()) {
 		if !ran[phase] && has {
@@ -162,7 +177,7 @@ func keepOthers(file string, res *Results, ran map[string]bool) string {
 	keep("throughput", len(old.Throughput) > 0, func() { res.Throughput = old.Throughput })
 	keep("latency", len(old.Latency) > 0, func() { res.Latency = old.Latency })
 	keep("ttfe", len(old.TTFE) > 0, func() { res.TTFE = old.TTFE })
-	keep("memory", len(old.Memory) > 0, func() { res.Memory = old.Memory })
+	keep("memory", len(old.Memory) > 0, func() { res.Memory, res.MemoryEnv = old.Memory, old.MemoryEnv })
 	keep("fanout", len(old.FanOut) > 0, func() {
 		res.FanOut, res.FanOutAPIServer, res.FanOutEnv = old.FanOut, old.FanOutAPIServer, old.FanOutEnv
 		if res.FanOutEnv == nil {
@@ -171,14 +186,19 @@ func keepOthers(file string, res *Results, ran map[string]bool) string {
 		}
 	})
 	if len(kept) > 0 && (len(kept) > 1 || kept[0] != "fanout") {
-		// The report's header describes the sections kept; the fan-out says when it was taken.
+		// The report's header describes the sections kept; the fan-out and the memory runs,
+		// when they ran apart, say when they were taken.
 		if ran["fanout"] {
 			env := res.Env
 			res.FanOutEnv = &env
 		}
+		if ran["memory"] {
+			env := res.Env
+			res.MemoryEnv = &env
+		}
 		res.Env = old.Env
 		for name, why := range old.Skipped {
-			if res.Skipped[name] == "" {
+			if res.Skipped[name] == "" && !measured[name] {
 				res.Skipped[name] = why
 			}
 		}

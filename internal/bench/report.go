@@ -344,6 +344,11 @@ func writeMarkdown(w io.Writer, r *Results) {
 	if len(r.Memory) > 0 {
 		p("## Resident memory per idle watch")
 		p("")
+		if e := r.MemoryEnv; e != nil {
+			p("Taken apart from the sections above (`-phases memory`) on %s in %v, watchsan %s, %d CPUs (%s), load %s before and %s after.",
+				e.Date, e.Duration, orDash(e.WatchsanVersion), e.NumCPU, orDash(e.CPUModel), e.LoadBefore, e.LoadAfter)
+			p("")
+		}
 		p("![memory per idle watch](memory.png)")
 		p("")
 		p("| idle watches | path | KiB per watch | vs pass | RSS before → after (KiB) | fds | upstream watches | runs |")

@@ -103,6 +103,8 @@ type Results struct {
 	FanOutAPIServer string          `json:",omitempty"`
 	// FanOutEnv is what the fan-out was taken on, when (-phases) it ran apart from the rest.
 	FanOutEnv *Env `json:",omitempty"`
+	// MemoryEnv is what the memory runs were taken on, when (-phases memory) they ran apart.
+	MemoryEnv *Env `json:",omitempty"`
 	// Skipped says why a path was not measured.
 	Skipped map[PathName]string
 	Errors  []string
