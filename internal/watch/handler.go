@@ -342,12 +342,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // A watch that owns its HTTP/1.1 connection (own.go) goes on in a goroutine of its own once its
 // head is out, and Serve returns. Otherwise its goroutine spends the watch's life parked in a
 // read from the upstream, every frame of Serve and its callers kept on its stack all that
-// time: the setup and the first attempt
-// (open) and what is done once the watch ended (ended) are functions of their own that have
-// returned (or not begun) while it waits, so that what stays is small. The runtime halves a
-// goroutine's stack at a GC only while it uses less than a quarter of it: the parked
-// handler's frames under 4 KiB are 8 KiB of stack per idle watch instead of 16
-// (docs/bench/NOTES.md, "Idle memory").
+// time: the setup and the first attempt (open) and what is done once the watch ended (ended)
+// are functions of their own that have returned (or not begun) while it waits, so that what
+// stays is small. The runtime halves a goroutine's stack at a GC only while it uses less than
+// a quarter of it: the parked handler's frames under 4 KiB are 8 KiB of stack per idle watch
+// instead of 16 (docs/bench/NOTES.md, "Idle memory").
 func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred *upstream.Credentials, requestID string) {
 	var ho *handoff
 	if h.cfg.Share {

@@ -79,8 +79,8 @@ func (s *subscriber) start(format stream.Format, hdr http.Header, fs *fix.Stream
 	s.w.WriteHeader(http.StatusOK)
 	// An error is sticky: the feed's first read ends the watch with it.
 	if s.out.flushClient() == nil && own && s.out.own(s.h, s.w, leave) {
-		// Nothing of net/http's response is used again: let it, its connection's buffers and
-		// the request's headers go once the handler returns (Handler.Serve detaches).
+		// Nothing of net/http's response is used again: let it and its connection's buffers
+		// go once the handler returns (Handler.Serve detaches).
 		s.w, s.rc = nil, nil
 	}
 	s.writer = stream.NewWriter(format, &s.out)
