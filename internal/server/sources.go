@@ -60,8 +60,8 @@ func (l *sourceLimiter) Accept() (net.Conn, error) {
 		}
 		if l.maxConns > 0 && s.conns >= l.maxConns {
 			l.mu.Unlock()
+			l.shed("source_connections") // counted before the client can see the close
 			c.Close()
-			l.shed("source_connections")
 			continue
 		}
 		s.conns++
@@ -104,8 +104,8 @@ func (l *sourceLimiter) doneLocked(sc *sourceConn) {
 
 func (l *sourceLimiter) close(sc *sourceConn) {
 	if sc != nil {
+		l.shed("source_headers") // counted before the client can see the close
 		sc.Close()
-		l.shed("source_headers")
 	}
 }
 

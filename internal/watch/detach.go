@@ -323,10 +323,12 @@ func (d *detached) close(end EndReason) {
 	if ce := sf.log.Check(zap.DebugLevel, "shared watch ended"); ce != nil {
 		ce.Write(zap.String("remote", d.remote), zap.String("requestID", d.requestID), zap.Stringer("reason", end), zap.Bool("detached", true))
 	}
-	sf.h.removeDetached(d)
+	// Counted before WaitDetached is told: once it returns, every detached watch's access log
+	// line and request metrics are out.
 	if d.end != nil {
 		d.end(d.bytes.Load())
 	}
+	sf.h.removeDetached(d)
 }
 
 // addDetached puts d in the set WaitDetached waits for; false once the waiting gave up (the

@@ -109,10 +109,12 @@ func (b *batchWriter) finish() {
 	}
 	_ = oc.c.Close() // ends wait
 	<-oc.read
-	oc.h.removeOwned(oc)
+	// Counted before WaitDetached is told: once it returns, every owned watch's access log
+	// line and request metrics are out.
 	if oc.end != nil {
 		oc.end(oc.bytes)
 	}
+	oc.h.removeOwned(oc)
 }
 
 // leftChan is closed when the client leaves: an owned connection's reader says so, else the
