@@ -349,3 +349,52 @@ func requireClientGone(t *testing.T, f *fixture, up *upstreamScript) {
 		return promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndClientGone.String())) == 1 && promtest.ToFloat64(open) == 0
 	})
 }
+
+// WaitDetached returns only once an owned watch's end is counted: while the Detacher's end
+// (the access log line, the request metrics) has not returned, the watch is still waited for,
+// so that the server's Run does not return with a request in flight.
+func TestWaitOwnedWaitsForTheCount(t *testing.T) {
+	up := &upstreamScript{}
+	up.steps = []func(http.ResponseWriter, *http.Request){thenHang(up, obj("ADDED", "a", "10"))}
+	f := newFixture(t, Config{}, up)
+	bd := &blockingDetacher{entered: make(chan struct{}), release: make(chan struct{})}
+	addr, _ := servedCounting(t, f, func(w http.ResponseWriter) http.ResponseWriter {
+		bd.ResponseWriter = w
+		return bd
+	})
+	_, _, raw := rawWatch(t, addr, "resourceVersion=5")
+	onWire(t, raw, 1)
+	close(f.done) // shutdown: the watch ends
+	waited := make(chan error, 1)
+	go func() { waited <- f.h.WaitDetached(ctxT(t, 20*time.Second)) }()
+	select {
+	case <-bd.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch's end was never counted")
+	}
+	select {
+	case err := <-waited:
+		t.Fatalf("WaitDetached returned (%v) while the watch's end was still being counted", err)
+	case <-time.After(time.Second): // bounded: it may not return at all until the release
+	}
+	close(bd.release)
+	select {
+	case err := <-waited:
+		if err != nil {
+			t.Fatalf("WaitDetached: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("WaitDetached did not return after the count")
+	}
+}
+
+// blockingDetacher is a Detacher whose end says it was entered and returns only once released.
+type blockingDetacher struct {
+	http.ResponseWriter
+	entered, release chan struct{}
+}
+
+func (d *blockingDetacher) Unwrap() http.ResponseWriter { return d.ResponseWriter }
+func (d *blockingDetacher) Detach() func(int64) {
+	return func(int64) { close(d.entered); <-d.release }
+}
