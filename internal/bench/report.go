@@ -345,8 +345,7 @@ func writeMarkdown(w io.Writer, r *Results) {
 		p("## Resident memory per idle watch")
 		p("")
 		if e := r.MemoryEnv; e != nil {
-			p("Taken apart from the sections above (`-phases memory`) on %s in %v, watchsan %s, %d CPUs (%s), load %s before and %s after.",
-				e.Date, e.Duration, orDash(e.WatchsanVersion), e.NumCPU, orDash(e.CPUModel), e.LoadBefore, e.LoadAfter)
+			p("%s", takenApart("memory", e))
 			p("")
 		}
 		p("![memory per idle watch](memory.png)")
@@ -444,6 +443,12 @@ func oneLine(s string) string {
 	return s
 }
 
+// takenApart says when and on what a section that ran alone (-phases phase) was measured.
+func takenApart(phase string, e *Env) string {
+	return fmt.Sprintf("Taken apart from the sections above (`-phases %s`) on %s in %v, watchsan %s, %d CPUs (%s), load %s before and %s after.",
+		phase, e.Date, e.Duration, orDash(e.WatchsanVersion), e.NumCPU, orDash(e.CPUModel), e.LoadBefore, e.LoadAfter)
+}
+
 func orDash(s string) string {
 	if s == "" {
 		return "-"
@@ -475,8 +480,7 @@ func writeFanOut(p func(string, ...any), r *Results) {
 	p("client must see every write exactly once and in resourceVersion order (checked).")
 	p("The apiserver settles (at most 2 ticks in half a second) before every measured span.")
 	if e := r.FanOutEnv; e != nil {
-		p("Taken apart from the sections above (`-phases fanout`) on %s in %v, watchsan %s, %d CPUs (%s), load %s before and %s after.",
-			e.Date, e.Duration, orDash(e.WatchsanVersion), e.NumCPU, orDash(e.CPUModel), e.LoadBefore, e.LoadAfter)
+		p("%s", takenApart("fanout", e))
 	}
 	p("")
 	p("![fan-out](fanout.png)")
