@@ -523,3 +523,36 @@ func TestKeepOthersDropsSkipsOfMeasuredPaths(t *testing.T) {
 		t.Error("the memory runs, taken apart, do not say when")
 	}
 }
+
+// TestProcSyscalls: procSyscalls counts this process's reads and writes, which is what the
+// profile's "system calls per thousand events" line is made of.
+func TestProcSyscalls(t *testing.T) {
+	r0, w0, err := procSyscalls(os.Getpid())
+	if err != nil {
+		t.Skipf("no /proc/PID/io here: %v", err)
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	defer pw.Close()
+	const n = 50
+	buf := make([]byte, 1)
+	for range n {
+		if _, err := pw.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pr.Read(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r1, w1, err := procSyscalls(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Other threads of the process may read and write too: at least n each, then.
+	if r1-r0 < n || w1-w0 < n {
+		t.Fatalf("after %d reads and writes: %d reads, %d writes counted", n, r1-r0, w1-w0)
+	}
+}

@@ -539,6 +539,36 @@ func procStatus(pid int, key string) (int64, error) {
 	return 0, fmt.Errorf("/proc/%d/status: no %s", pid, key)
 }
 
+// procSyscalls reads pid's read and write system call counts (syscr, syscw of /proc/PID/io:
+// read, readv, recvfrom... and write, writev, sendto..., successful or not).
+func procSyscalls(pid int) (reads, writes int64, err error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	found := 0
+	for _, line := range strings.Split(string(data), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || (k != "syscr" && k != "syscw") {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("/proc/%d/io: %s: %w", pid, k, err)
+		}
+		if k == "syscr" {
+			reads = n
+		} else {
+			writes = n
+		}
+		found++
+	}
+	if found != 2 {
+		return 0, 0, fmt.Errorf("/proc/%d/io: no syscr and syscw", pid)
+	}
+	return reads, writes, nil
+}
+
 // procFDs counts pid's open file descriptors.
 func procFDs(pid int) int {
 	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))

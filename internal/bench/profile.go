@@ -131,8 +131,10 @@ func (p *profiler) run(ctx context.Context, f stream.Format, size, watches, seco
 		}
 	}()
 	cpu0, _ := procCPU(w.pid)
+	r0, w0, ioErr := procSyscalls(w.pid)
 	err = fetch(ctx, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", w.admin, seconds), cpuFile, time.Duration(seconds+30)*time.Second)
 	cpu1, _ := procCPU(w.pid)
+	r1, w1, ioErr1 := procSyscalls(w.pid)
 	cancel()
 	wg.Wait()
 	elapsed := time.Since(start)
@@ -142,6 +144,12 @@ func (p *profiler) run(ctx context.Context, f stream.Format, size, watches, seco
 	}
 	fmt.Fprintf(p.stdout, "== CPU: %d events in %v (%.0f events/s) while profiling, %.2f CPU s per million events; %s\n", events, elapsed.Round(time.Millisecond),
 		float64(events)/elapsed.Seconds(), (cpu1-cpu0)/float64(max(events, 1))*1e6, cpuFile)
+	if ioErr == nil && ioErr1 == nil {
+		// The events counted span a little more than the profile (the watches run until
+		// cancel): close enough to say how many system calls an event costs.
+		fmt.Fprintf(p.stdout, "== system calls per thousand events: %.1f reads, %.1f writes\n",
+			float64(r1-r0)*1000/float64(max(events, 1)), float64(w1-w0)*1000/float64(max(events, 1)))
+	}
 	bin := p.watchsan
 	if p.path == Pass {
 		bin = p.self
