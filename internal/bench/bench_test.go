@@ -556,3 +556,39 @@ func TestProcSyscalls(t *testing.T) {
 		t.Fatalf("after %d reads and writes: %d reads, %d writes counted", n, r1-r0, w1-w0)
 	}
 }
+
+// TestKeepOthersHeaderFollowsThroughput: the report's header is the environment of the
+// throughput runs. A rerun of throughput beside kept memory runs shows its own machine
+// state there, and the kept memory runs say when they were taken; a rerun of memory alone
+// keeps the old header and dates its own section.
+func TestKeepOthersHeaderFollowsThroughput(t *testing.T) {
+	oldEnv, newEnv := Env{Date: "old"}, Env{Date: "new"}
+	dir := t.TempDir()
+	old := &Results{Env: oldEnv, Throughput: []*ThroughputResult{{Path: Pass}}, Memory: []*MemoryResult{{Path: Pass, Watches: 10}}}
+	if err := WriteReport(dir, old); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "results.json")
+
+	res := &Results{Env: newEnv, Skipped: map[PathName]string{}, Throughput: []*ThroughputResult{{Path: Pass}}}
+	if kept := keepOthers(file, res, map[string]bool{"throughput": true}); kept != "memory" {
+		t.Fatalf("kept %q, want memory", kept)
+	}
+	if res.Env.Date != "new" {
+		t.Errorf("throughput rerun: header from %q, want this run's", res.Env.Date)
+	}
+	if res.MemoryEnv == nil || res.MemoryEnv.Date != "old" {
+		t.Errorf("kept memory runs dated %+v, want the old run's", res.MemoryEnv)
+	}
+
+	res = &Results{Env: newEnv, Skipped: map[PathName]string{}, Memory: []*MemoryResult{{Path: Pass, Watches: 10}}}
+	if kept := keepOthers(file, res, map[string]bool{"memory": true}); kept != "throughput" {
+		t.Fatalf("kept %q, want throughput", kept)
+	}
+	if res.Env.Date != "old" {
+		t.Errorf("memory rerun: header from %q, want the kept throughput's", res.Env.Date)
+	}
+	if res.MemoryEnv == nil || res.MemoryEnv.Date != "new" {
+		t.Errorf("rerun memory dated %+v, want this run's", res.MemoryEnv)
+	}
+}

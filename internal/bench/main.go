@@ -141,8 +141,9 @@ var allPhases = []string{"throughput", "latency", "ttfe", "memory", "fanout"}
 
 // keepOthers fills res's sections of the phases this run did not measure from the results in
 // file, when there are any, so that one phase can be run again alone (-phases fanout) without
-// losing the others; it returns the kept phases' names, "" for none. The environment is this
-// run's.
+// losing the others; it returns the kept phases' names, "" for none. (Throughput, latency and
+// time to first event run together: keeping some of them beside a rerun of the others shows
+// them under the rerun's header.)
 func keepOthers(file string, res *Results, ran map[string]bool) string {
 	b, err := os.ReadFile(file)
 	if err != nil {
@@ -185,9 +186,19 @@ func keepOthers(file string, res *Results, ran map[string]bool) string {
 			res.FanOutEnv = &env
 		}
 	})
-	if len(kept) > 0 && (len(kept) > 1 || kept[0] != "fanout") {
-		// The report's header describes the sections kept; the fan-out and the memory runs,
-		// when they ran apart, say when they were taken.
+	if len(kept) == 0 {
+		return ""
+	}
+	// The report's header describes the throughput, latency and time-to-first-event runs;
+	// memory and fan-out, when taken apart from them, say when they were taken. So the header
+	// is the old one's only when it kept some of those three and ran none.
+	keptMain := !ran["throughput"] && len(old.Throughput) > 0 || !ran["latency"] && len(old.Latency) > 0 || !ran["ttfe"] && len(old.TTFE) > 0
+	if ran["throughput"] || ran["latency"] || ran["ttfe"] || !keptMain {
+		if !ran["memory"] && len(res.Memory) > 0 && res.MemoryEnv == nil {
+			env := old.Env
+			res.MemoryEnv = &env
+		}
+	} else {
 		if ran["fanout"] {
 			env := res.Env
 			res.FanOutEnv = &env
@@ -197,10 +208,13 @@ func keepOthers(file string, res *Results, ran map[string]bool) string {
 			res.MemoryEnv = &env
 		}
 		res.Env = old.Env
-		for name, why := range old.Skipped {
-			if res.Skipped[name] == "" && !measured[name] {
-				res.Skipped[name] = why
-			}
+	}
+	if len(kept) == 1 && kept[0] == "fanout" {
+		return "fanout" // the fan-out has paths of its own: no skipped path of its to keep
+	}
+	for name, why := range old.Skipped {
+		if res.Skipped[name] == "" && !measured[name] {
+			res.Skipped[name] = why
 		}
 	}
 	return strings.Join(kept, ", ")
