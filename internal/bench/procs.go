@@ -496,26 +496,32 @@ func procListeners(pid int) ([]string, error) {
 
 // procCPU is the CPU time (user + system, all threads) pid has used, in seconds.
 func procCPU(pid int) (float64, error) {
+	user, system, err := procTimes(pid)
+	return user + system, err
+}
+
+// procTimes is pid's CPU time so far in user space and in the kernel, seconds.
+func procTimes(pid int) (user, system float64, err error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	s := string(data)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
+		return 0, 0, fmt.Errorf("/proc/%d/stat: unexpected format", pid)
 	}
 	f := strings.Fields(s[i+1:])
 	// After the command come state (field 3), ..., utime (14) and stime (15).
 	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
+		return 0, 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
 	}
 	ut, err1 := strconv.ParseUint(f[11], 10, 64)
 	st, err2 := strconv.ParseUint(f[12], 10, 64)
 	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: bad times", pid)
+		return 0, 0, fmt.Errorf("/proc/%d/stat: bad times", pid)
 	}
-	return float64(ut+st) / clockTicks, nil
+	return float64(ut) / clockTicks, float64(st) / clockTicks, nil
 }
 
 // clockTicks is USER_HZ, 100 on every Linux architecture Go supports.

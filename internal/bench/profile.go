@@ -130,10 +130,10 @@ func (p *profiler) run(ctx context.Context, f stream.Format, size, watches, seco
 			rw.Wait()
 		}
 	}()
-	cpu0, _ := procCPU(w.pid)
+	user0, sys0, _ := procTimes(w.pid)
 	r0, w0, ioErr := procSyscalls(w.pid)
 	err = fetch(ctx, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", w.admin, seconds), cpuFile, time.Duration(seconds+30)*time.Second)
-	cpu1, _ := procCPU(w.pid)
+	user1, sys1, _ := procTimes(w.pid)
 	r1, w1, ioErr1 := procSyscalls(w.pid)
 	cancel()
 	wg.Wait()
@@ -142,8 +142,10 @@ func (p *profiler) run(ctx context.Context, f stream.Format, size, watches, seco
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(p.stdout, "== CPU: %d events in %v (%.0f events/s) while profiling, %.2f CPU s per million events; %s\n", events, elapsed.Round(time.Millisecond),
-		float64(events)/elapsed.Seconds(), (cpu1-cpu0)/float64(max(events, 1))*1e6, cpuFile)
+	perM := func(s float64) float64 { return s / float64(max(events, 1)) * 1e6 }
+	fmt.Fprintf(p.stdout, "== CPU: %d events in %v (%.0f events/s) while profiling, %.2f CPU s per million events (user %.2f, kernel %.2f); %s\n",
+		events, elapsed.Round(time.Millisecond), float64(events)/elapsed.Seconds(),
+		perM(user1-user0+sys1-sys0), perM(user1-user0), perM(sys1-sys0), cpuFile)
 	if ioErr == nil && ioErr1 == nil {
 		// The events counted span a little more than the profile (the watches run until
 		// cancel): close enough to say how many system calls an event costs.
