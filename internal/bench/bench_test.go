@@ -592,3 +592,33 @@ func TestKeepOthersHeaderFollowsThroughput(t *testing.T) {
 		t.Errorf("rerun memory dated %+v, want this run's", res.MemoryEnv)
 	}
 }
+
+// TestFramesProxyRelaysEveryEvent: the frames baseline reads every event with stream.Reader and
+// relays it byte for byte, and holds none back once the upstream goes quiet (the stream stays
+// open after the last event, so a batch not flushed before the read that waits would never
+// arrive and the watch would time out short).
+func TestFramesProxyRelaysEveryEvent(t *testing.T) {
+	for _, f := range []stream.Format{stream.JSON, stream.Protobuf, stream.CBOR} {
+		t.Run(f.String(), func(t *testing.T) {
+			set, err := NewEventSet(Workload{Format: f, ObjectSize: 1024, Events: 300, DeleteEvery: 10, BaseRV: 1000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			up := NewUpstream()
+			up.Set("ok", &Scenario{Set: set, Count: 300})
+			srv := httptest.NewServer(up)
+			defer srv.Close()
+			u, _ := url.Parse(srv.URL)
+			fr := httptest.NewServer(NewFramesProxy(u, upstreamTransport(nil)))
+			defer fr.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			hc := newClient(32 << 10)
+			defer hc.CloseIdleConnections()
+			sc := &Scenario{Set: set, Count: 300}
+			if r := runWatch(ctx, hc, watchOpts{base: fr.URL, ns: "ok", sc: sc}); r.err != nil || r.events != 300 || r.exact != 300 || r.rewritten != 0 {
+				t.Errorf("frames proxy: events=%d exact=%d rewritten=%d err=%v", r.events, r.exact, r.rewritten, r.err)
+			}
+		})
+	}
+}

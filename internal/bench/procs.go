@@ -37,13 +37,16 @@ const (
 	// section 11). Not in AllPaths: only the lent identity shares, so its clients send no
 	// token, and its upstream sees fewer watches than the others'; -paths names it.
 	WatchsanShare PathName = "watchsan-share"
+	// Frames reads every event with watchsan's stream.Reader and does nothing else (FramesProxy):
+	// the floor of an exact proxy. Not in AllPaths; -paths names it.
+	Frames PathName = "frames"
 )
 
 // AllPaths in report order.
 var AllPaths = []PathName{Direct, Pass, Decode, HAProxy, WatchsanRepair, WatchsanObserve}
 
-// knownPaths are the paths -paths may name: AllPaths and WatchsanShare.
-var knownPaths = append(append([]PathName{}, AllPaths...), WatchsanShare)
+// knownPaths are the paths -paths may name: AllPaths, WatchsanShare and Frames.
+var knownPaths = append(append([]PathName{}, AllPaths...), WatchsanShare, Frames)
 
 // pathDescription is what each path is, for the report.
 var pathDescription = map[PathName]string{
@@ -54,6 +57,7 @@ var pathDescription = map[PathName]string{
 	WatchsanRepair:  "watchsan --fix-mode repair",
 	WatchsanObserve: "watchsan --fix-mode observe",
 	WatchsanShare:   "watchsan --fix-mode repair --share-watches, lending a kubeconfig's token",
+	Frames:          "watchsan's stream.Reader alone (scan and parse, batched as watchsan), no decisions",
 }
 
 // repairs says whether a path rewrites regressing DELETED events.
@@ -109,7 +113,7 @@ func (l *Launcher) start(ctx context.Context, name PathName, up upstreamSpec) (*
 	var temp string
 	wantListeners := 1
 	switch name {
-	case Pass, Decode:
+	case Pass, Decode, Frames:
 		argv = append(append([]string{}, l.Baseline...), "--mode", string(name), "--upstream", up.url, "--listen", "127.0.0.1:0")
 		if up.caFile != "" {
 			argv = append(argv, "--upstream-ca-file", up.caFile)

@@ -34,12 +34,14 @@ func profileMain(args []string, stdout, stderr io.Writer) int {
 	watches := fs.Int("watches", 1, "concurrent watches of the saturation workload")
 	idle := fs.Int("idle", 5000, "idle watches held for the heap profile")
 	top := fs.Int("top", 15, "entries of go tool pprof -top")
-	path := fs.String("path", string(WatchsanRepair), "whose CPU profile: watchsan-repair, watchsan-share (the heap of idle watches sharing one feed too) or pass (the httputil.ReverseProxy baseline)")
+	path := fs.String("path", string(WatchsanRepair), "whose CPU profile: watchsan-repair, watchsan-share (the heap of idle watches sharing one feed too), pass (the httputil.ReverseProxy baseline) or frames (watchsan's stream.Reader alone)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if *path != string(WatchsanRepair) && *path != string(WatchsanShare) && *path != string(Pass) {
-		fmt.Fprintln(stderr, "-path: watchsan-repair, watchsan-share or pass")
+	switch PathName(*path) {
+	case WatchsanRepair, WatchsanShare, Pass, Frames:
+	default:
+		fmt.Fprintln(stderr, "-path: watchsan-repair, watchsan-share, pass or frames")
 		return 2
 	}
 	formats, err := parseFormats(*format)
@@ -153,7 +155,7 @@ func (p *profiler) run(ctx context.Context, f stream.Format, size, watches, seco
 			float64(r1-r0)*1000/float64(max(events, 1)), float64(w1-w0)*1000/float64(max(events, 1)))
 	}
 	bin := p.watchsan
-	if p.path == Pass {
+	if p.path == Pass || p.path == Frames {
 		bin = p.self
 	}
 	p.pprofTop(bin, cpuFile)

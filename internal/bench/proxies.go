@@ -166,7 +166,7 @@ func discardLog() *log.Logger { return log.New(io.Discard, "", 0) }
 func ChildMain(args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	mode := fs.String("mode", "pass", "pass (httputil.ReverseProxy) or decode (apimachinery decode/re-encode)")
+	mode := fs.String("mode", "pass", "pass (httputil.ReverseProxy), decode (apimachinery decode/re-encode) or frames (watchsan's stream.Reader, nothing else)")
 	upstream := fs.String("upstream", "", "upstream URL")
 	caFile := fs.String("upstream-ca-file", "", "CA that verifies an https upstream")
 	listen := fs.String("listen", "127.0.0.1:0", "listen address")
@@ -205,8 +205,10 @@ func runChild(mode, upstream, caFile, listen, pprofListen string, log *zap.Logge
 		h = NewPassProxy(u, rt)
 	case "decode":
 		h = NewDecodeProxy(u, rt)
+	case "frames":
+		h = NewFramesProxy(u, rt)
 	default:
-		return fmt.Errorf("--mode %q: want pass or decode", mode)
+		return fmt.Errorf("--mode %q: want pass, decode or frames", mode)
 	}
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
