@@ -622,3 +622,13 @@ func TestFramesProxyRelaysEveryEvent(t *testing.T) {
 		})
 	}
 }
+
+// TestEveryPathHasAColor: a path -paths may name is drawn in the charts (a path without a
+// color was left out of them, its legend entry blank).
+func TestEveryPathHasAColor(t *testing.T) {
+	for _, p := range knownPaths {
+		if _, ok := pathColor[p]; !ok {
+			t.Errorf("%s has no chart color", p)
+		}
+	}
+}
