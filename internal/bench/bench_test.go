@@ -623,6 +623,42 @@ func TestFramesProxyRelaysEveryEvent(t *testing.T) {
 	}
 }
 
+// TestFramesProxyReadsFrames: the frames baseline reads the stream, not only copies it. Three
+// events and then a line that is no JSON object: it relays the three and ends the response
+// where stream.Reader fails (a pass-through would relay the line too, and the bench would be
+// measuring a copy).
+func TestFramesProxyReadsFrames(t *testing.T) {
+	set, err := NewEventSet(Workload{Format: stream.JSON, ObjectSize: 1024, Events: 3, DeleteEvery: 10, BaseRV: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []byte
+	for _, ev := range set.events {
+		want = append(want, ev.frame...)
+	}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(want)
+		_, _ = w.Write([]byte("not a watch event\n"))
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	fr := httptest.NewServer(NewFramesProxy(u, upstreamTransport(nil)))
+	defer fr.Close()
+	resp, err := http.Get(fr.URL + "/api/v1/namespaces/ok/configmaps?watch=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("frames proxy relayed %d bytes, want the %d of the three events and nothing after:\n%q", len(got), len(want), got)
+	}
+}
+
 // TestEveryPathHasAColor: a path -paths may name is drawn in the charts (a path without a
 // color was left out of them, its legend entry blank).
 func TestEveryPathHasAColor(t *testing.T) {

@@ -17,15 +17,11 @@ import (
 // Its distance from the pass-through is what reading a stream exactly costs in place; the
 // rest of watchsan's distance is the watch layer's. Not in AllPaths: -paths names it, and
 // `watchsan-bench profile -path frames` profiles it.
-type FramesProxy struct {
-	upstream *url.URL
-	client   *http.Client
-	pass     http.Handler
-}
+type FramesProxy struct{ watchUpstream }
 
 // NewFramesProxy returns the frames baseline for upstream.
 func NewFramesProxy(upstream *url.URL, rt http.RoundTripper) *FramesProxy {
-	return &FramesProxy{upstream: upstream, client: &http.Client{Transport: rt}, pass: NewPassProxy(upstream, rt)}
+	return &FramesProxy{newWatchUpstream(upstream, rt)}
 }
 
 func (p *FramesProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -33,36 +29,18 @@ func (p *FramesProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.pass.ServeHTTP(w, r)
 		return
 	}
-	u := *p.upstream
-	u.Path, u.RawQuery = r.URL.Path, r.URL.RawQuery
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, u.String(), nil)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	for _, h := range []string{"Accept", "Authorization", "User-Agent"} {
-		if v := r.Header.Get(h); v != "" {
-			req.Header.Set(h, v)
-		}
-	}
-	req.Header.Set("Accept-Encoding", "identity")
-	resp, err := p.client.Do(req)
-	if err != nil {
-		if r.Context().Err() == nil {
-			http.Error(w, err.Error(), http.StatusBadGateway)
-		}
+	resp := p.open(w, r)
+	if resp == nil {
 		return
 	}
 	defer resp.Body.Close()
+	copyHeader(w.Header(), resp.Header)
+	w.WriteHeader(http.StatusOK)
 	f, ok := stream.FormatOf(resp.Header.Get("Content-Type"))
-	if resp.StatusCode != http.StatusOK || !ok {
-		copyHeader(w.Header(), resp.Header)
-		w.WriteHeader(resp.StatusCode)
+	if !ok {
 		_, _ = io.Copy(w, resp.Body)
 		return
 	}
-	copyHeader(w.Header(), resp.Header)
-	w.WriteHeader(http.StatusOK)
 	fl := w.(http.Flusher)
 	fl.Flush()
 	b := &frameBatch{w: w, fl: fl}

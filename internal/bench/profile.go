@@ -20,9 +20,10 @@ import (
 
 // profileMain is `watchsan-bench profile`: watchsan (repair mode, --enable-pprof) under the
 // saturation workload while its CPU profile is taken, then a fresh watchsan holding idle
-// watches while its heap profile is taken. With -path pass the CPU profile is the
-// pass-through's instead, under the same workload (and -idle 0 skips the heap part). It writes cpu.pprof and heap.pprof into -out and
-// prints `go tool pprof -top` of both when the go command is at hand.
+// watches while its heap profile is taken. With -path pass or frames the CPU profile is that
+// baseline's instead, under the same workload (and -idle 0 skips the heap part). It writes
+// cpu.pprof and heap.pprof into -out and prints `go tool pprof -top` of both when the go
+// command is at hand.
 func profileMain(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("profile", flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -71,17 +71,60 @@ func NewPassProxy(upstream *url.URL, rt http.RoundTripper) http.Handler {
 	}
 }
 
-// DecodeProxy is the decode/re-encode baseline: watches are decoded and re-encoded, anything
-// else passes through.
-type DecodeProxy struct {
+// watchUpstream is what the decode and frames baselines share: a watch goes to the upstream as
+// its own request, with the client's Accept, Authorization and User-Agent and never compressed;
+// anything else goes through the pass-through (pass).
+type watchUpstream struct {
 	upstream *url.URL
 	client   *http.Client
 	pass     http.Handler
 }
 
+func newWatchUpstream(upstream *url.URL, rt http.RoundTripper) watchUpstream {
+	return watchUpstream{upstream: upstream, client: &http.Client{Transport: rt}, pass: NewPassProxy(upstream, rt)}
+}
+
+// open sends the watch r to the upstream and returns its response when that is a 200, for the
+// caller to read and close. Otherwise it has answered w itself (the upstream's status and body,
+// or 502 when the upstream could not be reached) and returns nil.
+func (u watchUpstream) open(w http.ResponseWriter, r *http.Request) *http.Response {
+	to := *u.upstream
+	to.Path, to.RawQuery = r.URL.Path, r.URL.RawQuery
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, to.String(), nil)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return nil
+	}
+	for _, h := range []string{"Accept", "Authorization", "User-Agent"} {
+		if v := r.Header.Get(h); v != "" {
+			req.Header.Set(h, v)
+		}
+	}
+	req.Header.Set("Accept-Encoding", "identity")
+	resp, err := u.client.Do(req)
+	if err != nil {
+		if r.Context().Err() == nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+		}
+		return nil
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		copyHeader(w.Header(), resp.Header)
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, resp.Body)
+		return nil
+	}
+	return resp
+}
+
+// DecodeProxy is the decode/re-encode baseline: watches are decoded and re-encoded, anything
+// else passes through.
+type DecodeProxy struct{ watchUpstream }
+
 // NewDecodeProxy returns the decode/re-encode baseline for upstream.
 func NewDecodeProxy(upstream *url.URL, rt http.RoundTripper) *DecodeProxy {
-	return &DecodeProxy{upstream: upstream, client: &http.Client{Transport: rt}, pass: NewPassProxy(upstream, rt)}
+	return &DecodeProxy{newWatchUpstream(upstream, rt)}
 }
 
 func (d *DecodeProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -95,33 +138,11 @@ func (d *DecodeProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusNotAcceptable)
 		return
 	}
-	u := *d.upstream
-	u.Path, u.RawQuery = r.URL.Path, r.URL.RawQuery
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, u.String(), nil)
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	for _, h := range []string{"Accept", "Authorization", "User-Agent"} {
-		if v := r.Header.Get(h); v != "" {
-			req.Header.Set(h, v)
-		}
-	}
-	req.Header.Set("Accept-Encoding", "identity")
-	resp, err := d.client.Do(req)
-	if err != nil {
-		if r.Context().Err() == nil {
-			http.Error(w, err.Error(), http.StatusBadGateway)
-		}
+	resp := d.open(w, r)
+	if resp == nil {
 		return
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		copyHeader(w.Header(), resp.Header)
-		w.WriteHeader(resp.StatusCode)
-		_, _ = io.Copy(w, resp.Body)
-		return
-	}
 	// Decoding as client-go's watch decoder does (rest.Request.newStreamWatcher); the objects
 	// are core/v1 ConfigMaps here, as the request path says.
 	gv := corev1.SchemeGroupVersion
