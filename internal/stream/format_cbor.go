@@ -1,7 +1,9 @@
 package stream
 
 import (
+	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"unicode/utf8"
 )
 
@@ -11,13 +13,20 @@ import (
 // apiserver encodes strings and keys as byte strings (major type 2); text strings (3) and
 // indefinite-length strings are read as well, as apimachinery's decoder accepts them. Map
 // order is not relied on (the apiserver shuffles it). A repeated key among those read is
-// malformed, as apimachinery's decoder rejects duplicate keys.
+// malformed, as apimachinery's decoder rejects duplicate keys. Tags are read as apimachinery's
+// decoder reads them (untag), some of which change a byte string's value.
 
 const (
 	cborSelfDescribed = 55799
 	cborBreak         = 0xff
 	cborNull          = 0xf6
 	cborUndefined     = 0xf7
+
+	// RFC 8949 section 3.4.5.2: expected conversion of byte strings to base64url (without
+	// padding), base64 and base16.
+	cborLaterBase64URL = 21
+	cborLaterBase64    = 22
+	cborLaterBase16    = 23
 )
 
 // cborHead decodes the head of the item at b[0]: major type, additional information, argument
@@ -264,21 +273,64 @@ func (p *cborParser) skip(i int) (int, error) {
 	return end, nil
 }
 
-// untag skips self-described tags in front of the item at i.
-func (p *cborParser) untag(i int) (int, error) {
+// untag skips the tags in front of the item at i as apimachinery's decoder (fxamacker/cbor with
+// TagsAllowed) does when it reads the item into a Go string or struct, and returns enc, the
+// "expected later encoding" in effect for the item (docs/design.md section 3, "CBOR tags"):
+//   - 55799 (self-described CBOR) and tags it does not know are skipped;
+//   - 0 (an RFC 3339 time) must be directly in front of a text string, which reads as itself;
+//   - 1 (epoch time) and 2 and 3 (bignums) cannot read as a string or a map: malformed;
+//   - 21, 22 and 23 set the later encoding (base64url, base64, hex) of every byte string the
+//     item holds, the innermost tag winning (RFC 8949 section 3.4.5.2).
+func (p *cborParser) untag(i int, enc byte) (int, byte, error) {
 	for {
 		major, _, arg, n, err := p.head(i)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		if major != 6 {
-			return i, nil
+			return i, enc, nil
 		}
-		if arg != cborSelfDescribed {
-			return 0, malformed("unexpected CBOR tag %d at %d", arg, i)
+		switch arg {
+		case 0:
+			if i+n >= len(p.b) || p.b[i+n]>>5 != 3 {
+				return 0, 0, malformed("CBOR tag 0 not in front of a text string at %d", i)
+			}
+		case 1, 2, 3:
+			return 0, 0, malformed("CBOR tag %d where a string or map belongs at %d", arg, i)
+		case cborLaterBase64URL, cborLaterBase64, cborLaterBase16:
+			enc = byte(arg)
 		}
 		i += n
 	}
+}
+
+// later returns the byte string v as apimachinery's decoder reads it into a Go string under the
+// later encoding enc (see untag), in the arena; v itself when enc is 0.
+func (p *cborParser) later(v []byte, enc byte) []byte {
+	var n int
+	switch enc {
+	case 0:
+		return v
+	case cborLaterBase64URL:
+		n = base64.RawURLEncoding.EncodedLen(len(v))
+	case cborLaterBase64:
+		n = base64.StdEncoding.EncodedLen(len(v))
+	default:
+		n = hex.EncodedLen(len(v))
+	}
+	dst := p.ps.arenaFor(n)
+	start := len(dst)
+	dst = dst[:start+n]
+	switch enc {
+	case cborLaterBase64URL:
+		base64.RawURLEncoding.Encode(dst[start:], v)
+	case cborLaterBase64:
+		base64.StdEncoding.Encode(dst[start:], v)
+	default:
+		hex.Encode(dst[start:], v)
+	}
+	p.ps.arena = dst
+	return dst[start:]
 }
 
 // str reads the item at i as a string. isStr is false (and next 0) when it is not a byte or
@@ -325,13 +377,14 @@ func (p *cborParser) str(i int, buf *[]byte) (v []byte, major byte, next int, is
 type cborMap struct {
 	left  uint64 // pairs left in a definite-length map
 	indef bool
-	i     int // the next key, or the end once done
+	i     int  // the next key, or the end once done
+	enc   byte // the later encoding of the map's values (see untag)
 }
 
-// openMap starts a map at i (after any self-described tags). ok is false when the item is
-// null or undefined (and next is past it).
-func (p *cborParser) openMap(i int, what string) (m cborMap, ok bool, next int, err error) {
-	i, err = p.untag(i)
+// openMap starts a map at i (after its tags), inside an item whose later encoding is enc. ok
+// is false when the item is null or undefined (and next is past it).
+func (p *cborParser) openMap(i int, enc byte, what string) (m cborMap, ok bool, next int, err error) {
+	i, enc, err = p.untag(i, enc)
 	if err != nil {
 		return m, false, 0, err
 	}
@@ -345,12 +398,15 @@ func (p *cborParser) openMap(i int, what string) (m cborMap, ok bool, next int, 
 	if major != 5 {
 		return m, false, 0, malformed("CBOR %s is not a map", what)
 	}
-	return cborMap{left: arg, indef: ai == 31, i: i + n}, true, 0, nil
+	return cborMap{left: arg, indef: ai == 31, i: i + n, enc: enc}, true, 0, nil
 }
 
-// next returns the next key (nil with isStr false when it is not a string) and the index of
-// its value, or done. After handling the value the caller sets m.i past it.
-func (p *cborParser) next(m *cborMap) (key []byte, vi int, done bool, err error) {
+// next returns the next key and the index of its value, or done. A struct's field names
+// (valueKeys false) are matched as they are: a tagged key is not a string, and the map's later
+// encoding does not apply. A map[string]string's keys (valueKeys true) are read as its values
+// are. key is nil with isStr false when it is not a string. After handling the value the
+// caller sets m.i past it.
+func (p *cborParser) next(m *cborMap, valueKeys bool) (key []byte, vi int, done bool, err error) {
 	if m.indef {
 		if m.i >= len(p.b) {
 			return nil, 0, false, malformed("truncated CBOR map")
@@ -365,7 +421,13 @@ func (p *cborParser) next(m *cborMap) (key []byte, vi int, done bool, err error)
 		}
 		m.left--
 	}
-	key, _, vi, isStr, err := p.str(m.i, &p.ps.key)
+	k, enc := m.i, byte(0)
+	if valueKeys {
+		if k, enc, err = p.untag(k, m.enc); err != nil {
+			return nil, 0, false, err
+		}
+	}
+	key, major, vi, isStr, err := p.str(k, &p.ps.key)
 	if err != nil {
 		return nil, 0, false, err
 	}
@@ -373,15 +435,19 @@ func (p *cborParser) next(m *cborMap) (key []byte, vi int, done bool, err error)
 		if vi, err = p.skip(m.i); err != nil {
 			return nil, 0, false, err
 		}
+	} else if major == 2 {
+		key = p.later(key, enc)
 	}
 	return key, vi, false, nil
 }
 
-// stringField reads a string-typed field at i: a string sets *dst (and the item's span when
-// loc is non-nil), null or undefined leaves it, anything else is malformed.
-func (p *cborParser) stringField(i int, name string, dst *[]byte, loc *rvLocation) (int, error) {
-	if i >= len(p.b) {
-		return 0, malformed("truncated CBOR item")
+// stringField reads a string-typed field at i, inside an item whose later encoding is enc: a
+// string sets *dst (and the item's span when loc is non-nil), null or undefined leaves it,
+// anything else is malformed.
+func (p *cborParser) stringField(i int, enc byte, name string, dst *[]byte, loc *rvLocation) (int, error) {
+	i, enc, err := p.untag(i, enc)
+	if err != nil {
+		return 0, err
 	}
 	if p.b[i] == cborNull || p.b[i] == cborUndefined {
 		return i + 1, nil
@@ -392,6 +458,11 @@ func (p *cborParser) stringField(i int, name string, dst *[]byte, loc *rvLocatio
 	}
 	if !isStr {
 		return 0, malformed("CBOR %s is not a string", name)
+	}
+	if major == 2 && enc != 0 {
+		// The value read is the encoding, not the bytes. A rewrite writes its RV as a text
+		// string, which no later encoding converts.
+		v, major = p.later(v, enc), 3
 	}
 	*dst = v
 	if loc != nil {
@@ -411,7 +482,7 @@ func seen(set *uint32, bit uint32, key []byte) error {
 
 func (ps *parseState) parseCBOR(raw []byte) error {
 	p := &cborParser{b: raw, ps: ps}
-	m, ok, _, err := p.openMap(0, "watch event")
+	m, ok, _, err := p.openMap(0, 0, "watch event")
 	if err != nil {
 		return err
 	}
@@ -420,7 +491,7 @@ func (ps *parseState) parseCBOR(raw []byte) error {
 	}
 	var keys uint32
 	for {
-		k, vi, done, err := p.next(&m)
+		k, vi, done, err := p.next(&m, false)
 		if err != nil {
 			return err
 		}
@@ -430,9 +501,10 @@ func (ps *parseState) parseCBOR(raw []byte) error {
 		switch string(k) {
 		case "type":
 			if err = seen(&keys, 1, k); err == nil {
-				m.i, err = p.stringField(vi, "type", &ps.typ, nil)
+				m.i, err = p.stringField(vi, m.enc, "type", &ps.typ, nil)
 			}
 		case "object":
+			// A RawExtension: decoded on its own, so the envelope's later encoding stops here.
 			if err = seen(&keys, 2, k); err == nil {
 				m.i, err = p.object(vi)
 			}
@@ -446,13 +518,13 @@ func (ps *parseState) parseCBOR(raw []byte) error {
 }
 
 func (p *cborParser) object(i int) (int, error) {
-	m, ok, next, err := p.openMap(i, "watch event object")
+	m, ok, next, err := p.openMap(i, 0, "watch event object")
 	if err != nil || !ok {
 		return next, err
 	}
 	var keys uint32
 	for {
-		k, vi, done, err := p.next(&m)
+		k, vi, done, err := p.next(&m, false)
 		if err != nil {
 			return 0, err
 		}
@@ -461,7 +533,7 @@ func (p *cborParser) object(i int) (int, error) {
 		}
 		if string(k) == "metadata" {
 			if err = seen(&keys, 1, k); err == nil {
-				m.i, err = p.metadata(vi)
+				m.i, err = p.metadata(vi, m.enc)
 			}
 		} else {
 			m.i, err = p.skip(vi)
@@ -472,15 +544,15 @@ func (p *cborParser) object(i int) (int, error) {
 	}
 }
 
-func (p *cborParser) metadata(i int) (int, error) {
+func (p *cborParser) metadata(i int, enc byte) (int, error) {
 	ps := p.ps
-	m, ok, next, err := p.openMap(i, "metadata")
+	m, ok, next, err := p.openMap(i, enc, "metadata")
 	if err != nil || !ok {
 		return next, err
 	}
 	var keys uint32
 	for {
-		k, vi, done, err := p.next(&m)
+		k, vi, done, err := p.next(&m, false)
 		if err != nil {
 			return 0, err
 		}
@@ -490,23 +562,23 @@ func (p *cborParser) metadata(i int) (int, error) {
 		switch string(k) {
 		case "resourceVersion":
 			if err = seen(&keys, 1, k); err == nil {
-				m.i, err = p.stringField(vi, "resourceVersion", &ps.rv, &ps.loc)
+				m.i, err = p.stringField(vi, m.enc, "resourceVersion", &ps.rv, &ps.loc)
 			}
 		case "uid":
 			if err = seen(&keys, 2, k); err == nil {
-				m.i, err = p.stringField(vi, "uid", &ps.uid, nil)
+				m.i, err = p.stringField(vi, m.enc, "uid", &ps.uid, nil)
 			}
 		case "namespace":
 			if err = seen(&keys, 4, k); err == nil {
-				m.i, err = p.stringField(vi, "namespace", &ps.ns, nil)
+				m.i, err = p.stringField(vi, m.enc, "namespace", &ps.ns, nil)
 			}
 		case "name":
 			if err = seen(&keys, 8, k); err == nil {
-				m.i, err = p.stringField(vi, "name", &ps.name, nil)
+				m.i, err = p.stringField(vi, m.enc, "name", &ps.name, nil)
 			}
 		case "annotations":
 			if err = seen(&keys, 16, k); err == nil {
-				m.i, err = p.annotations(vi)
+				m.i, err = p.annotations(vi, m.enc)
 			}
 		default:
 			m.i, err = p.skip(vi)
@@ -517,14 +589,14 @@ func (p *cborParser) metadata(i int) (int, error) {
 	}
 }
 
-func (p *cborParser) annotations(i int) (int, error) {
-	m, ok, next, err := p.openMap(i, "annotations")
+func (p *cborParser) annotations(i int, enc byte) (int, error) {
+	m, ok, next, err := p.openMap(i, enc, "annotations")
 	if err != nil || !ok {
 		return next, err
 	}
 	var keys uint32
 	for {
-		k, vi, done, err := p.next(&m)
+		k, vi, done, err := p.next(&m, true)
 		if err != nil {
 			return 0, err
 		}
@@ -541,7 +613,7 @@ func (p *cborParser) annotations(i int) (int, error) {
 			return 0, err
 		}
 		var v []byte
-		if m.i, err = p.stringField(vi, "annotation", &v, nil); err != nil {
+		if m.i, err = p.stringField(vi, m.enc, "annotation", &v, nil); err != nil {
 			return 0, err
 		}
 		p.ps.initialEventsEnd = string(v) == "true"

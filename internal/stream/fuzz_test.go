@@ -328,7 +328,15 @@ func fuzzSeeds(t *testing.T, f Format) [][]byte {
 			cbEvent(cbText("ADDED"), cbTag(cbMap(cbText("metadata"), cbMap(cbText("resourceVersion"), cbText("17"))))),
 			cbEvent(cbIndef(2, "MOD", "IFIED"), cbConfigMap(cbMap(cbIndef(2, "resource", "Version"), cbIndef(2, "1", "2")))),
 			cbTag(cbIndefMap(cbBytes("type"), cbBytes("BOOKMARK"), cbBytes("object"), cbTag(cbIndefMap(cbBytes("kind"), cbBytes("Pod"),
-				cbBytes("apiVersion"), cbBytes("v1"), cbBytes("metadata"), cbIndefMap(cbBytes("resourceVersion"), cbBytes("9")))))))
+				cbBytes("apiVersion"), cbBytes("v1"), cbBytes("metadata"), cbIndefMap(cbBytes("resourceVersion"), cbBytes("9")))))),
+			// Tags apimachinery reads (TestCBORTagsReadAsApimachinery): one it does not know in
+			// front of an event; a later encoding (hex) over a metadata map; one it does not know
+			// in front of an annotation's key, and tag 0 in front of a text RV.
+			cat([]byte{0xd9, 0x30, 0x30}, cbEvent(cbBytes("ERROR"), cbTag(cbMap(cbBytes("apiVersion"), cbBytes("v1"), cbBytes("kind"), cbBytes("Status"),
+				cbBytes("metadata"), cbMap(cbBytes("resourceVersion"), cbBytes("3")), cbBytes("status"), cbBytes("Failure"))))),
+			cbEvent(cbBytes("ADDED"), cbConfigMap(cat([]byte{0xd7}, cbMap(cbBytes("resourceVersion"), cbBytes("17"), cbBytes("name"), cbBytes("a"))))),
+			cbEvent(cbBytes("BOOKMARK"), cbConfigMap(cbMap(cbBytes("resourceVersion"), cat([]byte{0xc0}, cbText("18")),
+				cbBytes("annotations"), cbMap(cat([]byte{0xd8, 0x18}, cbBytes(InitialEventsEndAnnotation)), cbBytes("true"))))))
 	}
 	if f == JSON {
 		// The shapes an apiserver does not write (jsonscan_test.go), in a fixed order.
