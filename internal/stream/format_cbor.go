@@ -205,6 +205,12 @@ func (s *cborScan) run(b []byte, max int) int {
 		// An item is complete: count it in the levels it closes.
 		for {
 			if len(s.stack) == 0 {
+				if s.pos > max {
+					// A head or a tag ends past the limit: too large, as a read that stopped
+					// at the limit finds it (the check above only sees where items start).
+					s.err = ErrFrameTooLarge
+					return -1
+				}
 				return s.pos
 			}
 			t := &s.stack[len(s.stack)-1]
