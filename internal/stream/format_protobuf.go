@@ -136,29 +136,50 @@ func pbSkip(raw []byte, i, limit int) (int, error) {
 // pbNext reads the field at raw[i:limit] into *f and returns the index after it. (Filling f
 // rather than returning it: returning the struct by value was a third of the parse's time.)
 func pbNext(f *pbField, raw []byte, i, limit int) (int, error) {
-	// The common case, decided from two or three bytes without a loop: a length-delimited
-	// field with a one-byte tag (field numbers 1-15) and a length below 16 KiB. It finds
-	// exactly what pbNextSlow would; every other case goes there.
-	if i+2 < limit {
-		t, l := raw[i], raw[i+1]
-		if t < 0x80 && t&7 == byte(protowire.BytesType) && t>>3 != 0 {
-			start, v := i+2, uint64(l)
-			if l >= 0x80 {
-				if l2 := raw[i+2]; l2 < 0x80 {
-					start, v = i+3, uint64(l&0x7f)|uint64(l2)<<7
-				} else {
-					return pbNextSlow(f, raw, i, limit)
-				}
+	// The common cases, decided from a few bytes without a loop: a tag of one or two bytes
+	// (field numbers 1-2047: ObjectMeta.managedFields is 17), then either a length below
+	// 16 KiB or a varint of one byte (ObjectMeta.generation). They find exactly what
+	// pbNextSlow would; every other case goes there.
+	if limit > len(raw) || i+1 >= limit {
+		return pbNextSlow(f, raw, i, limit)
+	}
+	t, j := uint32(raw[i]), i+1
+	if t >= 0x80 {
+		if raw[j] >= 0x80 {
+			return pbNextSlow(f, raw, i, limit)
+		}
+		t, j = t&0x7f|uint32(raw[j])<<7, j+1
+		if j >= limit {
+			return pbNextSlow(f, raw, i, limit)
+		}
+	}
+	if t>>3 == 0 {
+		return pbNextSlow(f, raw, i, limit)
+	}
+	switch protowire.Type(t & 7) {
+	case protowire.BytesType:
+		start, v := j+1, uint64(raw[j])
+		if v >= 0x80 {
+			if j+1 >= limit || raw[j+1] >= 0x80 {
+				return pbNextSlow(f, raw, i, limit)
 			}
-			if end := start + int(v); end <= limit {
-				// Field by field: a composite literal is built on the stack and copied in
-				// 16-byte moves, whose loads of the narrower stores just made cannot be
-				// forwarded and stall (two thirds of pbNext's time at 1 KiB events).
-				f.num, f.typ = int32(t>>3), protowire.BytesType
-				f.len.start, f.len.end, f.len.val = i+1, start, v
-				f.start, f.end = start, end
-				return end, nil
-			}
+			start, v = j+2, v&0x7f|uint64(raw[j+1])<<7
+		}
+		if end := start + int(v); end <= limit {
+			// Field by field: a composite literal is built on the stack and copied in
+			// 16-byte moves, whose loads of the narrower stores just made cannot be
+			// forwarded and stall (two thirds of pbNext's time at 1 KiB events).
+			f.num, f.typ = int32(t>>3), protowire.BytesType
+			f.len.start, f.len.end, f.len.val = j, start, v
+			f.start, f.end = start, end
+			return end, nil
+		}
+	case protowire.VarintType:
+		if raw[j] < 0x80 {
+			f.num, f.typ = int32(t>>3), protowire.VarintType
+			f.len.start, f.len.end, f.len.val = 0, 0, 0
+			f.start, f.end = 0, 0
+			return j + 1, nil
 		}
 	}
 	return pbNextSlow(f, raw, i, limit)
@@ -410,6 +431,18 @@ func (ps *parseState) pbMetadata(raw []byte, listMeta bool, outer [4]pbLen, m *p
 // taken as strings whatever their wire type, and may reach past the entry up to the end of the
 // enclosing message (limit); anything else is skipped within the entry.
 func pbMapEntry(raw []byte, e *pbField, limit int) (key, val []byte, err error) {
+	// The generated marshaller's entry: the key, then the value, each with a one-byte tag and
+	// a one-byte length, filling the entry exactly. The loop below reads it alike.
+	if s := e.start; s+2 <= e.end && e.end <= len(raw) && raw[s] == 0x0a && raw[s+1] < 0x80 {
+		if k := s + 2 + int(raw[s+1]); k+2 <= e.end && raw[k] == 0x12 && raw[k+1] < 0x80 && k+2+int(raw[k+1]) == e.end {
+			return raw[s+2 : k], raw[k+2 : e.end], nil
+		}
+	}
+	return pbMapEntrySlow(raw, e, limit)
+}
+
+// pbMapEntrySlow is pbMapEntry for any entry.
+func pbMapEntrySlow(raw []byte, e *pbField, limit int) (key, val []byte, err error) {
 	for j := e.start; j < e.end; {
 		wire, k, err := pbVarint(raw, j, limit)
 		if err != nil {

@@ -268,3 +268,65 @@ func TestProtobufShapes(t *testing.T) {
 		})
 	}
 }
+
+// TestProtobufFastPathsMatchSlow holds pbNext and pbMapEntry, whose fast paths decide common
+// fields from a few bytes, to the general loops on every short input built from bytes that
+// matter to them (tags of one and two bytes, wire types, lengths at the varint edges),
+// at every limit.
+func TestProtobufFastPathsMatchSlow(t *testing.T) {
+	alphabet := []byte{0x00, 0x01, 0x02, 0x03, 0x08, 0x0a, 0x0f, 0x12, 0x7f, 0x80, 0x81, 0x8a, 0xff}
+	raw := make([]byte, 4+200) // room for lengths up to 0x7f|0x01<<7
+	buf := raw[:4]
+	var fast, slow pbField
+	fastHits := 0
+	var walk func(n int)
+	walk = func(n int) {
+		if n < len(buf) {
+			for _, c := range alphabet {
+				buf[n] = c
+				walk(n + 1)
+			}
+			return
+		}
+		for limit := 0; limit <= len(raw); limit += 1 + limit/8 {
+			fast, slow = pbField{}, pbField{}
+			fe, ferr := pbNext(&fast, raw, 0, limit)
+			se, serr := pbNextSlow(&slow, raw, 0, limit)
+			if (ferr == nil) != (serr == nil) || fe != se || (ferr == nil && fast != slow) {
+				t.Fatalf("pbNext(% x, limit %d) = %d, %+v, %v; pbNextSlow = %d, %+v, %v", buf, limit, fe, fast, ferr, se, slow, serr)
+			}
+			if ferr == nil && limit > 0 {
+				fastHits++
+			}
+			e := pbField{start: 0, end: min(limit, len(buf))}
+			fk, fv, ferr := pbMapEntry(raw, &e, limit)
+			sk, sv, serr := pbMapEntrySlow(raw, &e, limit)
+			if (ferr == nil) != (serr == nil) || !bytes.Equal(fk, sk) || !bytes.Equal(fv, sv) || (fk == nil) != (sk == nil) || (fv == nil) != (sv == nil) {
+				t.Fatalf("pbMapEntry(% x, entry %d, limit %d) = %q, %q, %v; pbMapEntrySlow = %q, %q, %v", buf, e.end, limit, fk, fv, ferr, sk, sv, serr)
+			}
+		}
+	}
+	walk(0)
+	// Entries as the generated marshaller writes them, and with their fields swapped,
+	// repeated, running past the entry or followed by another.
+	for _, entry := range [][]byte{
+		cat([]byte{0x0a, 3}, []byte("key"), []byte{0x12, 2}, []byte("vv")),
+		cat([]byte{0x12, 2}, []byte("vv"), []byte{0x0a, 3}, []byte("key")),
+		cat([]byte{0x0a, 1}, []byte("a"), []byte{0x0a, 1}, []byte("b"), []byte{0x12, 0}),
+		cat([]byte{0x0a, 3}, []byte("key"), []byte{0x12, 4}, []byte("vv")),
+		cat([]byte{0x0a, 1}, []byte("a"), []byte{0x12, 1}, []byte("b"), []byte{0x1a, 0}),
+	} {
+		raw := cat(entry, []byte("xxxx"))
+		for end := 0; end <= len(entry); end++ {
+			e := pbField{start: 0, end: end}
+			fk, fv, ferr := pbMapEntry(raw, &e, len(raw))
+			sk, sv, serr := pbMapEntrySlow(raw, &e, len(raw))
+			if (ferr == nil) != (serr == nil) || !bytes.Equal(fk, sk) || !bytes.Equal(fv, sv) {
+				t.Fatalf("entry % x to %d: pbMapEntry = %q, %q, %v; pbMapEntrySlow = %q, %q, %v", raw, end, fk, fv, ferr, sk, sv, serr)
+			}
+		}
+	}
+	if fastHits == 0 {
+		t.Fatal("no input was a field")
+	}
+}
