@@ -297,6 +297,8 @@ func (p *cborParser) untag(i int, enc byte) (int, byte, error) {
 			return i, enc, nil
 		}
 		switch arg {
+		case cborSelfDescribed:
+			// The apiserver's own tag (0xd9d9f7): skipped, as is every tag not named here.
 		case 0:
 			if i+n >= len(p.b) || p.b[i+n]>>5 != 3 {
 				return 0, 0, malformed("CBOR tag 0 not in front of a text string at %d", i)
