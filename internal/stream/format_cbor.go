@@ -288,6 +288,9 @@ func (p *cborParser) skip(i int) (int, error) {
 //   - 21, 22 and 23 set the later encoding (base64url, base64, hex) of every byte string the
 //     item holds, the innermost tag winning (RFC 8949 section 3.4.5.2).
 func (p *cborParser) untag(i int, enc byte) (int, byte, error) {
+	if i < len(p.b) && p.b[i]>>5 != 6 {
+		return i, enc, nil // untagged, as the apiserver writes every item but the top ones
+	}
 	for {
 		major, _, arg, n, err := p.head(i)
 		if err != nil {
@@ -443,7 +446,7 @@ func (p *cborParser) next(m *cborMap, valueKeys bool) (key []byte, vi int, done 
 		if vi, err = p.skip(m.i); err != nil {
 			return nil, 0, false, err
 		}
-	} else if major == 2 {
+	} else if major == 2 && enc != 0 {
 		key = p.later(key, enc)
 	}
 	return key, vi, false, nil
