@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"sort"
 	"strings"
 )
 
@@ -84,6 +85,9 @@ type Credentials struct {
 	identity Identity
 	// principal names who the upstream takes the request for (Principal).
 	principal string
+	// impersonates: a lent or own request that carries Impersonate-* headers, so the
+	// apiserver answers it as the impersonated identity (Impersonates).
+	impersonates bool
 }
 
 type credHow uint8
@@ -121,7 +125,12 @@ var Self = Credentials{how: credSelf, principal: "self"}
 func Decide(h http.Header, cs *tls.ConnectionState, lend bool, mode IdentityMode) Credentials {
 	if own := h.Values("Authorization"); len(own) > 0 {
 		sum := sha256.Sum256([]byte(strings.Join(own, "\x00")))
-		return Credentials{how: credOwn, principal: "token:" + hex.EncodeToString(sum[:12])}
+		c := Credentials{how: credOwn, principal: "token:" + hex.EncodeToString(sum[:12])}
+		if imp, ok := impersonation(h); ok { // the token's user asks to be another
+			c.principal += ":as:" + imp
+			c.impersonates = true
+		}
+		return c
 	}
 	if mode != IdentityOff {
 		if id, ok := ClientIdentity(cs); ok {
@@ -130,13 +139,62 @@ func Decide(h http.Header, cs *tls.ConnectionState, lend bool, mode IdentityMode
 		}
 	}
 	if lend {
+		if imp, ok := impersonation(h); ok {
+			return Credentials{how: credLent, principal: "lent-as:" + imp, impersonates: true}
+		}
 		return Credentials{how: credLent, principal: "lent"}
 	}
 	return Credentials{how: credAnonymous, principal: "anonymous"}
 }
 
-// Lent reports whether the request gets watchsan's own identity (the lending guard applies).
+// impersonation is a digest of the Impersonate-* headers of h in a canonical form (names
+// canonical and sorted, each group list sorted: the apiserver takes groups as a set; user, uid
+// and extra values as sent), and whether there is any. The lent identity sends them on
+// (--strip-identity-headers removes only X-Remote-* by default), so the apiserver answers
+// such a request as the impersonated user, groups, uid and extra together: every one of them
+// is part of who it is (docs/design.md section 11, "Who shares with whom").
+func impersonation(h http.Header) (string, bool) {
+	var names []string
+	for k := range h {
+		if strings.HasPrefix(http.CanonicalHeaderKey(k), "Impersonate-") {
+			names = append(names, k)
+		}
+	}
+	if len(names) == 0 {
+		return "", false
+	}
+	sort.Strings(names) // a non-canonical spelling beside the canonical one merges in one order
+	canon := make(map[string][]string, len(names))
+	keys := make([]string, 0, len(names))
+	for _, k := range names {
+		ck := http.CanonicalHeaderKey(k)
+		if _, seen := canon[ck]; !seen {
+			keys = append(keys, ck)
+		}
+		canon[ck] = append(canon[ck], h[k]...)
+	}
+	sort.Strings(keys)
+	sum := sha256.New()
+	for _, k := range keys {
+		v := canon[k]
+		if k == HeaderImpersonateGroup {
+			v = append([]string(nil), v...)
+			sort.Strings(v)
+		}
+		fmt.Fprintf(sum, "%s:%q\x00", k, v)
+	}
+	return hex.EncodeToString(sum.Sum(nil)[:12]), true
+}
+
+// Lent reports whether the request gets watchsan's own identity (the lending guard applies),
+// with or without an impersonation of its own (Impersonates).
 func (c Credentials) Lent() bool { return c.how == credLent }
+
+// Impersonates reports whether a lent request, or one with the client's own token,
+// impersonates (Impersonate-* headers): the apiserver answers it as another identity than the
+// lent one or the token's, so it is never the same principal as the same request without
+// them, and is authorized as the impersonated one.
+func (c Credentials) Impersonates() bool { return c.impersonates }
 
 // Own reports whether the request goes with the client's own Authorization, as sent.
 func (c Credentials) Own() bool { return c.how == credOwn }
@@ -145,7 +203,8 @@ func (c Credentials) Own() bool { return c.how == credOwn }
 func (c Credentials) Asserted() (Identity, bool) { return c.identity, c.how == credAsserted }
 
 // Principal names who the upstream takes the request for: "lent", "anonymous", "self", or a
-// digest of the client's token ("token:...") or of its certificate's identity ("cert:...");
+// digest of the client's token ("token:...", with ":as:..." when it impersonates), of its
+// certificate's identity ("cert:...") or of a lent request's impersonation ("lent-as:...");
 // never a credential itself; "" for the zero value. Two requests with the same Principal are the
 // same user to the apiserver (the delete memory's scope).
 func (c Credentials) Principal() string { return c.principal }

@@ -141,3 +141,47 @@ func equalHeaders(a, b map[string][]string) bool {
 	}
 	return true
 }
+
+// TestDecideLentImpersonation: a lent request that impersonates is its own principal, one per
+// impersonated identity (user, groups as a set, uid, extra), never the plain lent one; the same
+// impersonation spelled in another case or group order is the same principal.
+func TestDecideLentImpersonation(t *testing.T) {
+	decide := func(kv ...string) Credentials {
+		h := http.Header{}
+		for i := 0; i < len(kv); i += 2 {
+			h[kv[i]] = append(h[kv[i]], kv[i+1])
+		}
+		return Decide(h, nil, true, IdentityOff)
+	}
+	plain := decide()
+	if plain.Principal() != "lent" || plain.Impersonates() || !plain.Lent() {
+		t.Fatalf("no impersonation: %q impersonates=%v lent=%v, want the plain lent principal", plain.Principal(), plain.Impersonates(), plain.Lent())
+	}
+	alice := decide("Impersonate-User", "alice", "Impersonate-Group", "a", "Impersonate-Group", "b")
+	if !alice.Lent() || !alice.Impersonates() || !strings.HasPrefix(alice.Principal(), "lent-as:") {
+		t.Fatalf("impersonating: %q impersonates=%v lent=%v", alice.Principal(), alice.Impersonates(), alice.Lent())
+	}
+	same := decide("impersonate-user", "alice", "Impersonate-Group", "b", "Impersonate-Group", "a")
+	if same.Principal() != alice.Principal() {
+		t.Errorf("the same impersonation spelled otherwise: %q, want %q", same.Principal(), alice.Principal())
+	}
+	for name, other := range map[string]Credentials{
+		"group only":    decide("Impersonate-Group", "a"),
+		"other user":    decide("Impersonate-User", "bob", "Impersonate-Group", "a", "Impersonate-Group", "b"),
+		"other groups":  decide("Impersonate-User", "alice", "Impersonate-Group", "a"),
+		"with uid":      decide("Impersonate-User", "alice", "Impersonate-Group", "a", "Impersonate-Group", "b", "Impersonate-Uid", "1"),
+		"with extra":    decide("Impersonate-User", "alice", "Impersonate-Group", "a", "Impersonate-Group", "b", "Impersonate-Extra-Scopes", "x"),
+		"a group split": decide("Impersonate-User", "alice", "Impersonate-Group", "a, b"),
+	} {
+		if other.Principal() == alice.Principal() || other.Principal() == plain.Principal() {
+			t.Errorf("%s: principal %q shared with another identity", name, other.Principal())
+		}
+	}
+	// A token of its own stays the client's own, and impersonating makes it another principal.
+	tok := Decide(http.Header{"Authorization": {"Bearer x"}}, nil, true, IdentityOff)
+	c := Decide(http.Header{"Authorization": {"Bearer x"}, "Impersonate-User": {"alice"}}, nil, true, IdentityOff)
+	if !c.Own() || c.Lent() || !c.Impersonates() || c.Principal() == tok.Principal() || !strings.HasPrefix(c.Principal(), tok.Principal()+":as:") {
+		t.Errorf("own token with impersonation: own=%v lent=%v impersonates=%v principal %q (the token alone: %q)",
+			c.Own(), c.Lent(), c.Impersonates(), c.Principal(), tok.Principal())
+	}
+}
