@@ -320,31 +320,16 @@ const (
 func (s *Server) readEndpoints(ctx context.Context) ([]*url.URL, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet,
-		"/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/"+apiserverSlice, nil)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Accept", "application/json")
-	at, err := s.attempts.Do(ctx, req, upstream.Plan{Credentials: upstream.Self})
-	if err != nil {
-		return nil, err
-	}
-	defer at.Cancel(nil)
-	defer at.Resp.Body.Close()
-	if at.Resp.StatusCode != http.StatusOK {
-		body, _ := io.ReadAll(io.LimitReader(at.Resp.Body, 512))
-		return nil, fmt.Errorf("%s answered %d: %s", at.Backend, at.Resp.StatusCode, body)
-	}
 	var sl endpointSlice
-	if err := json.NewDecoder(io.LimitReader(at.Resp.Body, 8<<20)).Decode(&sl); err != nil {
-		return nil, fmt.Errorf("%s: endpointslice: %w", at.Backend, err)
+	from, err := s.getSelf(ctx, "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/"+apiserverSlice, &sl)
+	if err != nil {
+		return nil, err
 	}
 	switch by, managed := sl.Metadata.Labels[labelSliceManagedBy]; {
 	case sl.Metadata.Name != apiserverSlice || sl.Metadata.Labels[labelServiceName] != "kubernetes":
-		return nil, fmt.Errorf("%s: the EndpointSlice default/%s is not the kubernetes Service's", at.Backend, apiserverSlice)
+		return nil, fmt.Errorf("%s: the EndpointSlice default/%s is not the kubernetes Service's", from, apiserverSlice)
 	case managed:
-		return nil, fmt.Errorf("%s: the EndpointSlice default/%s is managed by %q, not by the apiservers' endpoint reconciler (which sets no %s); it is not followed", at.Backend, apiserverSlice, by, labelSliceManagedBy)
+		return nil, fmt.Errorf("%s: the EndpointSlice default/%s is managed by %q, not by the apiservers' endpoint reconciler (which sets no %s); it is not followed", from, apiserverSlice, by, labelSliceManagedBy)
 	}
 	port := int32(0)
 	for _, p := range sl.Ports {
@@ -353,7 +338,7 @@ func (s *Server) readEndpoints(ctx context.Context) ([]*url.URL, error) {
 		}
 	}
 	if port == 0 || (sl.AddressType != "IPv4" && sl.AddressType != "IPv6") {
-		return nil, fmt.Errorf("%s: the apiservers' EndpointSlice has no port or an address type %q", at.Backend, sl.AddressType)
+		return nil, fmt.Errorf("%s: the apiservers' EndpointSlice has no port or an address type %q", from, sl.AddressType)
 	}
 	seen := map[string]bool{}
 	var urls []*url.URL
@@ -373,7 +358,33 @@ func (s *Server) readEndpoints(ctx context.Context) ([]*url.URL, error) {
 		}
 	}
 	if len(urls) == 0 {
-		return nil, fmt.Errorf("%s: the apiservers' EndpointSlice names no ready apiserver", at.Backend)
+		return nil, fmt.Errorf("%s: the apiservers' EndpointSlice names no ready apiserver", from)
 	}
 	return urls, nil
+}
+
+// getSelf reads the JSON object at path from an apiserver with watchsan's own identity
+// (upstream.Self) into into, at most 8 MiB of it: which apiserver answered, or an error that
+// names it, its status and the start of its answer for anything but a 200.
+func (s *Server) getSelf(ctx context.Context, path string, into any) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, path, nil)
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Accept", "application/json")
+	at, err := s.attempts.Do(ctx, req, upstream.Plan{Credentials: upstream.Self})
+	if err != nil {
+		return "", err
+	}
+	defer at.Cancel(nil)
+	defer at.Resp.Body.Close()
+	from := at.Backend.String()
+	if at.Resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(at.Resp.Body, 512))
+		return from, fmt.Errorf("%s answered %d to GET %s: %s", from, at.Resp.StatusCode, path, body)
+	}
+	if err := json.NewDecoder(io.LimitReader(at.Resp.Body, 8<<20)).Decode(into); err != nil {
+		return from, fmt.Errorf("%s: GET %s: %w", from, path, err)
+	}
+	return from, nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/watchsan/watchsan/internal/apistatus"
 	"github.com/watchsan/watchsan/internal/config"
 	"github.com/watchsan/watchsan/internal/fix"
+	"github.com/watchsan/watchsan/internal/localapi"
 	"github.com/watchsan/watchsan/internal/metrics"
 	"github.com/watchsan/watchsan/internal/upstream"
 	"github.com/watchsan/watchsan/internal/watch"
@@ -149,7 +150,8 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		ShareExclude:         cfg.ShareExcludeResources,
 		ShareMaxFeeds:        cfg.ShareMaxFeeds,
 		ShareReviewEntries:   cfg.ShareReviewCacheEntries,
-	}, watch.Deps{Attempts: attempts, Metrics: s.metrics, Memory: memory, Done: s.watchesDone, Logger: log, OnBreak: s.onBreak})
+	}, watch.Deps{Attempts: attempts, Metrics: s.metrics, Memory: memory, Done: s.watchesDone, Logger: log, OnBreak: s.onBreak,
+		ServedLocally: s.localAPIs(log).Local})
 	if err != nil {
 		return nil, err
 	}
@@ -183,6 +185,29 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	s.guard = &guard{cfg.Guard}
 	s.proxy = newPassThrough(attempts, log.Named("proxy"))
 	return s, nil
+}
+
+// localAPIs is the catalog of API group-versions the apiserver serves itself, read from its
+// APIServices with watchsan's own identity while clients with credentials of their own share
+// feeds (package localapi).
+func (s *Server) localAPIs(log *zap.Logger) *localapi.Catalog {
+	for _, r := range []string{"ok", "error"} {
+		s.metrics.APIServiceReads.WithLabelValues(r)
+	}
+	return localapi.New(localapi.Options{
+		Read: func(ctx context.Context, into *localapi.List) error {
+			_, err := s.getSelf(ctx, localapi.Path, into)
+			return err
+		},
+		Logger: log.Named("localapi"),
+		OnRead: func(ok bool) {
+			r := "ok"
+			if !ok {
+				r = "error"
+			}
+			s.metrics.APIServiceReads.WithLabelValues(r).Inc()
+		},
+	})
 }
 
 // Metrics exposes the server's metrics (tests and the demo read them).

@@ -152,14 +152,13 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 			zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()), zap.Int("absorbs", pc.run-1))
 		return false, attemptEnd{}
 	}
-	// A shared feed's subscribers get a list's objects: each must be allowed to list
-	// (share_state.go).
+	// A shared feed's subscribers get a list's objects: from here no one joins (a joiner would
+	// get them unreviewed), and each member not allowed to list gets the 410 alone
+	// (share_state.go). Should the absorb fail below, the feed ends with the 410 or the ERROR.
 	shared, _ := f.sub.(*sharedFeed)
 	if shared != nil {
-		if why := shared.absorbAllowed(); why != "" {
-			m.GoneAbsorbed.WithLabelValues(why).Inc()
-			return false, attemptEnd{}
-		}
+		shared.absorbBegin()
+		shared.absorbAdmit(st)
 	}
 	l, err := f.list(pc.run > 1, "")
 	if err != nil {
@@ -184,9 +183,6 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 		return false, attemptEnd{}
 	}
 	counts := map[string]int{}
-	if shared != nil {
-		shared.absorbBegin() // no joins until absorbEnd: the ring is made sound across it
-	}
 	for _, se := range evs {
 		d := f.sub.decide
 		if se.gone {

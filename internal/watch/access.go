@@ -23,28 +23,36 @@ import (
 	"github.com/watchsan/watchsan/internal/upstream"
 )
 
-// Access reviews (issue 15 item 3, docs/design.md section 11): a client that brings its own
-// credentials (a bearer token, or a verified certificate whose identity watchsan asserts) joins
-// or opens a shared feed only after the apiserver said, to a SelfSubjectAccessReview sent with
-// those same credentials through the same transport as its watch, that it may watch exactly
-// that scope, selectors included. Anything but status.allowed (a 401, a 403 on the review
-// itself, allowed false, an error, a timeout) sends the watch to a private feed: the apiserver
-// then answers the client itself, its own 401 or 403, and no byte of a feed reaches it.
+// Access reviews (docs/design.md section 11, "Who shares with whom"): a client that brings its
+// own credentials (a bearer token, a verified certificate whose identity watchsan asserts, or
+// the lent identity with an impersonation of its own) joins or opens a shared feed only after
+// the apiserver said, to a SelfSubjectAccessReview sent with those same credentials and
+// impersonation headers through the same transport as its watch, that it may watch exactly
+// that scope, selectors included (KEP-4601: the Node authorizer lets a kubelet watch pods only
+// with its own spec.nodeName). Anything but status.allowed (a 401, a 403 on the review itself,
+// allowed false, an error, a timeout) sends the watch to a private feed: the apiserver then
+// answers the client itself, its own 401 or 403, and no byte of a feed reaches it.
 //
-// Decisions are cached as the apiserver's webhook authorizer caches its own (allowed 5 min,
-// denied 30 s), keyed by a digest of the credentials and the review's attributes (never a
-// credential in clear), bounded in entries, oldest out; concurrent identical reviews are one
-// request.
+// A decision about rights is never older than the apiserver's own: RBAC answers from its
+// informers' current state (a RoleBinding deleted is refused at once) and token authentication
+// caches for about 10 s, so no allowance is kept. Every join is reviewed by a review that
+// began after the watch arrived, as ReadIndex batching reads in Raft: identical reviews (same
+// credentials, same attributes) coalesce onto the one not yet sent, and a watch arriving while
+// one is already on the wire waits for the next, which is sent once that one is answered. So
+// at most two reviews of a key are ever outstanding, however many watches arrive. A denial
+// (or a 401, 403 or error) is kept for reviewDeniedTTL, bounded in entries, oldest out: reusing
+// one only sends a watch to a private feed, where the apiserver decides. A review no watch waits
+// for any more (its clients reset their streams) is cancelled and counts for nothing. Keys are
+// digests of the credentials and the review's attributes, never a credential in clear.
 
 // Defaults of the review cache.
 const (
-	// DefaultShareReviewEntries bounds the access review cache (--share-access-review-cache-entries).
+	// DefaultShareReviewEntries bounds the denied-review cache (--share-access-review-cache-entries).
 	DefaultShareReviewEntries = 10000
-	// reviewAllowedTTL and reviewDeniedTTL are the apiserver's webhook authorizer's cache
-	// lifetimes (--authorization-webhook-cache-authorized-ttl, -unauthorized-ttl defaults): a
-	// decision is never trusted longer than the apiserver trusts one.
-	reviewAllowedTTL = 5 * time.Minute
-	reviewDeniedTTL  = 30 * time.Second
+	// reviewDeniedTTL is the apiserver's webhook authorizer's unauthorized cache lifetime
+	// (--authorization-webhook-cache-unauthorized-ttl default): a denial only ever sends a
+	// watch to a private feed, where the apiserver answers it itself.
+	reviewDeniedTTL = 30 * time.Second
 	// reviewTimeout bounds one review, its retries included (the request budget).
 	reviewTimeout = upstream.DefaultRetryBudget
 	// reviewedMaxStream: a subscriber admitted by a review is served at most this long before its
@@ -60,19 +68,22 @@ const reviewPath = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 // The values of watchsan_shared_feed_access_reviews_total's result label (ReviewResults): what
 // decided one watch's access to a shared feed.
 const (
-	reviewAllowed      = "allowed"      // the apiserver's review said allowed
-	reviewDenied       = "denied"       // the review said not allowed (or denied)
-	reviewUnauthorized = "unauthorized" // the review was answered 401: the credentials are no one's
-	reviewForbidden    = "forbidden"    // the review was answered 403: the identity may not even ask
-	reviewError        = "error"        // no answer, a timeout, or one watchsan does not read
-	reviewCachedAllow  = "cached-allowed"
+	reviewAllowed      = "allowed"       // the apiserver's review said allowed
+	reviewDenied       = "denied"        // the review said not allowed (or denied)
+	reviewUnauthorized = "unauthorized"  // the review was answered 401: the credentials are no one's
+	reviewForbidden    = "forbidden"     // the review was answered 403: the identity may not even ask
+	reviewError        = "error"         // no answer, a timeout, or one watchsan does not read
 	reviewCachedDeny   = "cached-denied" // a denial, a 401, 403 or error within reviewDeniedTTL
-	reviewCoalesced    = "coalesced"     // waited for an identical review in flight
+	reviewCoalesced    = "coalesced"     // took the answer of a review another watch's arrival sent
 )
 
 // ReviewResults lists watchsan_shared_feed_access_reviews_total's results (to initialise series).
 var ReviewResults = []string{reviewAllowed, reviewDenied, reviewUnauthorized, reviewForbidden, reviewError,
-	reviewCachedAllow, reviewCachedDeny, reviewCoalesced}
+	reviewCachedDeny, reviewCoalesced}
+
+// reviewClientGone is what review says when the watch's client left before its answer: not a
+// PrivateFeedReasons value (nothing is served, nothing counted).
+const reviewClientGone = "client-gone"
 
 // reviewKey is a digest of the credentials and the review's attributes; credKey one of the
 // credentials alone.
@@ -81,43 +92,51 @@ type (
 	credKey   [sha256.Size]byte
 )
 
-// reviews is the Handler's access review cache and its reviews in flight.
+// reviews is the Handler's reviews in flight and its recent denials.
 type reviews struct {
 	max int
 
-	mu      sync.Mutex
-	entries map[reviewKey]*list.Element // of *reviewEntry
-	order   *list.List                  // oldest first
+	mu     sync.Mutex
+	denied map[reviewKey]*list.Element // of *deniedEntry
+	order  *list.List                  // oldest first
+	// flights holds, per key, the review on the wire (sent); a watch that arrives meanwhile
+	// waits for its next, which is sent once it is answered.
 	flights map[reviewKey]*reviewFlight
 }
 
-type reviewEntry struct {
-	key     reviewKey
-	cred    credKey
-	allowed bool
-	until   time.Time
+type deniedEntry struct {
+	key   reviewKey
+	until time.Time
 }
 
-// reviewFlight is one review being made; done is closed once allowed and result are set.
+// reviewFlight is one review, sent or to be sent; done is closed once allowed and result are
+// set. Its fields but done are guarded by reviews.mu.
 type reviewFlight struct {
 	done    chan struct{}
-	waiters int // the watches waiting for it (under reviews.mu)
+	req     *http.Request        // the review request (its first waiter's: every waiter's is the same)
+	cred    upstream.Credentials // what it goes with
+	waiters int                  // the watches waiting for it
+	sent    bool                 // it is on the wire: a watch arriving now waits for next
+	next    *reviewFlight        // the review the watches arriving while this one is sent wait for
+	cancel  context.CancelFunc   // ends it once no watch waits (set when sent)
 	allowed bool
 	result  string
 }
 
 func newReviews(max int) *reviews {
-	return &reviews{max: max, entries: map[reviewKey]*list.Element{}, order: list.New(), flights: map[reviewKey]*reviewFlight{}}
+	return &reviews{max: max, denied: map[reviewKey]*list.Element{}, order: list.New(), flights: map[reviewKey]*reviewFlight{}}
 }
 
 // needsReview says whether a watch with cred may share only after an access review: the
-// client's own token, or its verified certificate's identity asserted. The lent identity needs
-// none (the lending guard decided who gets it); anonymous and undecided credentials never
-// share (an anonymous review may be allowed where the anonymous watch is not: the apiserver's
-// anonymous authenticator may be limited to some paths).
+// client's own token, its verified certificate's identity asserted, or the lent identity
+// impersonating another (reviewed as the impersonated one: the review goes with the same
+// headers). The lent identity itself needs none (the lending guard decided who gets it);
+// anonymous and undecided credentials never share (an anonymous review may be allowed where
+// the anonymous watch is not: the apiserver's anonymous authenticator may be limited to some
+// paths).
 func needsReview(cred upstream.Credentials) bool {
 	_, asserted := cred.Asserted()
-	return asserted || cred.Own()
+	return asserted || cred.Own() || (cred.Lent() && cred.Impersonates())
 }
 
 // credentialsKey is a digest of what names the identity a request with cred goes as: its kind
@@ -175,8 +194,9 @@ func (k credKey) review(ra *authorizationv1.ResourceAttributes) reviewKey {
 }
 
 // review says whether the client of the watch r, with cred, may share a feed: "" when the
-// apiserver allowed it (now or within the cache's lifetime), else why not (a
-// PrivateFeedReasons value). It waits at most for one review, and not after r's client left.
+// apiserver allowed it, by a review that began after r arrived; else why not (a
+// PrivateFeedReasons value, or reviewClientGone). It waits at most for two reviews, and not
+// after r's client left.
 func (h *Handler) review(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck credKey) string {
 	return h.reviewVerb(r.Context(), r, info, cred, ck, "watch")
 }
@@ -190,38 +210,38 @@ func (h *Handler) reviewVerb(ctx context.Context, r *http.Request, info *reqinfo
 	rv := h.reviews
 	now := h.clk.Now()
 	rv.mu.Lock()
-	if el := rv.entries[key]; el != nil {
-		e := el.Value.(*reviewEntry)
-		if now.Before(e.until) {
+	if el := rv.denied[key]; el != nil {
+		if now.Before(el.Value.(*deniedEntry).until) {
 			rv.mu.Unlock()
-			if e.allowed {
-				h.countReview(reviewCachedAllow)
-				return ""
-			}
 			h.countReview(reviewCachedDeny)
 			return privateDenied
 		}
 		rv.order.Remove(el)
-		delete(rv.entries, key)
+		delete(rv.denied, key)
 	}
-	fl := rv.flights[key]
-	first := fl == nil
-	if first {
-		fl = &reviewFlight{done: make(chan struct{})}
-		rv.flights[key] = fl
+	fl, send := rv.flights[key], false
+	switch {
+	case fl == nil: // none on the wire: this watch's is sent now
+		fl = &reviewFlight{done: make(chan struct{}), req: h.reviewRequest(r, ra), cred: cred}
+		rv.flights[key], send = fl, true
+	default: // one on the wire began before this watch arrived: wait for the next
+		if fl.next == nil {
+			fl.next = &reviewFlight{done: make(chan struct{}), req: h.reviewRequest(r, ra), cred: cred}
+		}
+		fl = fl.next
 	}
 	fl.waiters++
-	rv.mu.Unlock()
-	if first {
-		req := h.reviewRequest(r, ra)
-		go h.runReview(req, cred, key, ck, fl) // exits when the review is answered or times out
+	if send {
+		h.sendFlight(key, fl)
 	}
+	rv.mu.Unlock()
 	select {
 	case <-fl.done:
 	case <-ctx.Done():
-		return privateReviewFailed // the client left: it is served nothing anyway
+		rv.leave(fl)
+		return reviewClientGone // it is served nothing anyway
 	}
-	if !first {
+	if !send {
 		h.countReview(reviewCoalesced)
 	}
 	switch {
@@ -231,6 +251,24 @@ func (h *Handler) reviewVerb(ctx context.Context, r *http.Request, info *reqinfo
 		return privateReviewFailed
 	}
 	return privateDenied
+}
+
+// sendFlight puts fl, the flight of key, on the wire. reviews.mu is held.
+func (h *Handler) sendFlight(key reviewKey, fl *reviewFlight) {
+	ctx, cancel := context.WithTimeout(context.Background(), reviewTimeout)
+	fl.sent, fl.cancel = true, cancel
+	go h.runReview(ctx, key, fl) // exits when the review is answered, times out or is cancelled
+}
+
+// leave is told that a watch waiting for fl stopped waiting; the last one to go cancels it
+// when it is on the wire (a flight not sent yet is dropped when its turn comes).
+func (rv *reviews) leave(fl *reviewFlight) {
+	rv.mu.Lock()
+	defer rv.mu.Unlock()
+	fl.waiters--
+	if fl.waiters == 0 && fl.sent {
+		fl.cancel()
+	}
 }
 
 // reviewRequest is the SelfSubjectAccessReview for ra, with every header of the client's watch r
@@ -256,12 +294,35 @@ func (h *Handler) reviewRequest(r *http.Request, ra *authorizationv1.ResourceAtt
 	return out
 }
 
-// runReview sends the review req with cred (the Attempter's retries and backoff, within
-// reviewTimeout), caches its decision under key and ends the flight fl.
-func (h *Handler) runReview(req *http.Request, cred upstream.Credentials, key reviewKey, ck credKey, fl *reviewFlight) {
-	ctx, cancel := context.WithTimeout(context.Background(), reviewTimeout)
-	defer cancel()
-	allowed, result, auditID, err := h.sendReview(ctx, req, cred)
+// runReview sends fl's review (the Attempter's retries and backoff, within ctx), keeps a
+// denial under key, ends fl and sends the next flight of key if a watch waits for it.
+func (h *Handler) runReview(ctx context.Context, key reviewKey, fl *reviewFlight) {
+	allowed, result, auditID, err := h.sendReview(ctx, fl.req, fl.cred)
+	rv := h.reviews
+	rv.mu.Lock()
+	abandoned := fl.waiters == 0 // cancelled, or no one to tell: it counts for nothing
+	fl.cancel()
+	fl.allowed, fl.result = allowed, result
+	if !allowed && !abandoned {
+		if el := rv.denied[key]; el != nil {
+			rv.order.Remove(el)
+		}
+		for rv.order.Len() >= rv.max {
+			old := rv.order.Remove(rv.order.Front()).(*deniedEntry)
+			delete(rv.denied, old.key)
+		}
+		rv.denied[key] = rv.order.PushBack(&deniedEntry{key: key, until: h.clk.Now().Add(reviewDeniedTTL)})
+	}
+	delete(rv.flights, key)
+	if next := fl.next; next != nil && next.waiters > 0 {
+		rv.flights[key] = next
+		h.sendFlight(key, next)
+	}
+	rv.mu.Unlock()
+	close(fl.done)
+	if abandoned {
+		return
+	}
 	h.countReview(result)
 	if ce := h.log.Check(zap.DebugLevel, "access review"); ce != nil {
 		fields := []zap.Field{zap.String("result", result), zap.String("reviewAuditID", auditID)}
@@ -273,24 +334,6 @@ func (h *Handler) runReview(req *http.Request, cred upstream.Credentials, key re
 	if result == reviewError && err != nil {
 		h.log.Info("an access review for a shared feed failed; the watch goes private", zap.Error(err))
 	}
-	ttl := reviewDeniedTTL
-	if allowed {
-		ttl = reviewAllowedTTL
-	}
-	rv := h.reviews
-	rv.mu.Lock()
-	fl.allowed, fl.result = allowed, result
-	delete(rv.flights, key)
-	if el := rv.entries[key]; el != nil { // a flight started after this one's entry expired: replaced
-		rv.order.Remove(el)
-	}
-	for rv.order.Len() >= rv.max {
-		old := rv.order.Remove(rv.order.Front()).(*reviewEntry)
-		delete(rv.entries, old.key)
-	}
-	rv.entries[key] = rv.order.PushBack(&reviewEntry{key: key, cred: ck, allowed: allowed, until: h.clk.Now().Add(ttl)})
-	rv.mu.Unlock()
-	close(fl.done)
 }
 
 // sendReview sends one review and reads its answer: whether it allowed, the result label, and
@@ -322,21 +365,6 @@ func (h *Handler) sendReview(ctx context.Context, req *http.Request, cred upstre
 		return true, reviewAllowed, auditID, nil
 	}
 	return false, reviewDenied, auditID, nil
-}
-
-// forget drops every cached decision for the credentials ck: the apiserver refused a feed's
-// watch that went with them (expired, revoked), so none of its allowances is trusted any more.
-func (rv *reviews) forget(ck credKey) {
-	rv.mu.Lock()
-	defer rv.mu.Unlock()
-	for el := rv.order.Front(); el != nil; {
-		next := el.Next()
-		if e := el.Value.(*reviewEntry); e.cred == ck {
-			rv.order.Remove(el)
-			delete(rv.entries, e.key)
-		}
-		el = next
-	}
 }
 
 func (h *Handler) countReview(result string) {

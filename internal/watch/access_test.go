@@ -79,6 +79,14 @@ func (a *authAPI) revoke(token string) {
 	delete(a.users, token)
 }
 
+// unbind takes every right of token's user away (its RoleBindings deleted); it still
+// authenticates.
+func (a *authAPI) unbind(token string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.users[token] = &authUser{namespaces: map[string]bool{}}
+}
+
 func (a *authAPI) sent() []authorizationv1.ResourceAttributes {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -102,6 +110,13 @@ func (a *authAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	token := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
 	a.mu.Lock()
 	u := a.users[token]
+	if imp := r.Header.Get("Impersonate-User"); imp != "" && u != nil && u.namespaces["*"] {
+		// Only an identity with every right (the lent one) may impersonate; the impersonated
+		// user has the rights its own token would, none when it has none.
+		if u = a.users[imp]; u == nil {
+			u = &authUser{namespaces: map[string]bool{}}
+		}
+	}
 	hold := a.hold
 	a.mu.Unlock()
 	if u == nil {
@@ -137,7 +152,12 @@ func (a *authAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if info.IsWatch() {
 		a.mu.Lock()
 		a.tokens = append(a.tokens, token)
+		n := len(a.tokens)
 		a.mu.Unlock()
+		// What the apiserver says of the request itself: its audit id and APF classification.
+		w.Header().Set("Audit-Id", fmt.Sprintf("audit-%s-%d", token, n))
+		w.Header().Set("X-Kubernetes-Pf-Flowschema-Uid", "flowschema-of-"+token)
+		w.Header().Set("X-Kubernetes-Pf-Prioritylevel-Uid", "prioritylevel-of-"+token)
 	}
 	a.next.ServeHTTP(w, r)
 }
@@ -169,10 +189,10 @@ func (x *shareFixture) reviews(result string) float64 {
 	return promtest.ToFloat64(x.m.SharedAccessReviews.WithLabelValues(result))
 }
 
-// Issue 15 item 3: clients with tokens of their own, each allowed by the apiserver to watch
-// the scope, share one upstream watch, and each gets what a direct watch gets; each token cost
-// one review, a second watch with one of them none. The lent identity's watch of the same
-// scope is a feed of its own: it was never reviewed.
+// Clients with tokens of their own, each allowed by the apiserver to watch the scope of a
+// resource it serves itself, share one upstream watch, and each gets what a direct watch gets;
+// every join cost a review, the second with the same token too (no allowance is reused). The
+// lent identity's watch of the same scope is a feed of its own: it was never reviewed.
 func TestShareReviewedTokensShareOneWatch(t *testing.T) {
 	x := newShareFixture(t, Config{})
 	from := x.write(t, "before", 1, 10)
@@ -193,8 +213,8 @@ func TestShareReviewedTokensShareOneWatch(t *testing.T) {
 		t.Errorf("the feed's watch went with %v, want its opener's token (alice)", got)
 	}
 	sent := x.auth.sent()
-	if len(sent) != 2 || x.reviews(reviewAllowed) != 2 || x.reviews(reviewCachedAllow) != 1 {
-		t.Errorf("%d reviews sent (%v allowed, %v cached), want 2 (one per token) and 1 cached", len(sent), x.reviews(reviewAllowed), x.reviews(reviewCachedAllow))
+	if len(sent) != 3 || x.reviews(reviewAllowed) != 3 {
+		t.Errorf("%d reviews sent (%v allowed), want 3: one per join", len(sent), x.reviews(reviewAllowed))
 	}
 	for _, ra := range sent {
 		want := authorizationv1.ResourceAttributes{Verb: "watch", Version: "v1", Resource: "configmaps", Namespace: "d"}
@@ -250,10 +270,11 @@ func TestShareRefusedTokenGetsTheApiserversAnswer(t *testing.T) {
 	}
 }
 
-// A decision is cached as the apiserver's webhook authorizer caches it: an allowance 5 minutes,
-// a denial 30 seconds, on the watch's clock (a FakeClock whose AfterFuncs run on goroutines of
-// their own: stepClock).
-func TestShareReviewCached(t *testing.T) {
+// No allowance is reused: RBAC refuses at once what it no longer allows, so every join is
+// reviewed again; a denial is kept 30 seconds on the watch's clock (a FakeClock whose
+// AfterFuncs run on goroutines of their own: stepClock), since it only sends a watch to a
+// private feed, where the apiserver answers it.
+func TestShareReviewAllowanceNotReusedDenialKept(t *testing.T) {
 	clk := newStepClock()
 	x := newShareFixtureClock(t, Config{}, clk)
 	from := x.write(t, "before", 1, 10)
@@ -264,15 +285,11 @@ func TestShareReviewCached(t *testing.T) {
 			t.Fatalf("%s: %d reviews sent, want %d", what, got, want)
 		}
 	}
-	watchAt(t, x.srv.URL, q, bearer("alice"), true).cancel()
-	sent(1, "alice's first watch")
-	watchAt(t, x.srv.URL, q, bearer("alice"), true).cancel()
-	clk.Step(4 * time.Minute)
-	watchAt(t, x.srv.URL, q, bearer("alice"), true).cancel()
-	sent(1, "alice's watches within 5 minutes")
-	clk.Step(time.Minute + time.Second)
-	watchAt(t, x.srv.URL, q, bearer("alice"), true).cancel()
-	sent(2, "alice's watch after 5 minutes")
+	for i := 1; i <= 3; i++ {
+		watchAt(t, x.srv.URL, q, bearer("alice"), true).cancel()
+		sent(i, fmt.Sprintf("alice's watch %d", i))
+		clk.Step(time.Second)
+	}
 
 	carol := x.srv.URL + "/api/v1/namespaces/d/configmaps?watch=true&" + q
 	for i := 0; i < 2; i++ {
@@ -280,15 +297,15 @@ func TestShareReviewCached(t *testing.T) {
 			t.Errorf("carol: %d, want 403", code)
 		}
 	}
-	sent(3, "carol's two watches within 30 s")
+	sent(4, "carol's two watches within 30 s")
 	clk.Step(29 * time.Second)
 	answer(t, carol, bearer("carol"))
-	sent(3, "carol's watch 29 s after")
+	sent(4, "carol's watch 29 s after")
 	clk.Step(2 * time.Second)
 	answer(t, carol, bearer("carol"))
-	sent(4, "carol's watch 31 s after her denial")
-	if x.reviews(reviewCachedAllow) != 2 || x.reviews(reviewCachedDeny) != 2 {
-		t.Errorf("cached-allowed %v, cached-denied %v, want 2 and 2", x.reviews(reviewCachedAllow), x.reviews(reviewCachedDeny))
+	sent(5, "carol's watch 31 s after her denial")
+	if x.reviews(reviewAllowed) != 3 || x.reviews(reviewCachedDeny) != 2 {
+		t.Errorf("allowed %v, cached-denied %v, want 3 and 2", x.reviews(reviewAllowed), x.reviews(reviewCachedDeny))
 	}
 }
 
@@ -318,8 +335,8 @@ func TestShareReviewCarriesSelectors(t *testing.T) {
 
 // The feed goes with its opener's token. Once the apiserver refuses it (revoked: the feed's
 // resume is answered 401), every subscriber's stream ends cleanly, no ERROR, no event more;
-// each re-watches with its own credentials: the revoked one's cached allowance is forgotten
-// and it gets its 401, the other opens a new feed, with its own token, where it left off.
+// each re-watches with its own credentials, reviewed again: the revoked one gets its 401, the
+// other opens a new feed, with its own token, where it left off.
 func TestShareOpenersRevokedTokenEndsTheFeedCleanly(t *testing.T) {
 	x := newShareFixture(t, Config{})
 	from := x.write(t, "before", 1, 10)
@@ -363,22 +380,29 @@ func TestShareOpenersRevokedTokenEndsTheFeedCleanly(t *testing.T) {
 	if got := x.auth.watchTokens(); len(got) != 2 || got[0] != "alice" || got[1] != "bob" {
 		t.Errorf("watches that reached the apiserver went with %v, want alice's feed, then bob's new one (the refused resume is refused before)", got)
 	}
-	if x.reviews(reviewUnauthorized) != 1 || x.reviews(reviewCachedAllow) != 1 {
-		t.Errorf("alice's re-watch: unauthorized %v; bob's: cached-allowed %v; want 1 and 1", x.reviews(reviewUnauthorized), x.reviews(reviewCachedAllow))
+	if x.reviews(reviewUnauthorized) != 1 || x.reviews(reviewAllowed) != 3 {
+		t.Errorf("alice's re-watch: unauthorized %v; allowed %v (alice's, bob's and bob's re-watch); want 1 and 3", x.reviews(reviewUnauthorized), x.reviews(reviewAllowed))
 	}
 }
 
-// Identical reviews at once are one request.
-func TestShareReviewsCoalesce(t *testing.T) {
+// Identical reviews coalesce, but never onto one that began before a watch arrived (its answer
+// may predate a revocation): bob's feed is open; alice's watch 1's review is on the wire when
+// her RoleBinding is deleted and watches 2 and 3 arrive; they wait for the next review, one for
+// both, sent once the first is answered, and get the apiserver's 403, while watch 1 joins with
+// the answer its review got. So at most two reviews serve any number of identical watches.
+func TestShareReviewsCoalesceOnlyOntoLaterReviews(t *testing.T) {
 	x := newShareFixture(t, Config{})
 	from := x.write(t, "before", 1, 10)
+	watchAt(t, x.srv.URL, "resourceVersion="+rv(from), bearer("bob"), true)
+	x.waitSubscribers(t, 1)
 	hold := make(chan struct{})
 	x.auth.mu.Lock()
 	x.auth.hold = hold
 	x.auth.mu.Unlock()
 	const n = 3
-	codes := make(chan int, n)
-	for i := 0; i < n; i++ {
+	codes := make([]chan int, n)
+	watch := func(i int) {
+		codes[i] = make(chan int, 1)
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -386,32 +410,93 @@ func TestShareReviewsCoalesce(t *testing.T) {
 			req.Header = bearer("alice")
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
-				codes <- 0
+				codes[i] <- 0
 				return
 			}
 			resp.Body.Close()
-			codes <- resp.StatusCode
+			codes[i] <- resp.StatusCode
 		}()
 	}
-	testutil.Eventually(t, 10*time.Second, fmt.Sprintf("%d watches waiting for one review", n), func() bool {
+	flight := func() (sent, next int) {
 		x.h.reviews.mu.Lock()
 		defer x.h.reviews.mu.Unlock()
 		for _, fl := range x.h.reviews.flights {
-			return fl.waiters == n
+			if fl.sent {
+				sent = fl.waiters
+			}
+			if fl.next != nil {
+				next = fl.next.waiters
+			}
 		}
-		return false
+		return sent, next
+	}
+	watch(0)
+	testutil.Eventually(t, 10*time.Second, "watch 1's review on the wire", func() bool { s, _ := flight(); return s == 1 })
+	x.auth.unbind("alice")
+	for i := 1; i < n; i++ {
+		watch(i)
+	}
+	testutil.Eventually(t, 10*time.Second, fmt.Sprintf("%d watches waiting for the next review", n-1), func() bool {
+		s, next := flight()
+		return s == 1 && next == n-1
 	})
 	close(hold)
-	for i := 0; i < n; i++ {
-		if code := <-codes; code != http.StatusOK {
-			t.Errorf("a watch: %d, want 200", code)
+	if code := <-codes[0]; code != http.StatusOK {
+		t.Errorf("watch 1, reviewed before the revocation: %d, want 200", code)
+	}
+	for i := 1; i < n; i++ {
+		if code := <-codes[i]; code != http.StatusForbidden {
+			t.Errorf("watch %d, arrived after the revocation: %d, want the apiserver's 403", i+1, code)
 		}
 	}
-	if got := len(x.auth.sent()); got != 1 {
-		t.Errorf("%d reviews sent for %d identical watches at once, want 1", got, n)
+	if got := len(x.auth.sent()); got != 3 {
+		t.Errorf("%d reviews sent for bob and %d identical watches of alice, want 3", got, n)
 	}
-	if x.reviews(reviewAllowed) != 1 || x.reviews(reviewCoalesced) != n-1 {
-		t.Errorf("allowed %v, coalesced %v, want 1 and %d", x.reviews(reviewAllowed), x.reviews(reviewCoalesced), n-1)
+	if x.reviews(reviewAllowed) != 2 || x.reviews(reviewDenied) != 1 || x.reviews(reviewCoalesced) != n-1 {
+		t.Errorf("allowed %v, denied %v, coalesced %v, want 2 (bob, watch 1), 1 and %d", x.reviews(reviewAllowed), x.reviews(reviewDenied), x.reviews(reviewCoalesced), n-1)
+	}
+}
+
+// A review whose watches all left (reset streams) is cancelled and counts for nothing, and the
+// watch is no private feed either: a rapid reset costs at most the review already sent.
+func TestShareReviewAbandonedByResetCountsNothing(t *testing.T) {
+	x := newShareFixture(t, Config{})
+	from := x.write(t, "before", 1, 10)
+	hold := make(chan struct{})
+	defer close(hold)
+	x.auth.mu.Lock()
+	x.auth.hold = hold
+	x.auth.mu.Unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", x.srv.URL+"/api/v1/namespaces/d/configmaps?watch=true&resourceVersion="+rv(from), nil)
+	req.Header = bearer("alice")
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	testutil.Eventually(t, 10*time.Second, "the review on the wire", func() bool { return len(x.auth.sent()) == 1 })
+	cancel()
+	<-done
+	testutil.Eventually(t, 10*time.Second, "the abandoned review ended", func() bool {
+		x.h.reviews.mu.Lock()
+		defer x.h.reviews.mu.Unlock()
+		return len(x.h.reviews.flights) == 0
+	})
+	for _, r := range ReviewResults {
+		if got := x.reviews(r); got != 0 {
+			t.Errorf("reviews %s: %v, want none counted", r, got)
+		}
+	}
+	for _, r := range PrivateFeedReasons {
+		if got := promtest.ToFloat64(x.m.PrivateFeeds.WithLabelValues(r)); got != 0 {
+			t.Errorf("private feeds %s: %v, want none", r, got)
+		}
+	}
+	if got := x.gate.watches.Load(); got != 0 {
+		t.Errorf("%d upstream watches for a watch reset during its review, want 0", got)
 	}
 }
 
@@ -427,7 +512,7 @@ func TestShareReviewCacheBounded(t *testing.T) {
 	}
 	x.h.reviews.mu.Lock()
 	defer x.h.reviews.mu.Unlock()
-	if n := x.h.reviews.order.Len(); n != 2 || len(x.h.reviews.entries) != 2 {
-		t.Errorf("%d cached decisions, want 2", n)
+	if n := x.h.reviews.order.Len(); n != 2 || len(x.h.reviews.denied) != 2 {
+		t.Errorf("%d cached denials, want 2", n)
 	}
 }

@@ -677,14 +677,20 @@ func (f *feed) giveUp(end attemptEnd) EndReason {
 
 // forceRelist tells the client its resume point is gone: a well-formed ERROR 410 in its format.
 func (f *feed) forceRelist(st *metav1.Status) EndReason {
-	if st == nil || st.Code != http.StatusGone {
-		st = &metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
-			Code: http.StatusGone, Reason: metav1.StatusReasonExpired, Message: "too old resource version: " + f.sub.LastDelivered()}
-	}
-	f.sub.relist(st)
+	f.sub.relist(goneStatus(st, f.sub.LastDelivered()))
 	f.h.deps.Metrics.RelistsForced.Inc()
 	f.log.Info("resume point expired upstream; told the client to relist", zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()))
 	return EndRelist
+}
+
+// goneStatus is st when it is a 410, else the one the apiserver sends for the expired
+// resourceVersion rv.
+func goneStatus(st *metav1.Status, rv string) *metav1.Status {
+	if st != nil && st.Code == http.StatusGone {
+		return st
+	}
+	return &metav1.Status{TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"}, Status: metav1.StatusFailure,
+		Code: http.StatusGone, Reason: metav1.StatusReasonExpired, Message: "too old resource version: " + rv}
 }
 
 func (f *feed) endFromContext() EndReason {

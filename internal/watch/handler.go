@@ -129,6 +129,13 @@ type Deps struct {
 	// resume backoff. Write deadlines toward clients are the network's and stay on the real
 	// clock, as does what the Pool judges (health, lag). Nil: the real clock.
 	Clock clock.WithDelayedExecution
+	// ServedLocally says whether the kube-apiserver serves the API group-version itself (a
+	// built-in group, a CRD's), not an aggregated server behind an APIService with a service,
+	// which receives the user and may answer each one differently (package localapi). Reviewed
+	// clients of different identities share a feed only where it says so (feedPrincipal). Nil:
+	// no group-version is known to be served locally, and reviewed clients share only with
+	// the same identity.
+	ServedLocally func(group, version string) bool
 }
 
 // Handler serves watch requests.

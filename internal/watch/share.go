@@ -105,7 +105,7 @@ var PrivateFeedReasons = []string{privateIdentity, privateDenied, privateReviewF
 // may share once an access review allowed them (needsReview; serveShared asks only for a watch
 // this rule lets share, so a review is spent only where it can matter).
 func shareRule(r *http.Request, cred upstream.Credentials, p params) string {
-	if !cred.Lent() && !needsReview(cred) {
+	if !lentPlain(cred) && !needsReview(cred) {
 		return privateIdentity
 	}
 	q := r.URL.Query()
@@ -137,25 +137,45 @@ var perSubscriber = []string{"resourceVersion", "timeoutSeconds", "allowWatchBoo
 // name; one Handler has one set of upstreams), every query parameter but perSubscriber's
 // (selectors, watch-list options, anything else), the Accept header (the wire format the
 // apiserver answers in) and who it goes as (feedPrincipal).
-func feedKey(r *http.Request, cred upstream.Credentials) string {
+func feedKey(r *http.Request, cred upstream.Credentials, local bool) string {
 	q := r.URL.Query()
 	for _, k := range perSubscriber {
 		q.Del(k)
 	}
-	return r.URL.Path + "?" + q.Encode() + "\x00accept=" + r.Header.Get("Accept") + "\x00as=" + feedPrincipal(cred)
+	return r.URL.Path + "?" + q.Encode() + "\x00accept=" + r.Header.Get("Accept") + "\x00as=" + feedPrincipal(cred, local)
 }
 
-// feedPrincipal is who a shared feed's subscribers are, in its key: "lent" for the lent
-// identity; "reviewed" for clients with credentials of their own that an access review
-// allowed to watch the scope, whoever they are: the apiserver sends every
-// identity allowed to watch a scope the same events, and the feed goes with its opener's
-// credentials (docs/design.md section 11). The two never share: a lent client was never
-// reviewed, and the lent identity may not be allowed what a reviewed client is.
-func feedPrincipal(cred upstream.Credentials) string {
-	if cred.Lent() {
+// feedPrincipal is who a shared feed's subscribers are, in its key (docs/design.md section 11,
+// "Who shares with whom"):
+//   - "lent" for the lent identity without an impersonation of its own (lentPlain): one
+//     identity, which the lending guard decided the client may use;
+//   - "reviewed" for every other client an access review allowed to watch the scope, whoever
+//     it is, when the apiserver serves the resource itself (local): it sends every identity
+//     allowed to watch a scope the same events, and the feed goes with its opener's
+//     credentials;
+//   - the client's own principal otherwise (an aggregated API, which receives the user and may
+//     answer each one differently; or one watchsan cannot classify): such a feed's
+//     subscribers are all the same identity to the apiserver, and still each reviewed at its
+//     join, since its rights may have changed since the feed opened.
+//
+// "lent" and "reviewed" never share: a lent client was never reviewed, and the lent identity
+// may not be allowed what a reviewed client is.
+func feedPrincipal(cred upstream.Credentials, local bool) string {
+	switch {
+	case lentPlain(cred):
 		return "lent"
+	case local:
+		return "reviewed"
 	}
-	return "reviewed"
+	return "only:" + cred.Principal()
+}
+
+// lentPlain says whether cred is the lent identity itself: lent, impersonating no one.
+func lentPlain(cred upstream.Credentials) bool { return cred.Lent() && !cred.Impersonates() }
+
+// servedLocally says whether the apiserver serves info's group-version itself (Deps.ServedLocally).
+func (h *Handler) servedLocally(info *reqinfo.Info) bool {
+	return h.deps.ServedLocally != nil && h.deps.ServedLocally(info.APIGroup, info.APIVersion)
 }
 
 // registry holds the open shared feeds by feedKey. Its lock is taken before a feed's.
@@ -174,9 +194,10 @@ func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqi
 	if !h.shareExclude[info.GroupResource()] {
 		reason = shareRule(r, cred, p)
 	}
-	// A watch-list hands off onto a feed only with the lent identity: the handoff asks no
-	// access review (a client with its own credentials keeps its watch-list private).
-	if reason == privateWatchList && cred.Lent() {
+	// A watch-list hands off onto a feed only with the lent identity itself: the handoff asks
+	// no access review (a client with its own credentials, or impersonating, keeps its
+	// watch-list private).
+	if reason == privateWatchList && lentPlain(cred) {
 		if ho := handoffFor(r, info, p); ho != nil {
 			return false, ho
 		}
@@ -185,7 +206,9 @@ func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqi
 	if reason == "" && needsReview(cred) {
 		k := credentialsKey(r, cred)
 		ck = &k
-		reason = h.review(r, info, cred, k)
+		if reason = h.review(r, info, cred, k); reason == reviewClientGone {
+			return true, nil // its client left (a reset stream): nothing to serve, no feed opened
+		}
 		if p.timeout == 0 || p.timeout > reviewedMaxStream {
 			p.timeout = reviewedMaxStream // it is reviewed again when it re-watches (access.go)
 		}
@@ -218,7 +241,7 @@ func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqi
 // r's request as its template. Else it says why not.
 func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck *credKey, p params) (*sharedFeed, *member, string) {
 	at, _ := stream.ParseRV(p.rv)
-	key := feedKey(r, cred)
+	key := feedKey(r, cred, h.servedLocally(info))
 	g := h.feeds
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -239,7 +262,7 @@ func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Creden
 	}
 	if m != nil && ck != nil {
 		// What its review was made with, for an absorb's list review (share_state.go), set
-		// under the registry's lock, which absorbAllowed takes too.
+		// under the registry's lock, which absorbAdmit takes too.
 		acc := newMemberAccess(r, info, cred, *ck)
 		sf.mu.Lock()
 		m.access = acc
@@ -255,10 +278,11 @@ func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Creden
 // adopts the one parked at rv, share_state.go).
 func (h *Handler) openFeed(key string, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck *credKey, rv string, at uint64, bookmarks bool, st *feedState, why string) (*sharedFeed, *member) {
 	sf := h.newSharedFeed(key, r, info, cred, rv, at)
-	sf.reviewed = ck
+	sf.reviewed = ck != nil
 	h.sharedState(sf, sf.f.client, cred, rv, st, why)
 	h.feeds.feeds[key] = sf
 	m, _ := sf.add(at, bookmarks)
+	sf.opener = m
 	h.deps.Metrics.SharedFeeds.Inc()
 	go sf.run() // exits when the feed ends: its last subscriber gone, shutdown, or its upstream's end
 	return sf, m
@@ -277,18 +301,21 @@ type sharedFeed struct {
 	// policy is what pol's stream is made with once the format is known.
 	policy fix.Options
 	from   uint64
-	// reviewed is the digest of the opener's credentials, which the feed goes with, when they
-	// were reviewed (access.go); nil for the lent identity. When the apiserver refuses the
-	// feed's watch, their cached allowances are forgotten.
-	reviewed *credKey
+	// reviewed: its subscribers were admitted by access reviews (access.go); false for the
+	// lent identity's feeds.
+	reviewed bool
 
 	// ready is closed once the first attempt answered: ok, header and format are set then.
 	ready  chan struct{}
 	ok     bool
-	header http.Header
-	writer *stream.Writer // renders each event's frame into frame
-	frame  frameCapture
-	dirty  bool // a member got a frame since the last flush (the feed's goroutine's)
+	header http.Header // what every subscriber's response carries (feedHeaders of the first answer's)
+	// opener is the member whose watch opened the feed, and openerHeader the first answer's
+	// headers whole: its request's own (Audit-Id, the APF headers), which only it gets.
+	opener       *member
+	openerHeader http.Header
+	writer       *stream.Writer // renders each event's frame into frame
+	frame        frameCapture
+	dirty        bool // a member got a frame since the last flush (the feed's goroutine's)
 
 	// idle: the grace after the last subscriber left ran out; the feed ends (gone).
 	idle atomic.Bool
@@ -367,9 +394,6 @@ func (sf *sharedFeed) run() {
 	if first.Resp.StatusCode != http.StatusOK || !ok || !identity(first.Resp.Header) {
 		sf.log.Info("shared feed's first answer is no stream watchsan reads; its subscribers watch on their own",
 			zap.Int("code", first.Resp.StatusCode), zap.String("contentType", first.Resp.Header.Get("Content-Type")))
-		if c := first.Resp.StatusCode; c == http.StatusUnauthorized || c == http.StatusForbidden {
-			sf.forgetReview()
-		}
 		drain(first.Resp)
 		first.Cancel(nil)
 		sf.close(endNone)
@@ -379,29 +403,19 @@ func (sf *sharedFeed) run() {
 	sf.stateFormat()
 	sf.pol.fix = fix.NewStream(sf.policy)
 	sf.writer = stream.NewWriter(format, &sf.frame)
-	sf.header = first.Resp.Header.Clone()
-	sf.header.Del("Audit-Id") // the first attempt's: no joiner's request is that one
+	sf.openerHeader = first.Resp.Header.Clone()
+	sf.header = feedHeaders(first.Resp.Header)
 	sf.ok = true
 	sf.publish()
 	close(sf.ready)
+	// The opener's credentials expired or were revoked (a 401 or 403 to a resume), or the
+	// scope is gone: the run ends with EndResumeRefused, every subscriber's stream ends
+	// cleanly, and each re-watches with its own, reviewed again.
 	end := f.run(f.source(first, slot))
-	if end == EndResumeRefused {
-		// The opener's credentials expired or were revoked (a 401 or 403), or the scope is
-		// gone: every subscriber's stream ends cleanly, and each re-watches with its own.
-		sf.forgetReview()
-	}
 	sf.log.Debug("shared feed ended", zap.Stringer("reason", end), zap.Uint64("events", f.events), zap.Int("resumes", f.resumes))
 	sf.pol.logEnd(end)
 	sf.parkState() // before the members end: their re-watches may open a feed that adopts it
 	sf.close(end)
-}
-
-// forgetReview drops the cached allowances of the credentials the feed went with, when they
-// were reviewed: the apiserver refused them a watch it had allowed.
-func (sf *sharedFeed) forgetReview() {
-	if sf.reviewed != nil {
-		sf.h.reviews.forget(*sf.reviewed)
-	}
 }
 
 // close ends the feed: out of the registry, every member ended with end (endNone: before the
@@ -658,6 +672,25 @@ func (sf *sharedFeed) relist(st *metav1.Status) {
 	_ = sf.flush()
 }
 
+// sharedHeaders are the headers of a feed's first answer that describe the stream, the same for
+// every request of its key, and so are every subscriber's. The rest are the opener's request's
+// own: its Audit-Id (the apiserver's audit log names the opener under it), the API Priority and
+// Fairness flow schema and priority level it was classified into
+// (X-Kubernetes-Pf-Flowschema-Uid, X-Kubernetes-Pf-Prioritylevel-Uid: an admin's is exempt),
+// and whatever else an apiserver or a proxy before it adds.
+var sharedHeaders = []string{"Content-Type", "Cache-Control", "X-Content-Type-Options", "Warning"}
+
+// feedHeaders is the part of a feed's first answer's headers h that every subscriber gets.
+func feedHeaders(h http.Header) http.Header {
+	out := make(http.Header, len(sharedHeaders))
+	for _, k := range sharedHeaders {
+		if v := h.Values(k); len(v) > 0 {
+			out[k] = append([]string(nil), v...)
+		}
+	}
+	return out
+}
+
 // frameCapture is what the feed's Writer writes one frame into: each Write is one whole frame
 // (stream.Writer), copied, since the reader's buffer and the Writer's are reused.
 type frameCapture struct{ b []byte }
@@ -782,7 +815,11 @@ func (m *member) take() (q [][]byte, over, done bool, end EndReason) {
 // since no handler is left to read a next request on it.
 func (sf *sharedFeed) serve(w http.ResponseWriter, r *http.Request, m *member, p params, requestID string) {
 	h := sf.h
-	copyHeader(w.Header(), sf.header)
+	hdr := sf.header
+	if m == sf.opener {
+		hdr = sf.openerHeader
+	}
+	copyHeader(w.Header(), hdr)
 	w.Header().Del("Content-Length")
 	detach := r.ProtoMajor == 1 && r.ProtoMinor >= 1 && !h.noDetach && !h.stopping()
 	if detach {

@@ -4,8 +4,10 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 
 	"go.uber.org/zap"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/stream"
@@ -25,7 +27,7 @@ import (
 // made with here: a state is only ever handed to a feed that goes upstream as the principal
 // whose watch of the same scope built it, so the apiserver would have sent it the same
 // objects. Other subscribers of a reviewed feed were allowed the same watch by their review;
-// what an absorb lists is then judged by absorbAllowed.
+// what an absorb lists is then judged by absorbAdmit.
 //
 // From then on the feed's goroutine keeps the state as a private feed's (feed.pass calls
 // observeState for every event it delivers, within the same budgets, dropped once over them),
@@ -34,11 +36,12 @@ import (
 // ring made sound for joiners across the absorb (absorbBegin, absorbEnd). A handoff that
 // joins an open feed changes nothing of that feed's state: the private feed's is freed.
 
-// The value of watchsan_watch_gone_absorbed_total's outcome label for a reviewed shared feed
-// with a subscriber whose credentials may not list the scope.
+// The value of watchsan_watch_gone_absorbed_total's outcome label for each subscriber of a
+// reviewed shared feed whose credentials may not list the scope.
 const (
 	// absorbListDenied: a subscriber of the shared feed was reviewed for watch, and the
-	// apiserver did not say that it may list the scope (the absorb's events are a list's).
+	// apiserver did not say that it may list the scope (the absorb's events are a list's): it
+	// got the 410 alone.
 	absorbListDenied = "list-denied"
 )
 
@@ -134,47 +137,90 @@ func newMemberAccess(r *http.Request, info *reqinfo.Info, cred upstream.Credenti
 	return &memberAccess{req: req, info: *info, cred: cred, ck: ck}
 }
 
-// absorbAllowed says whether the feed may send its subscribers an absorb's difference: "", or
-// why not (an AbsorbOutcomes value). The absorb lists the scope as the feed's opener, and what
-// it sends is a list's objects, while a reviewed subscriber was reviewed for watch only. The
-// apiserver grants list and watch separately; RBAC roles almost always grant both, but a role
-// with watch and no list exists, and its holder must not read through the feed what its own
-// list would be refused. So on a reviewed feed every subscriber's credentials are reviewed for
-// list too (cached and coalesced as every review, access.go), and one that is not allowed
-// leaves the 410 to every subscriber (docs/design.md section 12). The lent identity is one
-// identity: its opener and subscribers are the same user, and the list goes as it. The feed's
-// goroutine; it waits for at most one review per credentials.
-func (sf *sharedFeed) absorbAllowed() string {
-	if sf.reviewed == nil {
-		return ""
+// absorbAdmit ends, each alone with the 410 st, the members of a reviewed feed whose
+// credentials may not list its scope; the others keep the absorb. The absorb lists the scope as
+// the feed's opener, and what it sends is a list's objects, while a reviewed subscriber was
+// reviewed for watch only. The apiserver grants list and watch separately; RBAC roles almost
+// always grant both, but a role with watch and no list exists, and its holder must not read
+// through the feed what its own list would be refused: it gets the 410 a direct watch of its
+// would get, and relists (refused, as it would be). Joins are blocked already (absorbBegin),
+// so every member the absorb's events reach is one judged here (docs/design.md section 12).
+// The lent identity is one identity: its opener and subscribers are the same user, and the list
+// goes as it. Each credentials' review is a fresh one (access.go), at most absorbReviews at once.
+// The feed's goroutine.
+func (sf *sharedFeed) absorbAdmit(st *metav1.Status) {
+	if !sf.reviewed {
+		return
 	}
 	g := sf.h.feeds
 	// The registry's lock too: a join sets its member's access under it (join), so no member
 	// is seen before its access is.
 	g.mu.Lock()
 	sf.mu.Lock()
-	byCred := map[credKey]*memberAccess{}
-	unknown := false
+	byCred := map[credKey][]*member{}
+	access := map[credKey]*memberAccess{}
+	var refused []*member
 	for m := range sf.members {
 		if m.access == nil {
-			unknown = true // a handoff's, never on a reviewed feed; refused rather than guessed
+			refused = append(refused, m) // a handoff's, never on a reviewed feed; refused rather than guessed
 			continue
 		}
-		byCred[m.access.ck] = m.access
+		byCred[m.access.ck] = append(byCred[m.access.ck], m)
+		access[m.access.ck] = m.access
 	}
 	sf.mu.Unlock()
 	g.mu.Unlock()
-	if unknown {
-		return absorbListDenied
+
+	var (
+		mu  sync.Mutex
+		wg  sync.WaitGroup
+		sem = make(chan struct{}, absorbReviews)
+	)
+	for ck, a := range access {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() { // ends with its review, bounded by reviewTimeout and the feed's context
+			defer func() { <-sem; wg.Done() }()
+			if why := sf.h.reviewVerb(sf.f.ctx, a.req, &a.info, a.cred, a.ck, "list"); why != "" {
+				mu.Lock()
+				refused = append(refused, byCred[ck]...)
+				mu.Unlock()
+			}
+		}()
 	}
-	for _, a := range byCred {
-		if why := sf.h.reviewVerb(sf.f.ctx, a.req, &a.info, a.cred, a.ck, "list"); why != "" {
-			sf.log.Info("a subscriber of the shared feed may watch but was not allowed to list its scope; the 410 goes to every subscriber",
-				zap.String("why", why))
-			return absorbListDenied
-		}
+	wg.Wait()
+	if len(refused) == 0 {
+		return
 	}
-	return ""
+	sf.log.Info("subscribers of the shared feed may watch but were not allowed to list its scope; each gets the 410, the others the absorb",
+		zap.Int("subscribers", len(refused)))
+	st = goneStatus(st, sf.LastDelivered())
+	for _, m := range refused {
+		sf.relistMember(m, st)
+		sf.h.deps.Metrics.GoneAbsorbed.WithLabelValues(absorbListDenied).Inc()
+		sf.h.deps.Metrics.RelistsForced.Inc()
+	}
+}
+
+// absorbReviews bounds the list reviews an absorb waits for at once.
+const absorbReviews = 8
+
+// relistMember ends the member m alone with the ERROR 410 st after what it has queued, as
+// relist ends every member. The feed's goroutine.
+func (sf *sharedFeed) relistMember(m *member, st *metav1.Status) {
+	if sf.writer.WriteStatus(st) != nil {
+		return
+	}
+	raw := sf.frame.take()
+	sf.mu.Lock()
+	defer sf.mu.Unlock()
+	if _, ok := sf.members[m]; !ok {
+		return // it left meanwhile
+	}
+	sf.drop(m)
+	if m.push(raw, sf.h.clk.Now()) {
+		m.finish(EndRelist)
+	} // else it is over: it ends as a slow subscriber
 }
 
 // absorbBegin is called before an absorb's first event (absorbGone): until absorbEnd, no one

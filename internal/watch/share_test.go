@@ -88,13 +88,15 @@ func (g *apiGate) breakAll() {
 }
 
 type shareFixture struct {
-	api    *memapi.Server
-	gate   *apiGate
-	auth   *authAPI         // the apiserver's authentication and authorization, before the gate
-	direct *httptest.Server // memapi itself, for direct watches
-	srv    *httptest.Server // watchsan in lending mode: a request with no Authorization is lent
-	m      *metrics.Metrics
-	h      *Handler
+	// aggregated: the apiserver serves no group-version itself (Deps.ServedLocally says false).
+	aggregated atomic.Bool
+	api        *memapi.Server
+	gate       *apiGate
+	auth       *authAPI         // the apiserver's authentication and authorization, before the gate
+	direct     *httptest.Server // memapi itself, for direct watches
+	srv        *httptest.Server // watchsan in lending mode: a request with no Authorization is lent
+	m          *metrics.Metrics
+	h          *Handler
 	// attempts is the Handler's way upstream, for another Handler on the same memapi.
 	attempts *upstream.Attempter
 	// shutdown closes the Handler's Done (once; the cleanup does it too).
@@ -128,7 +130,8 @@ func newShareFixtureClock(t *testing.T, cfg Config, clk clock.WithDelayedExecuti
 	cfg.Share = true
 	x.attempts = upstream.NewAttempter(pool, upstream.AttempterOptions{})
 	h, err := New(cfg, Deps{Attempts: x.attempts, Metrics: x.m,
-		Memory: fix.NewDeleteMemory(0, 0, nil), Logger: log, Done: done, Clock: clk})
+		Memory: fix.NewDeleteMemory(0, 0, nil), Logger: log, Done: done, Clock: clk,
+		ServedLocally: func(string, string) bool { return !x.aggregated.Load() }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,6 +198,7 @@ type client struct {
 	ended  chan struct{}
 	cancel context.CancelFunc
 	body   io.ReadCloser
+	header http.Header // its response's
 }
 
 func (c *client) events() []string {
@@ -221,7 +225,7 @@ func watchAt(t *testing.T, base, query string, hdr http.Header, read bool) *clie
 		b, _ := io.ReadAll(resp.Body)
 		t.Fatalf("watch %s: %s %s", query, resp.Status, b)
 	}
-	c := &client{ended: make(chan struct{}), cancel: cancel, body: resp.Body}
+	c := &client{ended: make(chan struct{}), cancel: cancel, body: resp.Body, header: resp.Header}
 	t.Cleanup(func() { resp.Body.Close() })
 	if !read {
 		return c
