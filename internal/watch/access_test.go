@@ -396,6 +396,9 @@ func TestShareReviewsCoalesceOnlyOntoLaterReviews(t *testing.T) {
 	watchAt(t, x.srv.URL, "resourceVersion="+rv(from), bearer("bob"), true)
 	x.waitSubscribers(t, 1)
 	hold := make(chan struct{})
+	var releaseOnce sync.Once
+	release := func() { releaseOnce.Do(func() { close(hold) }) }
+	t.Cleanup(release) // a failed wait below must not leave the review held
 	x.auth.mu.Lock()
 	x.auth.hold = hold
 	x.auth.mu.Unlock()
@@ -440,7 +443,7 @@ func TestShareReviewsCoalesceOnlyOntoLaterReviews(t *testing.T) {
 		s, next := flight()
 		return s == 1 && next == n-1
 	})
-	close(hold)
+	release()
 	if code := <-codes[0]; code != http.StatusOK {
 		t.Errorf("watch 1, reviewed before the revocation: %d, want 200", code)
 	}
