@@ -51,11 +51,10 @@ func TestShareFanOut(t *testing.T) {
 				target.URL, target.PID, target.AdminURL = p.URL, p.cmd.Process.Pid, p.AdminURL
 				target.Stop = func() { _ = p.Stop() }
 				target.WhileOpen = func() {
-					t.Logf("%s: watchsan: shared feeds %v, subscribers %v, joins %v, private feeds %v, reviews allowed %v (cached %v, coalesced %v), open watches %v",
+					t.Logf("%s: watchsan: shared feeds %v, subscribers %v, joins %v, private feeds %v, reviews allowed %v (coalesced %v), open watches %v",
 						m, p.Metric("watchsan_shared_feeds", nil), p.Metric("watchsan_shared_feed_subscribers", nil),
 						p.Metric("watchsan_shared_feed_joins_total", nil), p.Metric("watchsan_watch_private_feeds_total", nil),
 						p.Metric("watchsan_shared_feed_access_reviews_total", map[string]string{"result": "allowed"}),
-						p.Metric("watchsan_shared_feed_access_reviews_total", map[string]string{"result": "cached-allowed"}),
 						p.Metric("watchsan_shared_feed_access_reviews_total", map[string]string{"result": "coalesced"}),
 						p.Metric("watchsan_open_watches", nil))
 					if m == bench.FanOwn {
