@@ -107,7 +107,7 @@ func (a *adminAuth) check(r *http.Request) *metav1.Status {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), adminReviewTimeout)
 	defer cancel()
-	path, verb := r.URL.Path, a.cfg.Verb
+	path, verb := r.URL.Path, a.cfg.Verb // the whole path is reviewed; messages clip it
 	if a.cfg.Path != "" {
 		path = a.cfg.Path
 	}
@@ -128,11 +128,11 @@ func (a *adminAuth) check(r *http.Request) *metav1.Status {
 	case err != nil:
 		a.log.Warn("admin request refused: its authorization could not be reviewed", zap.String("path", clip(r.URL.Path)),
 			zap.String("user", user.Username), zap.String("remote", r.RemoteAddr), zap.Error(err))
-		return forbidden(fmt.Sprintf("watchsan: user %q may not %s path %q on the admin listener: its SubjectAccessReview failed: %v", user.Username, verb, path, err))
+		return forbidden(fmt.Sprintf("watchsan: user %q may not %s path %q on the admin listener: its SubjectAccessReview failed: %v", user.Username, verb, clip(path), err))
 	case !allowed:
 		a.log.Debug("admin request refused: not authorized", zap.String("path", clip(r.URL.Path)),
 			zap.String("user", user.Username), zap.String("remote", r.RemoteAddr), zap.String("reason", reason))
-		msg := fmt.Sprintf("watchsan: user %q cannot %s path %q on the admin listener (grant %s on nonResourceURLs %q in a ClusterRole)", user.Username, verb, path, verb, path)
+		msg := fmt.Sprintf("watchsan: user %q cannot %s path %q on the admin listener (grant %s on nonResourceURLs %q in a ClusterRole)", user.Username, verb, clip(path), verb, clip(path))
 		if reason != "" {
 			msg += ": " + reason
 		}

@@ -51,7 +51,8 @@ func TestBearerToken(t *testing.T) {
 // TestAdminAuthRefusesWithoutAnAnswer: off loopback, the admin handler serves /debug/* to no
 // one the apiserver has not allowed: no token is 401 at once; a token that cannot be reviewed
 // (no upstream answers) is 401 naming the failed TokenReview, and the token is not logged; the
-// probes' paths and /metrics stay open. (The real apiserver's answers: test/e2e/admin_auth_test.go.)
+// probes' paths and /metrics stay open; with adminReviewSlots requests being reviewed, one more
+// is 429. (The real apiserver's answers: test/e2e/admin_auth_test.go.)
 func TestAdminAuthRefusesWithoutAnAnswer(t *testing.T) {
 	tok := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(tok, []byte("reviewer-secret"), 0o600); err != nil {
@@ -89,6 +90,27 @@ func TestAdminAuthRefusesWithoutAnAnswer(t *testing.T) {
 	code, st := get("/debug/feeds", "client-secret")
 	if code != http.StatusUnauthorized || !strings.Contains(st.Message, "TokenReview failed") {
 		t.Errorf("/debug/feeds with a token no apiserver could review: %d %+v, want a 401 naming the failed TokenReview", code, st)
+	}
+	// The bound on reviews at once: with every slot taken (requests being reviewed), one more
+	// is answered 429 with Retry-After at once, sending no review.
+	for range adminReviewSlots {
+		s.adminAuth.slots <- struct{}{}
+	}
+	req, _ := http.NewRequest(http.MethodGet, admin.URL+"/debug/feeds", nil)
+	req.Header.Set("Authorization", "Bearer client-secret")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "1" {
+		t.Errorf("/debug/feeds with every review slot taken: %s, Retry-After %q; want 429 with Retry-After 1", resp.Status, resp.Header.Get("Retry-After"))
+	}
+	if code, _ := get("/healthz", ""); code != http.StatusOK {
+		t.Errorf("/healthz with every review slot taken: %d, want 200", code)
+	}
+	for range adminReviewSlots {
+		<-s.adminAuth.slots
 	}
 	for _, e := range logs.All() {
 		line := fmt.Sprint(e.Message, e.ContextMap())
