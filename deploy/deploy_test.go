@@ -486,6 +486,7 @@ func checkWatchsan(t *testing.T, r rendering, w workload, c corev1.Container) co
 		"tls-cert-file": cfg.TLSCertFile, "tls-private-key-file": cfg.TLSKeyFile, "upstream-ca-file": cfg.UpstreamCAFile,
 		"kubeconfig": cfg.Kubeconfig, "client-ca-file": cfg.ClientCAFile,
 		"requestheader-client-cert-file": cfg.RequestHeaderClientCertFile, "requestheader-client-key-file": cfg.RequestHeaderClientKeyFile,
+		"admin-auth-token-file": cfg.AdminAuthTokenFile,
 	} {
 		if p == "" {
 			continue
@@ -512,6 +513,8 @@ func checkWatchsan(t *testing.T, r rendering, w workload, c corev1.Container) co
 	if !config.IsLoopback(cfg.Listen) && cfg.TLSCertFile == "" {
 		t.Errorf("%s: --listen %s is reachable from other pods but serves plain HTTP: clients would send tokens in clear (or none at all)", where, cfg.Listen)
 	}
+
+	checkAdminAuth(t, r, w, c, cfg)
 
 	// Probes: readiness on /readyz, liveness on /healthz, both on the admin listener, reached the
 	// way the kubelet reaches it.
@@ -555,6 +558,87 @@ func checkWatchsan(t *testing.T, r rendering, w workload, c corev1.Container) co
 		}
 	}
 	return cfg
+}
+
+// checkAdminAuth: an admin listener off loopback is checked (--admin-auth is not none), and
+// watchsan has an identity to send its TokenReviews and SubjectAccessReviews with that the
+// rendering allows to create both: the lent one (the pod's service account, mounted), or the
+// pod's service account token projected for the reviews (--admin-auth-token-file). The rendering
+// also shows whom to grant reading /debug/*: a ClusterRole with get on it.
+func checkAdminAuth(t *testing.T, r rendering, w workload, c corev1.Container, cfg config.Config) {
+	t.Helper()
+	where := fmt.Sprintf("%s %s container %s", w.kind, w.name, c.Name)
+	if config.IsLoopback(cfg.AdminListen) {
+		return
+	}
+	if cfg.AdminAuthMode != config.AdminAuthDelegated {
+		t.Errorf("%s: --admin-listen %s is not loopback and --admin-auth is %q: anyone who reaches the pod reads /debug/feeds", where, cfg.AdminListen, cfg.AdminAuthMode)
+		return
+	}
+	if cfg.AdminAuthMetrics {
+		t.Errorf("%s: --admin-auth-metrics: the probes' paths stay open, but Prometheus (the ServiceMonitor) scrapes /metrics without a token", where)
+	}
+	automounted := w.tmpl.Spec.AutomountServiceAccountToken == nil || *w.tmpl.Spec.AutomountServiceAccountToken
+	switch {
+	case cfg.AdminAuthTokenFile != "":
+		v, rel, ok := mount(w, c, cfg.AdminAuthTokenFile)
+		projected := ok && v.Projected != nil && slices.ContainsFunc(v.Projected.Sources, func(p corev1.VolumeProjection) bool {
+			return p.ServiceAccountToken != nil && p.ServiceAccountToken.Path == rel && p.ServiceAccountToken.Audience == ""
+		})
+		if !projected {
+			t.Errorf("%s: --admin-auth-token-file %s is not the pod's service account token, projected for the apiserver's audience", where, cfg.AdminAuthTokenFile)
+		}
+	case cfg.NoCredentials || cfg.IdentityForwarding != "" || cfg.Kubeconfig != "" || len(cfg.Upstreams) > 0 || !automounted:
+		t.Errorf("%s: --admin-listen %s is not loopback and watchsan lends no in-cluster identity to review its readers' tokens with: give it --admin-auth-token-file (watchsan refuses to start)", where, cfg.AdminListen)
+		return
+	}
+	sa := w.tmpl.Spec.ServiceAccountName
+	for _, need := range [][2]string{{"authentication.k8s.io", "tokenreviews"}, {"authorization.k8s.io", "subjectaccessreviews"}} {
+		if !granted(t, r, sa, w.namespace(r), func(rule rbacv1.PolicyRule) bool {
+			return slices.Contains(rule.APIGroups, need[0]) && slices.Contains(rule.Resources, need[1]) && slices.Contains(rule.Verbs, "create")
+		}) {
+			t.Errorf("%s: service account %s may not create %s.%s: every admin review would be refused", where, sa, need[1], need[0])
+		}
+	}
+	readable := false
+	for _, o := range r.all("ClusterRole") {
+		for _, rule := range convert[rbacv1.ClusterRole](t, o).Rules {
+			if slices.Contains(rule.Verbs, "get") && slices.ContainsFunc(rule.NonResourceURLs, func(u string) bool {
+				return u == "/debug/feeds" || u == "/debug/*"
+			}) {
+				readable = true
+			}
+		}
+	}
+	if !readable {
+		t.Errorf("%s: no ClusterRole of the rendering grants get on nonResourceURL /debug/feeds: say whom to grant it", where)
+	}
+}
+
+// namespace is the namespace w's pods run in: the rendering's own (one per rendering).
+func (w workload) namespace(r rendering) string {
+	if nss := r.all("Namespace"); len(nss) == 1 {
+		return nss[0].GetName()
+	}
+	return ""
+}
+
+// granted reports whether a ClusterRoleBinding of r binds the ServiceAccount ns/sa to a
+// ClusterRole of r with a rule that ok accepts.
+func granted(t *testing.T, r rendering, sa, ns string, ok func(rbacv1.PolicyRule) bool) bool {
+	t.Helper()
+	for _, o := range r.all("ClusterRoleBinding") {
+		b := convert[rbacv1.ClusterRoleBinding](t, o)
+		if b.RoleRef.Kind != "ClusterRole" || !slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool {
+			return s.Kind == rbacv1.ServiceAccountKind && s.Name == sa && s.Namespace == ns
+		}) {
+			continue
+		}
+		if role := r.find("ClusterRole", b.RoleRef.Name); role != nil && slices.ContainsFunc(convert[rbacv1.ClusterRole](t, role).Rules, ok) {
+			return true
+		}
+	}
+	return false
 }
 
 func isWildcard(host string) bool {

@@ -22,9 +22,11 @@ type Config struct {
 	Listen      string
 	TLSCertFile string
 	TLSKeyFile  string
-	// AdminListen serves watchsan's own /metrics, /healthz, /readyz (and pprof).
+	// AdminListen serves watchsan's own /metrics, /healthz, /readyz, /debug/feeds (and pprof).
 	AdminListen string
 	EnablePprof bool
+	// The admin listener's authentication off loopback (adminauth.go).
+	AdminAuthConfig
 
 	// Upstreams are the apiserver URLs; empty means: take the server from the kubeconfig.
 	Upstreams             []string
@@ -137,6 +139,7 @@ func Default() Config {
 	return Config{
 		Listen:                "127.0.0.1:8001",
 		AdminListen:           "127.0.0.1:9091",
+		AdminAuthConfig:       defaultAdminAuth(),
 		AcceptHosts:           DefaultAcceptHosts,
 		RejectPaths:           DefaultRejectPaths,
 		StripIdentityHeaders:  DefaultStripIdentityHeaders,

@@ -87,6 +87,7 @@ func FlagSet(c *Config) *pflag.FlagSet {
 	fs.StringVar(&c.TLSKeyFile, "tls-private-key-file", c.TLSKeyFile, "private key for --tls-cert-file")
 	fs.StringVar(&c.AdminListen, "admin-listen", c.AdminListen, "address for watchsan's own /metrics, /healthz, /readyz, /debug/feeds")
 	fs.BoolVar(&c.EnablePprof, "enable-pprof", c.EnablePprof, "serve /debug/pprof on the admin listener")
+	c.AdminAuthConfig.flags(fs)
 	group("Upstreams")
 	fs.Var(&stringList{v: &c.Upstreams, typ: "URL"}, "upstream", "apiserver URL, http:// or https:// (repeatable); default: the kubeconfig's server")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", c.Kubeconfig, "kubeconfig for the upstream and the credentials to lend (default $KUBECONFIG, ~/.kube/config, or in-cluster)")

@@ -258,13 +258,7 @@ func (out *Completed) warnings(nofile uint64) {
 	} else if out.Credentials != nil && out.Credentials.Insecure && out.UpstreamCA == nil {
 		out.Warnings = append(out.Warnings, "the kubeconfig sets insecure-skip-tls-verify: the upstream's certificate is not verified; anyone on the path can read and change traffic, credentials included (pass --upstream-ca-file to verify it)")
 	}
-	if !IsLoopback(c.AdminListen) {
-		if c.EnablePprof {
-			out.Warnings = append(out.Warnings, fmt.Sprintf("--enable-pprof on --admin-listen %s, which is not a loopback address: anyone who reaches it can read watchsan's command line and goroutine stacks and run CPU-costly profiles", c.AdminListen))
-		} else {
-			out.Warnings = append(out.Warnings, fmt.Sprintf("--admin-listen %s is not a loopback address: anyone who reaches it can read /metrics (upstream addresses, resources, request counts)", c.AdminListen))
-		}
-	}
+	out.adminAuthWarnings()
 	var w string
 	if out.MaxConnections, w = FitConnections(c.MaxConnections, nofile); w != "" {
 		out.Warnings = append(out.Warnings, w)

@@ -132,6 +132,7 @@ func (c *Config) Validate() error {
 	}
 	c.validateGuard(add)
 	c.validateIdentity(add)
+	c.AdminAuthConfig.validate(add)
 	if c.ShutdownDelay < 0 {
 		add("--shutdown-delay %s: must not be negative", c.ShutdownDelay)
 	}
@@ -233,6 +234,9 @@ type Completed struct {
 	// SourceConnections and SourceHeaderConnections are the per-source limits in effect (0:
 	// none): of one source's connections, and of those still sending a request's headers.
 	SourceConnections, SourceHeaderConnections int
+	// AdminAuth is the admin listener's authentication in effect (adminauth.go); the zero
+	// value checks nothing.
+	AdminAuth AdminAuth
 	// Warnings are what is allowed but unsafe, or was adjusted; logged at start.
 	Warnings []string
 }
@@ -285,6 +289,7 @@ func (c Config) Complete() (*Completed, error) {
 		errs = append(errs, checkLending(out.Upstreams, out.Credentials, c.AllowCredentialsToUpstream)...)
 	}
 	errs = append(errs, out.completeProbe()...)
+	errs = append(errs, out.completeAdminAuth()...)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}

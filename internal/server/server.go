@@ -1,6 +1,7 @@
 // Package server runs watchsan's listeners: the main one, where every apiserver request is
 // classified and either handed to the watch pipeline or passed through, and the admin one with
-// watchsan's own /metrics, /healthz, /readyz and /debug/feeds.
+// watchsan's own /metrics, /healthz, /readyz and /debug/feeds, which off loopback answer only
+// whom the apiserver authorizes (adminauth.go).
 package server
 
 import (
@@ -41,6 +42,9 @@ type Server struct {
 	tls *tlsFiles
 	// sources bounds what one source holds of the main listener; nil: no per-source limits.
 	sources *sourceLimiter
+	// adminAuth checks the admin listener's requests (adminauth.go); nil: it checks none
+	// (on loopback, or --admin-auth=none).
+	adminAuth *adminAuth
 
 	stopping atomic.Bool
 	haState  // the HA frontend: reloads, discovery (ha.go)
@@ -128,6 +132,9 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		Done:    s.watchesDone,
 	})
 	s.attempts = attempts
+	if cfg.AdminAuth.On {
+		s.adminAuth = newAdminAuth(cfg.AdminAuth, attempts, log.Named("admin"))
+	}
 	s.watch, err = watch.New(watch.Config{
 		Mode:          cfg.Fix,
 		Exempt:        cfg.FixExemptResources,
@@ -242,6 +249,9 @@ func (s *Server) AdminHandler() http.Handler {
 		r.PathPrefix("/debug/pprof/").HandlerFunc(pprof.Index)
 	}
 	if !config.IsLoopback(s.cfg.AdminListen) {
+		if s.adminAuth != nil {
+			return s.adminAuth.wrap(r)
+		}
 		return r
 	}
 	// On loopback the admin listener is for this machine's programs, and a web page whose DNS
@@ -293,7 +303,7 @@ func (s *Server) Run(ctx context.Context) error {
 		upstreams = append(upstreams, b.String())
 	}
 	s.log.Info("listening", zap.String("listen", mainLn.Addr().String()), zap.String("admin", adminLn.Addr().String()),
-		zap.Bool("tls", s.cfg.TLSCertFile != ""), zap.Strings("upstreams", upstreams), zap.Bool("lendCredentials", s.cfg.Lend),
+		zap.Bool("tls", s.cfg.TLSCertFile != ""), zap.Bool("adminAuth", s.adminAuth != nil), zap.Strings("upstreams", upstreams), zap.Bool("lendCredentials", s.cfg.Lend),
 		zap.Stringer("identityForwarding", s.cfg.Identity), zap.Bool("clientCA", s.cfg.ClientCAFile != ""),
 		zap.Stringer("fixMode", s.cfg.Fix), zap.Int("maxConnections", s.cfg.MaxConnections), zap.Duration("idleTimeout", s.cfg.IdleTimeout))
 	if s.Listening != nil {

@@ -4,6 +4,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -121,7 +123,15 @@ func TestAttackAdminRebinding(t *testing.T) {
 		{"127.0.0.1:0", "localhost", 200},
 		{"0.0.0.0:0", "10.1.2.3:9091", 200},
 	} {
-		s, _ := newTestServerArgs(t, "--upstream=http://127.0.0.1:1", "--admin-listen="+tc.listen)
+		args := []string{"--upstream=http://127.0.0.1:1", "--admin-listen=" + tc.listen}
+		if tc.listen == "0.0.0.0:0" { // the admin listener's reviews need an identity (adminauth.go)
+			tok := filepath.Join(t.TempDir(), "token")
+			if err := os.WriteFile(tok, []byte("t"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			args = append(args, "--admin-auth-token-file="+tok)
+		}
+		s, _ := newTestServerArgs(t, args...)
 		admin := httptest.NewServer(s.AdminHandler())
 		for _, path := range []string{"/metrics", "/healthz"} {
 			req, _ := http.NewRequest(http.MethodGet, admin.URL+path, nil)
