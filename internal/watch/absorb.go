@@ -152,14 +152,7 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 			zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()), zap.Int("absorbs", pc.run-1))
 		return false, attemptEnd{}
 	}
-	// A shared feed's subscribers get a list's objects: from here no one joins (a joiner would
-	// get them unreviewed), and each member not allowed to list gets the 410 alone
-	// (share_state.go). Should the absorb fail below, the feed ends with the 410 or the ERROR.
 	shared, _ := f.sub.(*sharedFeed)
-	if shared != nil {
-		shared.absorbBegin()
-		shared.absorbAdmit(st)
-	}
 	l, err := f.list(pc.run > 1, "")
 	if err != nil {
 		if f.ctx.Err() != nil {
@@ -181,6 +174,14 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 		f.log.Warn("the list taken to absorb a 410 does not agree with the watch's state; the client relists",
 			zap.String("path", f.client.URL.Path), zap.Uint64("fromRV", R), zap.Uint64("listRV", l.rv), zap.Error(err))
 		return false, attemptEnd{}
+	}
+	if shared != nil {
+		// A shared feed's subscribers get a list's objects: from here no one joins (a joiner
+		// would get them unreviewed, and the ring is made sound across the absorb), and each
+		// member not allowed to list gets the 410 alone (share_state.go). Joins stay open
+		// while the list is taken, which may take as long as an apiserver's restart.
+		shared.absorbBegin()
+		shared.absorbAdmit(st)
 	}
 	counts := map[string]int{}
 	for _, se := range evs {
