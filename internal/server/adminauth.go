@@ -282,13 +282,22 @@ func (a *adminAuth) review(ctx context.Context, path string, in, out any) error 
 // are concerned: sent as they are, never with the lent identity), read now so that a rotated
 // token is used at once; else watchsan's own, the lent identity.
 func (a *adminAuth) identity(h http.Header) (upstream.Credentials, string, error) {
-	if a.cfg.TokenFile == "" {
+	return ownIdentity(a.cfg.TokenFile, h)
+}
+
+// ownIdentity is what watchsan's own reads and reviews go with (the admin listener's reviews,
+// the APIService reads of package localapi), and who that is for errors: the token in
+// tokenFile (--admin-auth-token-file; sent as a client's own credentials are, never with the
+// lent identity), read now so that a rotated token is used at once, set on h; with no file,
+// watchsan's own, the lent identity (none with --no-credentials).
+func ownIdentity(tokenFile string, h http.Header) (upstream.Credentials, string, error) {
+	if tokenFile == "" {
 		return upstream.Self, "the lent identity", nil
 	}
-	tok, err := config.ReadTokenFile(a.cfg.TokenFile)
+	tok, err := config.ReadTokenFile(tokenFile)
 	if err != nil {
 		return upstream.Credentials{}, "", fmt.Errorf("watchsan's own token (--admin-auth-token-file): %w", err)
 	}
 	h.Set("Authorization", "Bearer "+tok)
-	return upstream.Decide(h, nil, false, upstream.IdentityOff), "the token in --admin-auth-token-file " + a.cfg.TokenFile, nil
+	return upstream.Decide(h, nil, false, upstream.IdentityOff), "the token in --admin-auth-token-file " + tokenFile, nil
 }

@@ -321,7 +321,7 @@ func (s *Server) readEndpoints(ctx context.Context) ([]*url.URL, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var sl endpointSlice
-	from, err := s.getSelf(ctx, "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/"+apiserverSlice, &sl)
+	from, err := s.getSelf(ctx, "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/"+apiserverSlice, &sl, upstream.Self)
 	if err != nil {
 		return nil, err
 	}
@@ -363,16 +363,20 @@ func (s *Server) readEndpoints(ctx context.Context) ([]*url.URL, error) {
 	return urls, nil
 }
 
-// getSelf reads the JSON object at path from an apiserver with watchsan's own identity
-// (upstream.Self) into into, at most 8 MiB of it: which apiserver answered, or an error that
-// names it, its status and the start of its answer for anything but a 200.
-func (s *Server) getSelf(ctx context.Context, path string, into any) (string, error) {
+// getSelf reads the JSON object at path from an apiserver with one of watchsan's own
+// identities (upstream.Self, or ownIdentity's; the token it set on header, if any, goes
+// along) into into, at most 8 MiB of it: which apiserver answered, or an error that names it,
+// its status and the start of its answer for anything but a 200.
+func (s *Server) getSelf(ctx context.Context, path string, into any, cred upstream.Credentials, header ...http.Header) (string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, path, nil)
 	if err != nil {
 		return "", err
 	}
+	for _, h := range header {
+		req.Header = h.Clone()
+	}
 	req.Header.Set("Accept", "application/json")
-	at, err := s.attempts.Do(ctx, req, upstream.Plan{Credentials: upstream.Self})
+	at, err := s.attempts.Do(ctx, req, upstream.Plan{Credentials: cred})
 	if err != nil {
 		return "", err
 	}

@@ -195,7 +195,8 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 }
 
 // localAPIs is the catalog of API group-versions the apiserver serves itself, read from its
-// APIServices with watchsan's own identity while clients with credentials of their own share
+// APIServices with watchsan's own identity (ownIdentity: a frontend that lends none reads them
+// with its --admin-auth-token-file token) while clients with credentials of their own share
 // feeds (package localapi).
 func (s *Server) localAPIs(log *zap.Logger) *localapi.Catalog {
 	for _, r := range []string{"ok", "error"} {
@@ -203,7 +204,12 @@ func (s *Server) localAPIs(log *zap.Logger) *localapi.Catalog {
 	}
 	return localapi.New(localapi.Options{
 		Read: func(ctx context.Context, into *localapi.List) error {
-			_, err := s.getSelf(ctx, localapi.Path, into)
+			h := http.Header{}
+			cred, _, err := ownIdentity(s.cfg.AdminAuth.TokenFile, h)
+			if err != nil {
+				return err
+			}
+			_, err = s.getSelf(ctx, localapi.Path, into, cred, h)
 			return err
 		},
 		Logger: log.Named("localapi"),
