@@ -53,14 +53,12 @@ func TestShareAttackAggregatedAPIFiltersByUser(t *testing.T) {
 			x := api.resourceVersion()
 			path := notesPath + "?watch=1&resourceVersion=" + x
 			alice := openSharedWatch(t, ctx, nil, p.URL+path, tokens["alice"])
-			eventually(t, 20*time.Second, "alice's watch a subscriber of a shared feed", func() bool {
-				return p.Metric("watchsan_shared_feed_subscribers", nil) == 1
-			})
 			note := func(n string) string { return mode.name + "-" + n }
 			api.put(note("a1"), aliceUser)
 			api.put(note("b1"), bobUser)
 			eventually(t, 20*time.Second, "alice's first note", func() bool { return slices.Contains(alice.names(), note("a1")) })
-			requireFeedCovers(t, p, "notes", "", x)
+			// Not required: a fixed watchsan may not share this watch at all.
+			t.Logf("alice's watch open; a shared feed covering %s: %v", x, openFeedCovers(t, p, "notes", "", x))
 
 			bob := openSharedWatch(t, ctx, nil, p.URL+path, tokens["bob"])
 			bobDirect := openSharedWatch(t, ctx, direct, c.APIServers[0].URL+path, tokens["bob"])
