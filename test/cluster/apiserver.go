@@ -96,6 +96,9 @@ func (a *APIServer) args() []string {
 	args = append(args, c.kubeletClientFlags()...) // for the stand-in kubelet (package kubelet)
 	args = append(args, c.requestHeaderArgs()...)
 	args = append(args, a.auditArgs()...)
+	if c.opts.AggregatorProxyClient {
+		args = append(args, "--proxy-client-cert-file="+c.FrontProxyCertFile, "--proxy-client-key-file="+c.FrontProxyKeyFile)
+	}
 	if c.opts.FeatureGates != "" {
 		args = append(args, "--feature-gates="+c.opts.FeatureGates)
 	}

@@ -80,6 +80,13 @@ type Options struct {
 	// that must be told apart (in an audit log, by RBAC): a controller manager, a scheduler,
 	// nodes.
 	Users []User
+	// AggregatorProxyClient gives every apiserver --proxy-client-cert-file and
+	// --proxy-client-key-file, the front-proxy client certificate (FrontProxyCertFile, kubeadm's
+	// front-proxy-client): with it the aggregator proxies a request for an APIService's group
+	// to the aggregated API server with the requesting user in X-Remote-User and
+	// X-Remote-Group, which that server trusts on FrontProxyCAFile. false: no such flags, and
+	// an aggregated API server cannot tell the aggregator's requests from anyone's.
+	AggregatorProxyClient bool
 	// Log, if set, also receives every process's output, each line prefixed with the process
 	// name. Output always goes to log files in Dir too (their tails are in start errors and in
 	// LogTails); nil means only there. Errors from Log are ignored.

@@ -172,11 +172,28 @@ func (w *sharedWatch) stop() { w.cancel() }
 // openSharedWatch opens a watch of url with hc (nil: http.DefaultClient) and token ("": none).
 func openSharedWatch(t *testing.T, ctx context.Context, hc *http.Client, url, token string) *sharedWatch {
 	t.Helper()
+	h := http.Header{}
+	if token != "" {
+		h.Set("Authorization", "Bearer "+token)
+	}
+	w, resp, b := tryWatch(t, ctx, hc, url, h)
+	if w == nil {
+		t.Fatalf("watch %s: %s %s", url, resp.Status, b)
+	}
+	return w
+}
+
+// tryWatch sends the watch of url with hc (nil: http.DefaultClient) and the headers h. On a
+// 200 it returns the watch, which records the names of the objects of its stream until it is
+// stopped or the test ends; on any other answer no watch, and the answer's body (at most 64
+// KiB), read and closed. The response is returned either way (its headers).
+func tryWatch(t *testing.T, ctx context.Context, hc *http.Client, url string, h http.Header) (*sharedWatch, *http.Response, []byte) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(ctx)
 	t.Cleanup(cancel)
 	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
+	for k, v := range h {
+		req.Header[k] = v
 	}
 	if hc == nil {
 		hc = http.DefaultClient
@@ -188,7 +205,8 @@ func openSharedWatch(t *testing.T, ctx context.Context, hc *http.Client, url, to
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		resp.Body.Close()
-		t.Fatalf("watch %s: %s %s", url, resp.Status, b)
+		cancel()
+		return nil, resp, b
 	}
 	w := &sharedWatch{cancel: cancel}
 	go func() { // exits when the watch ends (cancel, the test's end)
@@ -207,7 +225,7 @@ func openSharedWatch(t *testing.T, ctx context.Context, hc *http.Client, url, to
 			}
 		}
 	}()
-	return w
+	return w, resp, nil
 }
 
 // The same with verified client certificates in frontend mode, in both ways of asserting their
