@@ -71,6 +71,14 @@ type Config struct {
 	MaxConnectionsPerSource       int
 	MaxHeaderConnectionsPerSource int
 	HTTP2MaxStreams               int
+	// HTTP/2 health of the main listener's connections (docs/design.md section 13):
+	// ClientHTTP2WriteByteTimeout closes a connection that takes no byte for this long while
+	// watchsan has some to send it; ClientHTTP2PingInterval pings a connection that sent no
+	// frame for this long, and ClientHTTP2PingTimeout closes it when the ping is not answered
+	// within this. Zero for the first two: never (Go's default); the third must be positive.
+	ClientHTTP2WriteByteTimeout time.Duration
+	ClientHTTP2PingInterval     time.Duration
+	ClientHTTP2PingTimeout      time.Duration
 
 	// Upstream transport.
 	DialTimeout           time.Duration
@@ -143,6 +151,11 @@ func Default() Config {
 		IdleTimeout:           DefaultIdleTimeout,
 		MaxConnections:        DefaultMaxConnections,
 		HTTP2MaxStreams:       DefaultHTTP2MaxStreams,
+
+		ClientHTTP2WriteByteTimeout: DefaultClientHTTP2WriteByteTimeout,
+		ClientHTTP2PingInterval:     DefaultClientHTTP2PingInterval,
+		ClientHTTP2PingTimeout:      DefaultClientHTTP2PingTimeout,
+
 		DialTimeout:           10 * time.Second,
 		TLSHandshakeTimeout:   10 * time.Second,
 		KeepAlive:             30 * time.Second,

@@ -44,6 +44,17 @@ const (
 	DefaultMaxHeaderConnectionsPerSource = 32
 	// DefaultHTTP2MaxStreams is kube-apiserver's default streams per HTTP/2 connection.
 	DefaultHTTP2MaxStreams = 100
+	// DefaultClientHTTP2WriteByteTimeout closes an HTTP/2 client connection that took no byte
+	// for this long while watchsan had some to send: the default --watch-write-timeout, so
+	// that a client that stopped reading loses its connection when its watches would be cut,
+	// not when it closes it (the cut's RST_STREAM cannot be written on a full socket).
+	DefaultClientHTTP2WriteByteTimeout = 30 * time.Second
+	// DefaultClientHTTP2PingInterval and DefaultClientHTTP2PingTimeout are client-go's own
+	// health check of its HTTP/2 connections (ReadIdleTimeout 30 s, PingTimeout 15 s), done by
+	// watchsan on its clients' connections: a client whose stream windows are spent and that
+	// reads nothing more is found by its unanswered ping, since no byte waits to be written.
+	DefaultClientHTTP2PingInterval = 30 * time.Second
+	DefaultClientHTTP2PingTimeout  = 15 * time.Second
 	// AdminMaxConnections bounds the admin listener on its own, so that /healthz and /metrics
 	// answer while the main listener is saturated.
 	AdminMaxConnections = 64
@@ -145,6 +156,17 @@ func (c *Config) validateGuard(add func(format string, a ...any)) {
 	}
 	if c.HTTP2MaxStreams < 1 || c.HTTP2MaxStreams > 1<<20 {
 		add("--http2-max-streams-per-connection %d: want 1 to 1048576", c.HTTP2MaxStreams)
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"client-http2-write-byte-timeout", c.ClientHTTP2WriteByteTimeout}, {"client-http2-ping-interval", c.ClientHTTP2PingInterval}} {
+		if d.v < 0 {
+			add("--%s %s: want a duration, or 0 for none", d.flag, d.v)
+		}
+	}
+	if c.ClientHTTP2PingTimeout <= 0 {
+		add("--client-http2-ping-timeout %s: must be positive", c.ClientHTTP2PingTimeout)
 	}
 }
 

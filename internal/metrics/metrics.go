@@ -60,7 +60,7 @@ type Metrics struct {
 	Refused         *prometheus.CounterVec // reason: requests watchsan refused itself (RefusalReasons)
 	Connections     *prometheus.GaugeVec   // listener: main | admin
 	ConnectionLimit *prometheus.GaugeVec   // listener
-	ConnectionsShed *prometheus.CounterVec // reason: main-listener connections closed by a per-source limit (ShedReasons)
+	ConnectionsShed *prometheus.CounterVec // reason: main-listener connections refused or closed by a limit (ShedReasons)
 	TLSReloads      *prometheus.CounterVec // result: ok | error (the main listener's TLS files)
 
 	// BuildInfo is 1 for the running build's version, revision and Go version (SetVersion).
@@ -114,7 +114,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	m.Retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_request_retries_total", Help: "Retries of requests that failed before their response started, by outcome."}, []string{"outcome"})
 	m.Refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_requests_refused_total", Help: "Requests watchsan refused itself before anything went upstream, by reason (host, origin, cors_preflight, path, method, dot_segment, connect, absolute_target)."}, []string{"reason"})
 	m.Connections = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_connections", Help: "Client connections open now, by listener (upgraded ones included)."}, []string{"listener"})
-	m.ConnectionsShed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_connections_shed_total", Help: "Main-listener connections closed by a per-source limit: source_connections (the source had --max-connections-per-source open; the new one is closed), source_headers (the source had --max-header-connections-per-source still sending their request's headers; its oldest such one is closed)."}, []string{"reason"})
+	m.ConnectionsShed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_connections_shed_total", Help: "Main-listener connections refused or closed by a limit: source_connections (the source had --max-connections-per-source open; the new one is closed), source_headers (the source had --max-header-connections-per-source still sending their request's headers; its oldest such one is closed), write_timeout (a write to the client took no byte within --client-http2-write-byte-timeout, or an HTTP/1 watch's write did not complete within --watch-write-timeout; the connection is closed), ping_timeout (an HTTP/2 client did not answer a ping within --client-http2-ping-timeout; the connection is closed)."}, []string{"reason"})
 	for _, r := range ShedReasons {
 		m.ConnectionsShed.WithLabelValues(r)
 	}
@@ -174,7 +174,7 @@ func (m *Metrics) SetVersion(version string) {
 var Directions = []string{"upstream_to_client", "client_to_upstream"}
 
 // ShedReasons are every value of ConnectionsShed's reason label.
-var ShedReasons = []string{"source_connections", "source_headers"}
+var ShedReasons = []string{"source_connections", "source_headers", "write_timeout", "ping_timeout"}
 
 // RefusalReasons are every value of Refused's reason label.
 var RefusalReasons = []string{"host", "origin", "cors_preflight", "path", "method", "dot_segment", "connect", "absolute_target", "connection_header", "impersonation"}

@@ -6,7 +6,9 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/netutil"
@@ -65,12 +67,17 @@ func (s *Server) listen() (mainLn, adminLn net.Listener, err error) {
 	return mainLn, s.bound("admin", adminLn, config.AdminMaxConnections), nil
 }
 
-// bound limits ln to n connections at once and counts them in watchsan_connections.
+// bound limits ln to n connections at once and counts them in watchsan_connections; on the
+// main listener it also counts the connections whose write timed out (countedConn.Write).
 func (s *Server) bound(name string, ln net.Listener, n int) net.Listener {
 	s.metrics.ConnectionLimit.WithLabelValues(name).Set(float64(n))
 	open := s.metrics.Connections.WithLabelValues(name)
 	open.Set(0)
-	return &countingListener{Listener: netutil.LimitListener(ln, n), opened: open.Inc, closed: open.Dec}
+	cl := &countingListener{Listener: netutil.LimitListener(ln, n), opened: open.Inc, closed: open.Dec}
+	if name == "main" {
+		cl.writeTimedOut = s.metrics.ConnectionsShed.WithLabelValues("write_timeout").Inc
+	}
+	return cl
 }
 
 // newMainServer is the main listener's http.Server. Its timeouts bound what a client that says
@@ -84,8 +91,16 @@ func (s *Server) bound(name string, ln net.Listener, n int) net.Listener {
 //     expiry even cancels the request's context while the handler streams).
 //
 // HTTP/2 allows --http2-max-streams-per-connection streams per connection, with
-// kube-apiserver's frame size.
+// kube-apiserver's frame size, and bounds what a client that stops reading its socket holds
+// (docs/design.md section 13): a connection that takes no byte for
+// --client-http2-write-byte-timeout while there is some to send is closed (a stream's own
+// write deadline only queues an RST_STREAM behind the data that cannot be written, and the
+// connection, its streams' handlers and its slot stayed until the client closed it), and one
+// that does not answer a ping (--client-http2-ping-interval, --client-http2-ping-timeout) is
+// closed too: a client whose stream windows are spent leaves nothing to write, only the ping
+// finds it.
 func (s *Server) newMainServer(errLog *log.Logger) *http.Server {
+	lostPing := s.metrics.ConnectionsShed.WithLabelValues("ping_timeout")
 	srv := &http.Server{
 		Handler:           s.Handler(),
 		ErrorLog:          errLog,
@@ -95,6 +110,16 @@ func (s *Server) newMainServer(errLog *log.Logger) *http.Server {
 		HTTP2: &http.HTTP2Config{
 			MaxConcurrentStreams: s.cfg.HTTP2MaxStreams,
 			MaxReadFrameSize:     http2MaxReadFrameSize,
+			WriteByteTimeout:     s.cfg.ClientHTTP2WriteByteTimeout,
+			SendPingTimeout:      s.cfg.ClientHTTP2PingInterval,
+			PingTimeout:          s.cfg.ClientHTTP2PingTimeout,
+			CountError: func(errType string) {
+				// Go's HTTP/2 server names the close for a lost ping so (h2_bundle.go
+				// handlePingTimer); every other error type is a protocol error, not counted.
+				if errType == "conn_close_lost_ping" {
+					lostPing.Inc()
+				}
+			},
 		},
 	}
 	if s.sources != nil { // per-source limits (sources.go)
@@ -114,10 +139,12 @@ func (s *Server) newAdminServer(errLog *log.Logger) *http.Server {
 	}
 }
 
-// countingListener tells opened and closed about each connection it hands out.
+// countingListener tells opened and closed about each connection it hands out, and
+// writeTimedOut (nil: no one) about each whose write failed at its deadline.
 type countingListener struct {
 	net.Listener
 	opened, closed func()
+	writeTimedOut  func()
 }
 
 func (l *countingListener) Accept() (net.Conn, error) {
@@ -126,13 +153,26 @@ func (l *countingListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	l.opened()
-	return &countedConn{Conn: c, closed: l.closed}, nil
+	return &countedConn{Conn: c, closed: l.closed, writeTimedOut: l.writeTimedOut}, nil
 }
 
 type countedConn struct {
 	net.Conn
 	once   sync.Once
 	closed func()
+	// writeTimedOut is told once when a write fails at the connection's write deadline: Go's
+	// HTTP/2 server's WriteByteTimeout, an HTTP/1 watch's --watch-write-timeout; the
+	// connection is closed for it. Nil: not told.
+	writeTimedOut func()
+	timedOut      atomic.Bool
+}
+
+func (c *countedConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if err != nil && c.writeTimedOut != nil && errors.Is(err, os.ErrDeadlineExceeded) && c.timedOut.CompareAndSwap(false, true) {
+		c.writeTimedOut()
+	}
+	return n, err
 }
 
 func (c *countedConn) Close() error {
