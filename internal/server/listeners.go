@@ -46,8 +46,11 @@ const (
 // listen opens both listeners, each bounded: the main one to --max-connections (as fitted to
 // the open-file limit) and, in frontend mode, per source (sources.go), the admin one to its
 // own small limit, so that a client holding every
-// main connection it may still leaves /healthz and /metrics answering. Connections beyond a
-// limit wait in the kernel's accept backlog, costing watchsan nothing.
+// main connection it may still leaves /healthz and /metrics answering. A connection beyond
+// the main limit is answered at once with a 429 a client retries (s.overflow, overflow.go):
+// in the kernel's accept backlog it waited, unanswered, until a slot freed or its client gave
+// up, and watches that are never read nor closed hold their slots for good
+// (docs/design.md section 13). Beyond the admin limit, connections wait in the backlog.
 func (s *Server) listen() (mainLn, adminLn net.Listener, err error) {
 	mainLn, err = net.Listen("tcp", s.cfg.Listen)
 	if err != nil {
@@ -58,22 +61,28 @@ func (s *Server) listen() (mainLn, adminLn net.Listener, err error) {
 		mainLn.Close()
 		return nil, nil, &ListenError{Flag: "admin-listen", Addr: s.cfg.AdminListen, Err: err}
 	}
-	mainLn = s.bound("main", mainLn, s.cfg.MaxConnections)
+	s.overflow = newRefuser(mainLn.Addr(), func(reason string) { s.metrics.ConnectionsShed.WithLabelValues(reason).Inc() })
+	mainLn = s.bound("main", mainLn, s.cfg.MaxConnections, s.overflow.take)
 	if s.cfg.SourceConnections > 0 || s.cfg.SourceHeaderConnections > 0 {
 		s.sources = newSourceLimiter(mainLn, s.cfg.SourceConnections, s.cfg.SourceHeaderConnections,
 			func(reason string) { s.metrics.ConnectionsShed.WithLabelValues(reason).Inc() })
 		mainLn = s.sources
 	}
-	return mainLn, s.bound("admin", adminLn, config.AdminMaxConnections), nil
+	return mainLn, s.bound("admin", adminLn, config.AdminMaxConnections, nil), nil
 }
 
-// bound limits ln to n connections at once and counts them in watchsan_connections; on the
+// bound limits ln to n connections at once and counts them in watchsan_connections; a
+// connection beyond them goes to over at once, or, with over nil, waits in the backlog. On the
 // main listener it also counts the connections whose write timed out (countedConn.Write).
-func (s *Server) bound(name string, ln net.Listener, n int) net.Listener {
+func (s *Server) bound(name string, ln net.Listener, n int, over func(net.Conn)) net.Listener {
 	s.metrics.ConnectionLimit.WithLabelValues(name).Set(float64(n))
 	open := s.metrics.Connections.WithLabelValues(name)
 	open.Set(0)
-	cl := &countingListener{Listener: netutil.LimitListener(ln, n), opened: open.Inc, closed: open.Dec}
+	limited := netutil.LimitListener(ln, n)
+	if over != nil {
+		limited = newLimitListener(ln, n, over)
+	}
+	cl := &countingListener{Listener: limited, opened: open.Inc, closed: open.Dec}
 	if name == "main" {
 		cl.writeTimedOut = s.metrics.ConnectionsShed.WithLabelValues("write_timeout").Inc
 	}

@@ -40,6 +40,9 @@ type Server struct {
 	tls *tlsFiles
 	// sources bounds what one source holds of the main listener; nil: no per-source limits.
 	sources *sourceLimiter
+	// overflow answers the main listener's connections beyond --max-connections (set by
+	// listen; nil before).
+	overflow *refuser
 
 	stopping atomic.Bool
 	haState  // the HA frontend: reloads, discovery (ha.go)
@@ -261,6 +264,17 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		errc <- err
 	}()
+	refusalSrv := s.newRefusalServer()
+	go func() { // ends when the refuser is closed, below
+		if s.tls != nil {
+			refusalSrv.TLSConfig = s.tls.serverConfig()
+			_ = refusalSrv.ServeTLS(s.overflow, "", "")
+		} else {
+			_ = refusalSrv.Serve(s.overflow)
+		}
+	}()
+	defer refusalSrv.Close()
+	defer s.overflow.Close()
 	go func() { errc <- adminSrv.Serve(adminLn) }()
 
 	upstreams := make([]string, 0, len(s.pool.Backends()))
