@@ -151,11 +151,6 @@ func Default() Config {
 		IdleTimeout:           DefaultIdleTimeout,
 		MaxConnections:        DefaultMaxConnections,
 		HTTP2MaxStreams:       DefaultHTTP2MaxStreams,
-
-		ClientHTTP2WriteByteTimeout: DefaultClientHTTP2WriteByteTimeout,
-		ClientHTTP2PingInterval:     DefaultClientHTTP2PingInterval,
-		ClientHTTP2PingTimeout:      DefaultClientHTTP2PingTimeout,
-
 		DialTimeout:           10 * time.Second,
 		TLSHandshakeTimeout:   10 * time.Second,
 		KeepAlive:             30 * time.Second,
@@ -188,5 +183,9 @@ func Default() Config {
 		ShareSubscriberBufferBytes: watch.DefaultShareSubscriberBytes,
 		ShareReviewCacheEntries:    watch.DefaultShareReviewEntries,
 		ShareMaxFeeds:              watch.DefaultShareMaxFeeds,
+
+		ClientHTTP2WriteByteTimeout: DefaultClientHTTP2WriteByteTimeout,
+		ClientHTTP2PingInterval:     DefaultClientHTTP2PingInterval,
+		ClientHTTP2PingTimeout:      DefaultClientHTTP2PingTimeout,
 	}
 }
