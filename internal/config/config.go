@@ -79,6 +79,14 @@ type Config struct {
 	ClientHTTP2WriteByteTimeout time.Duration
 	ClientHTTP2PingInterval     time.Duration
 	ClientHTTP2PingTimeout      time.Duration
+	// Header bytes the main listener takes (docs/design.md section 13): MaxRequestHeaderBytes
+	// of one request's header list (HTTP/1 and HTTP/2); MaxHeaderBytesPerConnection of the
+	// requests in progress on one connection (0: none); MaxHeaderBytesPerSource of one
+	// source's (0: the frontend-mode default, none on loopback; -1: none;
+	// Completed.SourceHeaderBytes resolves it). Anonymous requests get half of each budget.
+	MaxRequestHeaderBytes       int
+	MaxHeaderBytesPerConnection int
+	MaxHeaderBytesPerSource     int
 
 	// Upstream transport.
 	DialTimeout           time.Duration
@@ -187,5 +195,7 @@ func Default() Config {
 		ClientHTTP2WriteByteTimeout: DefaultClientHTTP2WriteByteTimeout,
 		ClientHTTP2PingInterval:     DefaultClientHTTP2PingInterval,
 		ClientHTTP2PingTimeout:      DefaultClientHTTP2PingTimeout,
+		MaxRequestHeaderBytes:       DefaultMaxRequestHeaderBytes,
+		MaxHeaderBytesPerConnection: DefaultMaxHeaderBytesPerConnection,
 	}
 }

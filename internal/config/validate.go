@@ -233,6 +233,9 @@ type Completed struct {
 	// SourceConnections and SourceHeaderConnections are the per-source limits in effect (0:
 	// none): of one source's connections, and of those still sending a request's headers.
 	SourceConnections, SourceHeaderConnections int
+	// SourceHeaderBytes is the per-source header budget in effect (0: none):
+	// Config.MaxHeaderBytesPerSource resolved as the per-source limits are.
+	SourceHeaderBytes int
 	// Warnings are what is allowed but unsafe, or was adjusted; logged at start.
 	Warnings []string
 }
@@ -291,6 +294,7 @@ func (c Config) Complete() (*Completed, error) {
 	out.Guard = c.completeGuard(out.Lend)
 	out.SourceConnections = sourceLimit(c.MaxConnectionsPerSource, DefaultMaxConnectionsPerSource, c.Listen)
 	out.SourceHeaderConnections = sourceLimit(c.MaxHeaderConnectionsPerSource, DefaultMaxHeaderConnectionsPerSource, c.Listen)
+	out.SourceHeaderBytes = sourceLimit(c.MaxHeaderBytesPerSource, DefaultMaxHeaderBytesPerSource, c.Listen)
 	out.warnings(openFileLimit())
 	return out, nil
 }

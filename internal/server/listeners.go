@@ -41,6 +41,8 @@ const (
 	// http2MaxReadFrameSize is kube-apiserver's: most objects fit one frame, and the buffer a
 	// client can make watchsan hold per stream stays small.
 	http2MaxReadFrameSize = 256 << 10
+	// hpackTableSize is HPACK's default dynamic table size (RFC 7541 section 6.5.2, 4 KiB).
+	hpackTableSize = 4 << 10
 )
 
 // listen opens both listeners, each bounded: the main one to --max-connections (as fitted to
@@ -99,6 +101,11 @@ func (s *Server) bound(name string, ln net.Listener, n int, over func(net.Conn))
 //     would cut every watch, exec session and large upload at that age (a ReadTimeout's
 //     expiry even cancels the request's context while the handler streams).
 //
+// A request's header list is bounded by --max-request-header-bytes (HTTP/1: 431; HTTP/2: the
+// limit is announced in SETTINGS_MAX_HEADER_LIST_SIZE, a list over it gets 431 or, when far
+// over, its connection closed, before it is decoded whole); the requests in progress by the
+// header budgets (headers.go).
+//
 // HTTP/2 allows --http2-max-streams-per-connection streams per connection, with
 // kube-apiserver's frame size, and bounds what a client that stops reading its socket holds
 // (docs/design.md section 13): a connection that takes no byte for
@@ -115,10 +122,15 @@ func (s *Server) newMainServer(errLog *log.Logger) *http.Server {
 		ErrorLog:          errLog,
 		ReadHeaderTimeout: s.cfg.HeaderTimeout(),
 		IdleTimeout:       s.cfg.IdleTimeout,
-		MaxHeaderBytes:    1 << 20,
+		MaxHeaderBytes:    s.cfg.MaxRequestHeaderBytes,
+		ConnContext:       s.connContext,
 		HTTP2: &http.HTTP2Config{
 			MaxConcurrentStreams: s.cfg.HTTP2MaxStreams,
 			MaxReadFrameSize:     http2MaxReadFrameSize,
+			// HPACK's tables at the RFC's 4 KiB default, said here: what a connection holds
+			// of header fields between requests stays that small whatever the client asks.
+			MaxDecoderHeaderTableSize: hpackTableSize,
+			MaxEncoderHeaderTableSize: hpackTableSize,
 			WriteByteTimeout:     s.cfg.ClientHTTP2WriteByteTimeout,
 			SendPingTimeout:      s.cfg.ClientHTTP2PingInterval,
 			PingTimeout:          s.cfg.ClientHTTP2PingTimeout,
@@ -133,7 +145,6 @@ func (s *Server) newMainServer(errLog *log.Logger) *http.Server {
 	}
 	if s.sources != nil { // per-source limits (sources.go)
 		srv.ConnState = s.sources.connState
-		srv.ConnContext = connContext
 	}
 	return srv
 }

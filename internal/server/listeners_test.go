@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -87,7 +88,8 @@ func runServer(t *testing.T, args ...string) *running {
 	case err := <-exited:
 		t.Fatalf("Run: %v", err)
 	}
-	r.stop = func() { cancel(); <-exited }
+	var once sync.Once
+	r.stop = func() { once.Do(func() { cancel(); <-exited }) } // a test may stop it before its cleanup does
 	t.Cleanup(r.stop)
 	return r
 }

@@ -151,7 +151,7 @@ func (s *Server) newRefusalServer() *http.Server {
 		ReadHeaderTimeout: refusalTimeout,
 		WriteTimeout:      refusalTimeout,
 		IdleTimeout:       refusalTimeout,
-		MaxHeaderBytes:    64 << 10,
+		MaxHeaderBytes:    s.cfg.MaxRequestHeaderBytes,
 		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: 1, WriteByteTimeout: refusalTimeout},
 	}
 	srv.SetKeepAlivesEnabled(false)

@@ -40,6 +40,8 @@ type Server struct {
 	tls *tlsFiles
 	// sources bounds what one source holds of the main listener; nil: no per-source limits.
 	sources *sourceLimiter
+	// headers bounds the header bytes of the main listener's requests in progress.
+	headers *headerBudget
 	// overflow answers the main listener's connections beyond --max-connections (set by
 	// listen; nil before).
 	overflow *refuser
@@ -184,6 +186,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		s.metrics.Refused.WithLabelValues(r)
 	}
 	s.guard = &guard{cfg.Guard}
+	s.headers = newHeaderBudget(cfg.MaxHeaderBytesPerConnection, cfg.SourceHeaderBytes)
 	s.proxy = newPassThrough(attempts, log.Named("proxy"))
 	return s, nil
 }
