@@ -131,9 +131,9 @@ func (s *Server) newMainServer(errLog *log.Logger) *http.Server {
 			// of header fields between requests stays that small whatever the client asks.
 			MaxDecoderHeaderTableSize: hpackTableSize,
 			MaxEncoderHeaderTableSize: hpackTableSize,
-			WriteByteTimeout:     s.cfg.ClientHTTP2WriteByteTimeout,
-			SendPingTimeout:      s.cfg.ClientHTTP2PingInterval,
-			PingTimeout:          s.cfg.ClientHTTP2PingTimeout,
+			WriteByteTimeout:          s.cfg.ClientHTTP2WriteByteTimeout,
+			SendPingTimeout:           s.cfg.ClientHTTP2PingInterval,
+			PingTimeout:               s.cfg.ClientHTTP2PingTimeout,
 			CountError: func(errType string) {
 				// Go's HTTP/2 server names the close for a lost ping so (h2_bundle.go
 				// handlePingTimer); every other error type is a protocol error, not counted.
