@@ -73,6 +73,22 @@ type Config struct {
 	MaxConnectionsPerSource       int
 	MaxHeaderConnectionsPerSource int
 	HTTP2MaxStreams               int
+	// HTTP/2 health of the main listener's connections (docs/design.md section 14):
+	// ClientHTTP2WriteByteTimeout closes a connection that takes no byte for this long while
+	// watchsan has some to send it; ClientHTTP2PingInterval pings a connection that sent no
+	// frame for this long, and ClientHTTP2PingTimeout closes it when the ping is not answered
+	// within this. Zero for the first two: never (Go's default); the third must be positive.
+	ClientHTTP2WriteByteTimeout time.Duration
+	ClientHTTP2PingInterval     time.Duration
+	ClientHTTP2PingTimeout      time.Duration
+	// Header bytes the main listener takes (docs/design.md section 14): MaxRequestHeaderBytes
+	// of one request's header list (HTTP/1 and HTTP/2); MaxHeaderBytesPerConnection of the
+	// requests in progress on one connection (0: none); MaxHeaderBytesPerSource of one
+	// source's (0: the frontend-mode default, none on loopback; -1: none;
+	// Completed.SourceHeaderBytes resolves it). Anonymous requests get half of each budget.
+	MaxRequestHeaderBytes       int
+	MaxHeaderBytesPerConnection int
+	MaxHeaderBytesPerSource     int
 
 	// Upstream transport.
 	DialTimeout           time.Duration
@@ -178,5 +194,11 @@ func Default() Config {
 		ShareSubscriberBufferBytes: watch.DefaultShareSubscriberBytes,
 		ShareReviewCacheEntries:    watch.DefaultShareReviewEntries,
 		ShareMaxFeeds:              watch.DefaultShareMaxFeeds,
+
+		ClientHTTP2WriteByteTimeout: DefaultClientHTTP2WriteByteTimeout,
+		ClientHTTP2PingInterval:     DefaultClientHTTP2PingInterval,
+		ClientHTTP2PingTimeout:      DefaultClientHTTP2PingTimeout,
+		MaxRequestHeaderBytes:       DefaultMaxRequestHeaderBytes,
+		MaxHeaderBytesPerConnection: DefaultMaxHeaderBytesPerConnection,
 	}
 }

@@ -44,6 +44,30 @@ const (
 	DefaultMaxHeaderConnectionsPerSource = 32
 	// DefaultHTTP2MaxStreams is kube-apiserver's default streams per HTTP/2 connection.
 	DefaultHTTP2MaxStreams = 100
+	// DefaultClientHTTP2WriteByteTimeout closes an HTTP/2 client connection that took no byte
+	// for this long while watchsan had some to send: the default --watch-write-timeout, so
+	// that a client that stopped reading loses its connection when its watches would be cut,
+	// not when it closes it (the cut's RST_STREAM cannot be written on a full socket).
+	DefaultClientHTTP2WriteByteTimeout = 30 * time.Second
+	// DefaultClientHTTP2PingInterval and DefaultClientHTTP2PingTimeout are client-go's own
+	// health check of its HTTP/2 connections (ReadIdleTimeout 30 s, PingTimeout 15 s), done by
+	// watchsan on its clients' connections: a client whose stream windows are spent and that
+	// reads nothing more is found by its unanswered ping, since no byte waits to be written.
+	DefaultClientHTTP2PingInterval = 30 * time.Second
+	DefaultClientHTTP2PingTimeout  = 15 * time.Second
+	// DefaultMaxRequestHeaderBytes bounds one request's header list: real clients send a few
+	// KiB, an OIDC bearer token with its groups up to about 10 KiB; 64 KiB is Envoy's and an
+	// AWS load balancer's limit (60 and 64 KiB), six such tokens, a sixteenth of
+	// kube-apiserver's 1 MiB (Go's default), which let 400 anonymous requests just under it
+	// grow watchsan by 565 MB.
+	DefaultMaxRequestHeaderBytes = 64 << 10
+	// DefaultMaxHeaderBytesPerConnection bounds the header bytes of one connection's requests
+	// in progress: 100 watches (the streams of one HTTP/2 connection) with a 10 KiB token each,
+	// or 16 requests at the limit.
+	DefaultMaxHeaderBytesPerConnection = 1 << 20
+	// DefaultMaxHeaderBytesPerSource bounds one source's in frontend mode: 16 connections'
+	// worth, 1,600 watches with a 10 KiB token, 8,000 with a 2 KiB one.
+	DefaultMaxHeaderBytesPerSource = 16 << 20
 	// AdminMaxConnections bounds the admin listener on its own, so that /healthz and /metrics
 	// answer while the main listener is saturated.
 	AdminMaxConnections = 64
@@ -145,6 +169,28 @@ func (c *Config) validateGuard(add func(format string, a ...any)) {
 	}
 	if c.HTTP2MaxStreams < 1 || c.HTTP2MaxStreams > 1<<20 {
 		add("--http2-max-streams-per-connection %d: want 1 to 1048576", c.HTTP2MaxStreams)
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"client-http2-write-byte-timeout", c.ClientHTTP2WriteByteTimeout}, {"client-http2-ping-interval", c.ClientHTTP2PingInterval}} {
+		if d.v < 0 {
+			add("--%s %s: want a duration, or 0 for none", d.flag, d.v)
+		}
+	}
+	if c.ClientHTTP2PingTimeout <= 0 {
+		add("--client-http2-ping-timeout %s: must be positive", c.ClientHTTP2PingTimeout)
+	}
+	// kube-apiserver refuses more than 1 MiB; less than 4 KiB refuses real clients.
+	if c.MaxRequestHeaderBytes < 4<<10 || c.MaxRequestHeaderBytes > 1<<20 {
+		add("--max-request-header-bytes %d: want 4096 to 1048576", c.MaxRequestHeaderBytes)
+	}
+	// An anonymous request gets half a budget: it must hold one request at the limit.
+	if v := c.MaxHeaderBytesPerConnection; v != 0 && (v < 2*c.MaxRequestHeaderBytes || v > 1<<30) {
+		add("--max-header-bytes-per-connection %d: want 0 (none) or twice --max-request-header-bytes (%d) to 1073741824", v, 2*c.MaxRequestHeaderBytes)
+	}
+	if v := c.MaxHeaderBytesPerSource; v < -1 || v > 0 && (v < 2*c.MaxRequestHeaderBytes || v > 1<<30) {
+		add("--max-header-bytes-per-source %d: want 0 (the frontend-mode default), -1 (none) or twice --max-request-header-bytes (%d) to 1073741824", v, 2*c.MaxRequestHeaderBytes)
 	}
 }
 

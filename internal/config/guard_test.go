@@ -214,3 +214,45 @@ func testCA(t *testing.T) []byte {
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
+
+// TestClientLimitFlags: the main listener's HTTP/2 health and header flags are checked, every
+// problem at once, and the per-source header budget resolves as the per-source limits do.
+func TestClientLimitFlags(t *testing.T) {
+	c := Default()
+	c.ClientHTTP2WriteByteTimeout = -1
+	c.ClientHTTP2PingInterval = -1
+	c.ClientHTTP2PingTimeout = 0
+	c.MaxRequestHeaderBytes = 2 << 20
+	c.MaxHeaderBytesPerConnection = 1
+	c.MaxHeaderBytesPerSource = -2
+	err := c.Validate()
+	for _, want := range []string{"--client-http2-write-byte-timeout", "--client-http2-ping-interval", "--client-http2-ping-timeout",
+		"--max-request-header-bytes", "--max-header-bytes-per-connection", "--max-header-bytes-per-source"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("validate error lacks %q:\n%v", want, err)
+		}
+	}
+	c = Default()
+	c.MaxHeaderBytesPerConnection = 100 << 10 // under twice the 64 KiB request limit
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--max-header-bytes-per-connection") {
+		t.Errorf("a connection budget an anonymous request at the limit cannot fit: %v", err)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want int
+	}{
+		{nil, 0},
+		{[]string{"--listen=0.0.0.0:8443", "--no-credentials"}, DefaultMaxHeaderBytesPerSource},
+		{[]string{"--listen=0.0.0.0:8443", "--no-credentials", "--max-header-bytes-per-source=-1"}, 0},
+		{[]string{"--max-header-bytes-per-source=1048576"}, 1 << 20},
+	} {
+		d, err := complete(t, append([]string{"--upstream=https://127.0.0.1:6443"}, tc.args...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.SourceHeaderBytes != tc.want {
+			t.Errorf("%v: SourceHeaderBytes %d, want %d", tc.args, d.SourceHeaderBytes, tc.want)
+		}
+	}
+}

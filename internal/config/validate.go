@@ -237,6 +237,9 @@ type Completed struct {
 	// AdminAuth is the admin listener's authentication in effect (adminauth.go); the zero
 	// value checks nothing.
 	AdminAuth AdminAuth
+	// SourceHeaderBytes is the per-source header budget in effect (0: none):
+	// Config.MaxHeaderBytesPerSource resolved as the per-source limits are.
+	SourceHeaderBytes int
 	// Warnings are what is allowed but unsafe, or was adjusted; logged at start.
 	Warnings []string
 }
@@ -296,6 +299,7 @@ func (c Config) Complete() (*Completed, error) {
 	out.Guard = c.completeGuard(out.Lend)
 	out.SourceConnections = sourceLimit(c.MaxConnectionsPerSource, DefaultMaxConnectionsPerSource, c.Listen)
 	out.SourceHeaderConnections = sourceLimit(c.MaxHeaderConnectionsPerSource, DefaultMaxHeaderConnectionsPerSource, c.Listen)
+	out.SourceHeaderBytes = sourceLimit(c.MaxHeaderBytesPerSource, DefaultMaxHeaderBytesPerSource, c.Listen)
 	out.warnings(openFileLimit())
 	return out, nil
 }

@@ -6,7 +6,9 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/netutil"
@@ -39,13 +41,18 @@ const (
 	// http2MaxReadFrameSize is kube-apiserver's: most objects fit one frame, and the buffer a
 	// client can make watchsan hold per stream stays small.
 	http2MaxReadFrameSize = 256 << 10
+	// hpackTableSize is HPACK's default dynamic table size (RFC 7541 section 6.5.2, 4 KiB).
+	hpackTableSize = 4 << 10
 )
 
 // listen opens both listeners, each bounded: the main one to --max-connections (as fitted to
 // the open-file limit) and, in frontend mode, per source (sources.go), the admin one to its
 // own small limit, so that a client holding every
-// main connection it may still leaves /healthz and /metrics answering. Connections beyond a
-// limit wait in the kernel's accept backlog, costing watchsan nothing.
+// main connection it may still leaves /healthz and /metrics answering. A connection beyond
+// the main limit is answered at once with a 429 a client retries (s.overflow, overflow.go):
+// in the kernel's accept backlog it waited, unanswered, until a slot freed or its client gave
+// up, and watches that are never read nor closed hold their slots for good
+// (docs/design.md section 14). Beyond the admin limit, connections wait in the backlog.
 func (s *Server) listen() (mainLn, adminLn net.Listener, err error) {
 	mainLn, err = net.Listen("tcp", s.cfg.Listen)
 	if err != nil {
@@ -56,21 +63,32 @@ func (s *Server) listen() (mainLn, adminLn net.Listener, err error) {
 		mainLn.Close()
 		return nil, nil, &ListenError{Flag: "admin-listen", Addr: s.cfg.AdminListen, Err: err}
 	}
-	mainLn = s.bound("main", mainLn, s.cfg.MaxConnections)
+	s.overflow = newRefuser(mainLn.Addr(), func(reason string) { s.metrics.ConnectionsShed.WithLabelValues(reason).Inc() })
+	mainLn = s.bound("main", mainLn, s.cfg.MaxConnections, s.overflow.take)
 	if s.cfg.SourceConnections > 0 || s.cfg.SourceHeaderConnections > 0 {
 		s.sources = newSourceLimiter(mainLn, s.cfg.SourceConnections, s.cfg.SourceHeaderConnections,
 			func(reason string) { s.metrics.ConnectionsShed.WithLabelValues(reason).Inc() })
 		mainLn = s.sources
 	}
-	return mainLn, s.bound("admin", adminLn, config.AdminMaxConnections), nil
+	return mainLn, s.bound("admin", adminLn, config.AdminMaxConnections, nil), nil
 }
 
-// bound limits ln to n connections at once and counts them in watchsan_connections.
-func (s *Server) bound(name string, ln net.Listener, n int) net.Listener {
+// bound limits ln to n connections at once and counts them in watchsan_connections; a
+// connection beyond them goes to over at once, or, with over nil, waits in the backlog. On the
+// main listener it also counts the connections whose write timed out (countedConn.Write).
+func (s *Server) bound(name string, ln net.Listener, n int, over func(net.Conn)) net.Listener {
 	s.metrics.ConnectionLimit.WithLabelValues(name).Set(float64(n))
 	open := s.metrics.Connections.WithLabelValues(name)
 	open.Set(0)
-	return &countingListener{Listener: netutil.LimitListener(ln, n), opened: open.Inc, closed: open.Dec}
+	limited := netutil.LimitListener(ln, n)
+	if over != nil {
+		limited = newLimitListener(ln, n, over)
+	}
+	cl := &countingListener{Listener: limited, opened: open.Inc, closed: open.Dec}
+	if name == "main" {
+		cl.writeTimedOut = s.metrics.ConnectionsShed.WithLabelValues("write_timeout").Inc
+	}
+	return cl
 }
 
 // newMainServer is the main listener's http.Server. Its timeouts bound what a client that says
@@ -83,23 +101,50 @@ func (s *Server) bound(name string, ln net.Listener, n int) net.Listener {
 //     would cut every watch, exec session and large upload at that age (a ReadTimeout's
 //     expiry even cancels the request's context while the handler streams).
 //
+// A request's header list is bounded by --max-request-header-bytes (HTTP/1: 431; HTTP/2: the
+// limit is announced in SETTINGS_MAX_HEADER_LIST_SIZE, a list over it gets 431 or, when far
+// over, its connection closed, before it is decoded whole); the requests in progress by the
+// header budgets (headers.go).
+//
 // HTTP/2 allows --http2-max-streams-per-connection streams per connection, with
-// kube-apiserver's frame size.
+// kube-apiserver's frame size, and bounds what a client that stops reading its socket holds
+// (docs/design.md section 14): a connection that takes no byte for
+// --client-http2-write-byte-timeout while there is some to send is closed (a stream's own
+// write deadline only queues an RST_STREAM behind the data that cannot be written, and the
+// connection, its streams' handlers and its slot stayed until the client closed it), and one
+// that does not answer a ping (--client-http2-ping-interval, --client-http2-ping-timeout) is
+// closed too: a client whose stream windows are spent leaves nothing to write, only the ping
+// finds it.
 func (s *Server) newMainServer(errLog *log.Logger) *http.Server {
+	lostPing := s.metrics.ConnectionsShed.WithLabelValues("ping_timeout")
 	srv := &http.Server{
 		Handler:           s.Handler(),
 		ErrorLog:          errLog,
 		ReadHeaderTimeout: s.cfg.HeaderTimeout(),
 		IdleTimeout:       s.cfg.IdleTimeout,
-		MaxHeaderBytes:    1 << 20,
+		MaxHeaderBytes:    s.cfg.MaxRequestHeaderBytes,
+		ConnContext:       s.connContext,
 		HTTP2: &http.HTTP2Config{
 			MaxConcurrentStreams: s.cfg.HTTP2MaxStreams,
 			MaxReadFrameSize:     http2MaxReadFrameSize,
+			// HPACK's tables at the RFC's 4 KiB default, said here: what a connection holds
+			// of header fields between requests stays that small whatever the client asks.
+			MaxDecoderHeaderTableSize: hpackTableSize,
+			MaxEncoderHeaderTableSize: hpackTableSize,
+			WriteByteTimeout:          s.cfg.ClientHTTP2WriteByteTimeout,
+			SendPingTimeout:           s.cfg.ClientHTTP2PingInterval,
+			PingTimeout:               s.cfg.ClientHTTP2PingTimeout,
+			CountError: func(errType string) {
+				// Go's HTTP/2 server names the close for a lost ping so (h2_bundle.go
+				// handlePingTimer); every other error type is a protocol error, not counted.
+				if errType == "conn_close_lost_ping" {
+					lostPing.Inc()
+				}
+			},
 		},
 	}
 	if s.sources != nil { // per-source limits (sources.go)
 		srv.ConnState = s.sources.connState
-		srv.ConnContext = connContext
 	}
 	return srv
 }
@@ -114,10 +159,12 @@ func (s *Server) newAdminServer(errLog *log.Logger) *http.Server {
 	}
 }
 
-// countingListener tells opened and closed about each connection it hands out.
+// countingListener tells opened and closed about each connection it hands out, and
+// writeTimedOut (nil: no one) about each whose write failed at its deadline.
 type countingListener struct {
 	net.Listener
 	opened, closed func()
+	writeTimedOut  func()
 }
 
 func (l *countingListener) Accept() (net.Conn, error) {
@@ -126,13 +173,26 @@ func (l *countingListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	l.opened()
-	return &countedConn{Conn: c, closed: l.closed}, nil
+	return &countedConn{Conn: c, closed: l.closed, writeTimedOut: l.writeTimedOut}, nil
 }
 
 type countedConn struct {
 	net.Conn
 	once   sync.Once
 	closed func()
+	// writeTimedOut is told once when a write fails at the connection's write deadline: Go's
+	// HTTP/2 server's WriteByteTimeout, an HTTP/1 watch's --watch-write-timeout; the
+	// connection is closed for it. Nil: not told.
+	writeTimedOut func()
+	timedOut      atomic.Bool
+}
+
+func (c *countedConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if err != nil && c.writeTimedOut != nil && errors.Is(err, os.ErrDeadlineExceeded) && c.timedOut.CompareAndSwap(false, true) {
+		c.writeTimedOut()
+	}
+	return n, err
 }
 
 func (c *countedConn) Close() error {

@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -87,7 +88,8 @@ func runServer(t *testing.T, args ...string) *running {
 	case err := <-exited:
 		t.Fatalf("Run: %v", err)
 	}
-	r.stop = func() { cancel(); <-exited }
+	var once sync.Once
+	r.stop = func() { once.Do(func() { cancel(); <-exited }) } // a test may stop it before its cleanup does
 	t.Cleanup(r.stop)
 	return r
 }
@@ -178,65 +180,97 @@ func TestAttackIdleConnections(t *testing.T) {
 	}
 }
 
-// TestAttackConnectionFlood: with every main connection it may serve taken, watchsan serves no
-// more there (they wait in the backlog), while the admin listener still answers /healthz and
+// TestAttackConnectionFlood: with every main connection it may serve held by watches that are
+// never read nor closed, a new request is answered at once with a 429 a client retries
+// (Retry-After: 1, a Kubernetes Status), over HTTP/1.1 and over TLS with HTTP/2, instead of
+// waiting unanswered in the accept backlog; the admin listener still answers /healthz and
 // /metrics; a freed connection lets the next one in.
 func TestAttackConnectionFlood(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
 	up := quietWatchUpstream(t, release)
-	r := runServer(t, "--upstream="+up.URL, "--max-connections=3")
-	var held []io.Closer
-	for i := 0; i < 3; i++ {
-		resp, err := http.Get("http://" + r.main + "/api/v1/namespaces/default/configmaps?watch=1")
-		if err != nil {
-			t.Fatal(err)
-		}
-		held = append(held, resp.Body)
+	certFile, keyFile := servingCert(t)
+	for _, tc := range []struct {
+		name      string
+		scheme    string
+		flags     []string
+		transport func() *http.Transport // a connection of its own each
+		proto     int
+	}{
+		{"HTTP/1.1", "http", nil, func() *http.Transport { return &http.Transport{} }, 1},
+		{"HTTP/2", "https", []string{"--tls-cert-file=" + certFile, "--tls-private-key-file=" + keyFile},
+			func() *http.Transport {
+				return &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, ForceAttemptHTTP2: true}
+			}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := runServer(t, append([]string{"--upstream=" + up.URL, "--max-connections=3"}, tc.flags...)...)
+			base := tc.scheme + "://" + r.main
+			type watch struct {
+				body io.Closer
+				tr   *http.Transport
+			}
+			var held []watch
+			for i := 0; i < 3; i++ {
+				tr := tc.transport()
+				resp, err := (&http.Client{Transport: tr}).Get(base + "/api/v1/namespaces/default/configmaps?watch=1")
+				if err != nil {
+					t.Fatal(err)
+				}
+				held = append(held, watch{resp.Body, tr})
+			}
+			m := r.s.Metrics()
+			wtestutil.Eventually(t, 5*time.Second, "the 3 watches' connections to be counted", func() bool {
+				return testutil.ToFloat64(m.Connections.WithLabelValues("main")) == 3
+			})
+			c := &http.Client{Timeout: 20 * time.Second, Transport: tc.transport()}
+			start := time.Now()
+			resp, err := c.Get(base + "/version")
+			took := time.Since(start)
+			if err != nil {
+				t.Fatalf("a fourth connection with --max-connections=3: %v after %v", err, took)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			t.Logf("answered %s in %v", resp.Status, took.Round(time.Millisecond))
+			if resp.StatusCode != http.StatusTooManyRequests || resp.ProtoMajor != tc.proto || resp.Header.Get("Retry-After") != "1" ||
+				!strings.Contains(string(body), `"reason":"TooManyRequests"`) || !strings.Contains(string(body), "--max-connections") {
+				t.Fatalf("a fourth connection with --max-connections=3: %s %s Retry-After %q: %s", resp.Proto, resp.Status, resp.Header.Get("Retry-After"), body)
+			}
+			if took > time.Second {
+				t.Errorf("the answer took %v; want it at once", took)
+			}
+			if got := testutil.ToFloat64(m.ConnectionsShed.WithLabelValues("max_connections")); got != 1 {
+				t.Errorf("watchsan_connections_shed_total{reason=max_connections} = %v, want 1", got)
+			}
+			admin := &http.Client{Timeout: 5 * time.Second}
+			for _, p := range []string{"/healthz", "/metrics"} {
+				resp, err := admin.Get("http://" + r.admin + p)
+				if err != nil || resp.StatusCode != 200 {
+					t.Fatalf("admin %s while the main listener is saturated: %v %v", p, resp, err)
+				}
+				resp.Body.Close()
+			}
+			if testutil.ToFloat64(m.Connections.WithLabelValues("main")) != 3 || testutil.ToFloat64(m.ConnectionLimit.WithLabelValues("main")) != 3 {
+				t.Fatalf("connections %v of %v", testutil.ToFloat64(m.Connections.WithLabelValues("main")), testutil.ToFloat64(m.ConnectionLimit.WithLabelValues("main")))
+			}
+			held[0].body.Close()
+			held[0].tr.CloseIdleConnections()
+			wtestutil.Eventually(t, 10*time.Second, "a freed connection to let the next one in", func() bool {
+				c.CloseIdleConnections()
+				resp, err := c.Get(base + "/version")
+				if err != nil {
+					return false
+				}
+				resp.Body.Close()
+				return resp.StatusCode == 200
+			})
+			for _, h := range held[1:] {
+				h.body.Close()
+				h.tr.CloseIdleConnections()
+			}
+		})
 	}
-	next := make(chan int, 1)
-	go func() {
-		c := &http.Client{Timeout: 20 * time.Second}
-		resp, err := c.Get("http://" + r.main + "/version")
-		if err != nil {
-			next <- 0
-			return
-		}
-		resp.Body.Close()
-		next <- resp.StatusCode
-	}()
-	select {
-	case code := <-next:
-		t.Fatalf("a fourth connection was served (%d) with --max-connections=3", code)
-	case <-time.After(500 * time.Millisecond):
-	}
-	admin := &http.Client{Timeout: 5 * time.Second}
-	for _, p := range []string{"/healthz", "/metrics"} {
-		resp, err := admin.Get("http://" + r.admin + p)
-		if err != nil || resp.StatusCode != 200 {
-			t.Fatalf("admin %s while the main listener is saturated: %v %v", p, resp, err)
-		}
-		resp.Body.Close()
-	}
-	m := r.s.Metrics()
-	if testutil.ToFloat64(m.Connections.WithLabelValues("main")) != 3 || testutil.ToFloat64(m.ConnectionLimit.WithLabelValues("main")) != 3 {
-		t.Fatalf("connections %v of %v", testutil.ToFloat64(m.Connections.WithLabelValues("main")), testutil.ToFloat64(m.ConnectionLimit.WithLabelValues("main")))
-	}
-	held[0].Close()
-	select {
-	case code := <-next:
-		if code != 200 {
-			t.Fatalf("the waiting connection got %d", code)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a freed connection did not let the waiting one in")
-	}
-	for _, h := range held[1:] {
-		h.Close()
-	}
-	wtestutil.Eventually(t, 5*time.Second, "connections to be counted closed", func() bool {
-		return testutil.ToFloat64(m.Connections.WithLabelValues("main")) <= 1
-	})
 }
 
 // TestListenFailureIsAConfigError: an address in use is reported as the flag and the cause.

@@ -27,6 +27,7 @@ func (s *Server) Handler() http.Handler {
 		// runs: a watch parks its goroutine for its whole life, and this frame with it
 		// (watch.Handler.Serve).
 		r, c, next := s.classify(w, r, table)
+		defer c.releaseHeaders()
 		s.serveInstrumented(w, r, c, next)
 	})
 }
@@ -36,6 +37,13 @@ func (s *Server) classify(w http.ResponseWriter, r *http.Request, table *mux.Rou
 	headersDone(r) // the per-source limit of connections sending headers (sources.go)
 	c := &classified{info: reqinfo.Parse(r), cred: upstream.Decide(r.Header, r.TLS, s.cfg.Lend, s.cfg.Identity), id: requestID(r)}
 	c.ref = s.guard.refuse(r, c.cred)
+	if c.ref == nil {
+		_, asserted := c.cred.Asserted()
+		c.releaseHeaders, c.ref = s.headers.admit(r, !c.cred.Lent() && !c.cred.Own() && !asserted)
+	}
+	if c.releaseHeaders == nil {
+		c.releaseHeaders = func() {}
+	}
 	if c.ref != nil {
 		s.metrics.Refused.WithLabelValues(c.ref.reason).Inc()
 	}
@@ -101,6 +109,9 @@ type classified struct {
 	ref   *refusal // nil: not refused
 	id    string   // the request id (requestID)
 	route string   // the route that served it, for the access log
+	// releaseHeaders gives its header bytes back to the budgets (headers.go) when it is done;
+	// never nil once classified.
+	releaseHeaders func()
 }
 
 type classifiedKey struct{}

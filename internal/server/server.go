@@ -45,6 +45,11 @@ type Server struct {
 	// adminAuth checks the admin listener's requests (adminauth.go); nil: it checks none
 	// (on loopback, or --admin-auth=none).
 	adminAuth *adminAuth
+	// headers bounds the header bytes of the main listener's requests in progress.
+	headers *headerBudget
+	// overflow answers the main listener's connections beyond --max-connections (set by
+	// listen; nil before).
+	overflow *refuser
 
 	stopping atomic.Bool
 	haState  // the HA frontend: reloads, discovery (ha.go)
@@ -190,6 +195,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		s.metrics.Refused.WithLabelValues(r)
 	}
 	s.guard = &guard{cfg.Guard}
+	s.headers = newHeaderBudget(cfg.MaxHeaderBytesPerConnection, cfg.SourceHeaderBytes)
 	s.proxy = newPassThrough(attempts, log.Named("proxy"))
 	return s, nil
 }
@@ -302,6 +308,17 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		errc <- err
 	}()
+	refusalSrv := s.newRefusalServer()
+	go func() { // ends when the refuser is closed, below
+		if s.tls != nil {
+			refusalSrv.TLSConfig = s.tls.serverConfig()
+			_ = refusalSrv.ServeTLS(s.overflow, "", "")
+		} else {
+			_ = refusalSrv.Serve(s.overflow)
+		}
+	}()
+	defer refusalSrv.Close()
+	defer s.overflow.Close()
 	go func() { errc <- adminSrv.Serve(adminLn) }()
 
 	upstreams := make([]string, 0, len(s.pool.Backends()))

@@ -132,10 +132,9 @@ func (l *sourceLimiter) connState(c net.Conn, st http.ConnState) {
 	}
 }
 
-// connContext puts a connection's sourceConn in its requests' contexts
-// (http.Server.ConnContext, the one way net/http ties a request to its connection), for
-// headersDone.
-func connContext(ctx context.Context, c net.Conn) context.Context {
+// sourceConnContext puts a connection's sourceConn in its requests' contexts
+// (Server.connContext), for headersDone.
+func sourceConnContext(ctx context.Context, c net.Conn) context.Context {
 	if sc := sourceConnOf(c); sc != nil {
 		return context.WithValue(ctx, sourceConnKey{}, sc)
 	}
@@ -205,10 +204,13 @@ func sourceConnOf(c net.Conn) *sourceConn {
 }
 
 // sourceKey is the source of a connection from addr: its IPv4 address, or its IPv6 /64.
-func sourceKey(addr net.Addr) string {
-	ap, err := netip.ParseAddrPort(addr.String())
+func sourceKey(addr net.Addr) string { return sourceKeyOf(addr.String()) }
+
+// sourceKeyOf is sourceKey of an address as a string (http.Request.RemoteAddr).
+func sourceKeyOf(addr string) string {
+	ap, err := netip.ParseAddrPort(addr)
 	if err != nil {
-		return addr.String()
+		return addr
 	}
 	a := ap.Addr().Unmap()
 	if a.Is4() {

@@ -30,7 +30,7 @@ func limitedServer(t *testing.T, maxConns, maxHeaders int) (addr string, shed fu
 			headersDone(r)
 			_, _ = io.WriteString(w, "ok")
 		}),
-		ConnState: l.connState, ConnContext: connContext,
+		ConnState: l.connState, ConnContext: sourceConnContext,
 	}
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(func() { srv.Close() })
