@@ -13,9 +13,9 @@
 // every CRD's group-version, registered by its autoregister controller); one with a service
 // is proxied. Catalog reads them with watchsan's own identity, at most once per Refresh while
 // someone asks, and answers from its last read. When it has none (the identity may not list
-// apiservices, or there is no identity: --no-credentials), only the group-versions that
-// client-go's scheme knows as Kubernetes' own built-in ones count as local, and everything
-// else as not (a CRD's group too): unknown means "shares within one principal only".
+// apiservices, or there is no identity: --no-credentials), only the group-versions Kubernetes
+// itself defines count as local (builtin.go), and everything else as not (a CRD's group too):
+// unknown means "shares within one principal only".
 package localapi
 
 import (
@@ -25,7 +25,6 @@ import (
 
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/clock"
 )
 
@@ -127,10 +126,15 @@ func (c *Catalog) Local(group, version string) bool {
 	return Builtin(gv)
 }
 
-// Builtin says whether gv is one of the group-versions Kubernetes serves itself in every
-// cluster, as client-go's scheme knows them (never a CRD's or an aggregated server's group).
+// Builtin says whether gv is one of the group-versions Kubernetes itself defines (builtin),
+// never a CRD's or an aggregated server's.
 func Builtin(gv schema.GroupVersion) bool {
-	return scheme.Scheme.IsVersionRegistered(gv)
+	for _, v := range builtin[gv.Group] {
+		if v == gv.Version {
+			return true
+		}
+	}
+	return false
 }
 
 // read lists the APIServices once and keeps what they say.
