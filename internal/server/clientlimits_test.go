@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 x/net's HTTP/2 Transport, deprecated for net/http's, is the one whose connection a test can stall on purpose (one connection, every stream on it)
+
 package server
 
 import (
