@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 
@@ -97,6 +98,7 @@ type feed struct {
 	// upstream last broke after progress (for a stall: when it went silent), giveUpAt when
 	// resuming without progress since then stops: ResumeTimeout after the break was found.
 	backoff  upstream.Backoff
+	brake    resumeBrake // paces resumes after streams that end young, even with progress (brake.go)
 	brokeAt  time.Time
 	giveUpAt time.Time
 	resumes  int
@@ -208,6 +210,13 @@ func (f *feed) next(src *source) (*source, EndReason) {
 	// resource nothing changes (docs/design.md section 2). Counting it would end a healthy
 	// quiet watch's stream at its second stall.
 	neutral := end.progress || end.resume == ResumeMoved || end.resume == ResumeStall
+	// The brake paces what the backoff does not: resumes after a stream that ended young
+	// though it delivered (brake.go). A move's accepted target was asked by the pool, not here.
+	if wait := f.brake.ended(f.h.clk.Now()); wait > 0 && neutral && moved == nil {
+		if final := f.braked(wait); final != endNone {
+			return nil, final
+		}
+	}
 	if neutral || f.brokeAt.IsZero() {
 		f.brokeAt = brokeAt
 		f.giveUpAt = f.h.clk.Now().Add(f.h.cfg.ResumeTimeout)
@@ -263,6 +272,7 @@ func (f *feed) receive(src *source) {
 func (f *feed) receiving(src *source) bool {
 	at := src.at
 	f.lease = at.Lease
+	f.brake.started(f.h.clk.Now())
 	f.lease.SetMovable(f.movable())
 	// Busy until a read from the upstream waits (attemptBody.Read): a move's target may first
 	// deliver what it read ahead, and the prefix.
@@ -665,6 +675,28 @@ func (f *feed) resume(end attemptEnd) (upstream.Attempt, EndReason) {
 		drain(resp)
 		at.Cancel(nil)
 		return upstream.Attempt{}, EndResumeRefused
+	}
+}
+
+// braked waits d, the brake's wait before the next resume (brake.go), or until the feed's
+// context ends: endNone, or how the client's stream ends then.
+func (f *feed) braked(d time.Duration) EndReason {
+	f.h.deps.Metrics.ResumeBrake.Observe(d.Seconds())
+	lvl := zapcore.DebugLevel
+	if f.brake.young == brakeFree+1 {
+		lvl = zapcore.InfoLevel // once per run of young streams: when the brake starts to bite
+	}
+	if ce := f.log.Check(lvl, "upstream watch streams keep ending young; braking its resumes"); ce != nil {
+		ce.Write(zap.String("path", f.client.URL.Path), zap.Int("youngStreams", f.brake.young), zap.Duration("wait", d),
+			zap.Stringer("upstream", f.backend))
+	}
+	t := f.h.clk.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C():
+		return endNone
+	case <-f.ctx.Done():
+		return f.endFromContext()
 	}
 }
 
