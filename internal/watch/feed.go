@@ -78,11 +78,14 @@ type feed struct {
 	sub    sink
 	format stream.Format // the upstream's, the first answer's: every attempt must answer in it
 
-	// deadline is when the feed ends, its subscriber's timeoutSeconds (zero: none); timeout
-	// is that timeoutSeconds as the client gave it (negative: over, the first attempt goes as
-	// sent). A shared feed will outlive its subscribers' deadlines (issue 15 item 2).
-	deadline time.Time
-	timeout  time.Duration
+	// deadline is when the feed ends, its subscriber's timeoutSeconds or the max lifetime
+	// (lifetime.go; zero: none, a shared feed's, which outlives its subscribers' deadlines);
+	// timeout is that duration (negative: the client's, over: the first attempt goes as
+	// sent), maxLifetime says it is the max lifetime's (the stream ends EndMaxLifetime at it;
+	// false: EndDeadline, the client's).
+	deadline    time.Time
+	timeout     time.Duration
+	maxLifetime bool
 
 	// scope and groupResource tell the pool what the watch selects (lag detection) and of
 	// which resource it delivers resourceVersions (the high-water mark).
@@ -250,7 +253,7 @@ func (f *feed) resumable(end attemptEnd) EndReason {
 		return EndNoResume
 	}
 	if !f.deadline.IsZero() && !f.h.clk.Now().Before(f.deadline) {
-		return EndDeadline
+		return f.deadlineEnd()
 	}
 	return endNone
 }
@@ -525,7 +528,7 @@ func (f *feed) classify(attemptCtx context.Context, err error) attemptEnd {
 	case errors.Is(cause, errShutdown):
 		return attemptEnd{end: EndShutdown}
 	case errors.Is(cause, errClientDeadline):
-		return attemptEnd{end: EndDeadline}
+		return attemptEnd{end: f.deadlineEnd()}
 	case errors.Is(cause, errStalled):
 		return attemptEnd{resume: ResumeStall, err: err}
 	}
@@ -536,7 +539,7 @@ func (f *feed) classify(attemptCtx context.Context, err error) attemptEnd {
 	switch {
 	case errors.Is(err, io.EOF):
 		if !f.deadline.IsZero() && f.deadline.Sub(f.h.clk.Now()) < time.Second {
-			return attemptEnd{end: EndDeadline}
+			return attemptEnd{end: f.deadlineEnd()}
 		}
 		return attemptEnd{resume: ResumeEOF}
 	case errors.Is(err, stream.ErrFrameTooLarge), errors.Is(err, stream.ErrMalformed):
@@ -732,7 +735,7 @@ func (f *feed) endFromContext() EndReason {
 	case errors.Is(cause, errShutdown), f.h.stopping():
 		return EndShutdown
 	case errors.Is(cause, errClientDeadline):
-		return EndDeadline
+		return f.deadlineEnd()
 	}
 	return EndClientGone
 }
@@ -749,4 +752,9 @@ func readStatus(resp *http.Response) *metav1.Status {
 func drain(resp *http.Response) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
+}
+
+// deadlineEnd is how the client's stream ends at the feed's deadline (see feed.maxLifetime).
+func (f *feed) deadlineEnd() EndReason {
+	return params{maxLifetime: f.maxLifetime}.deadlineEnd()
 }
