@@ -23,7 +23,8 @@ import (
 // A watch is served by a feed and its subscriber. The feed is the upstream side: its attempts
 // through the Attempter (the first, every resume, every move), the lease of the current one,
 // the stall watchdog, how a break is classified and resumed, with the watch's one backoff
-// (stepped only by the Attempter, docs/design.md section 5), on the Handler's clock. A
+// (stepped only by the Attempter, docs/design.md section 5) and its brake on resumes after
+// streams that end young (brake.go), on the Handler's clock. A
 // subscriber (subscriber.go) is one client response: its policy (fix.Stream), its framing,
 // its batched writes. A private feed has exactly one subscriber, the client whose request
 // opened it; a shared feed's sink is a sharedFeed (share.go) that fans out to many. They meet

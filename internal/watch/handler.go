@@ -5,8 +5,8 @@
 // it and the result is written, flushed whenever the feed would wait for the upstream (never
 // with an event held back while it waits). How a client watch may
 // end (docs/design.md section 5):
-//   - cleanly (the client re-watches from its last RV): shutdown, the client's timeoutSeconds,
-//     resume given up, garbage from upstream;
+//   - cleanly (the client re-watches from its last RV): shutdown, the client's timeoutSeconds
+//     or the max lifetime (lifetime.go), resume given up, garbage from upstream;
 //   - cut where it is: a write to the client did not complete within the write timeout (a
 //     client that stopped reading; its upstream watch is closed, and counted as a slow client,
 //     not as the upstream's silence or lag);
