@@ -127,7 +127,12 @@ func TestBrakeBoundsResumesThatDeliver(t *testing.T) {
 	}
 	t.Logf("requests in the loop's first fake %v: %d (%.2f/s); gaps %v", window, n, float64(n)/window.Seconds(), gaps(times))
 
-	// Every wait is the brake's, each one counted.
+	// Every wait is the brake's, each one counted, once the watch has ended (the client
+	// leaves; the feed may be in a wait then).
+	cancel()
+	testutil.Eventually(t, 10*time.Second, "the stream's end counted", func() bool {
+		return promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndClientGone.String())) == 1
+	})
 	w := waits()
 	var h dto.Metric
 	if err := f.m.ResumeBrake.Write(&h); err != nil {

@@ -95,10 +95,13 @@ func TestSharedSubscriberEndsAtMaxLifetime(t *testing.T) {
 	for _, attached := range []bool{false, true} {
 		t.Run(map[bool]string{false: "detached", true: "attached"}[attached], func(t *testing.T) {
 			clk := newStepClock()
-			x := newShareFixtureClock(t, Config{MaxLifetime: max}, clk)
+			// No stall within the steps: a watchdog firing at the last one could log after
+			// the test.
+			cfg := Config{MaxLifetime: max, StallTimeout: 3 * max}
+			x := newShareFixtureClock(t, cfg, clk)
 			srv, m := x.srv.URL, x.m
 			if attached {
-				srv, m = attachedHandlerClock(t, x, Config{MaxLifetime: max}, clk)
+				srv, m = attachedHandlerClock(t, x, cfg, clk)
 			}
 			from := x.write(t, "before", 1, 10)
 			forever := watchAt(t, srv, "resourceVersion="+rv(from), nil, true)
@@ -106,10 +109,15 @@ func TestSharedSubscriberEndsAtMaxLifetime(t *testing.T) {
 			testutil.Eventually(t, 10*time.Second, "two subscribers", func() bool {
 				return promtest.ToFloat64(m.SharedSubscribers) == 2
 			})
-			clk.Step(max - time.Second)
+			// An event through each first: a subscriber's writer runs once its deadline's
+			// timer is set, so the steps below pass it.
 			x.write(t, "cm", 1, 10)
-			forever.waitFor(t, "the watch without timeoutSeconds, a second before the max lifetime", 1)
+			forever.waitFor(t, "the watch without timeoutSeconds", 1)
 			long.waitFor(t, "the watch with a long timeoutSeconds", 1)
+			clk.Step(max - time.Second)
+			x.write(t, "late", 1, 10)
+			forever.waitFor(t, "the watch without timeoutSeconds, a second before the max lifetime", 2)
+			long.waitFor(t, "the watch with a long timeoutSeconds, a second before the max lifetime", 2)
 			clk.Step(max + time.Second)
 			for _, c := range []*client{forever, long} {
 				select {
@@ -117,8 +125,8 @@ func TestSharedSubscriberEndsAtMaxLifetime(t *testing.T) {
 				case <-time.After(10 * time.Second):
 					t.Fatal("a watch without timeoutSeconds, or a longer one, outlived 2x the max lifetime")
 				}
-				if got := c.events(); len(got) != 1 || got[0] != "ADDED cm-0 "+rv(from+1) {
-					t.Fatalf("the client saw %v, want the one event and no ERROR", got)
+				if got := c.events(); len(got) != 2 || got[0] != "ADDED cm-0 "+rv(from+1) || got[1] != "ADDED late-0 "+rv(from+2) {
+					t.Fatalf("the client saw %v, want the two events and no ERROR", got)
 				}
 			}
 			testutil.Eventually(t, 10*time.Second, "both ends counted max-lifetime", func() bool {
@@ -149,6 +157,12 @@ func attachedHandlerClock(t *testing.T, x *shareFixture, cfg Config, clk *stepCl
 		info, cred := reqinfo.Parse(r), upstream.Decide(r.Header, r.TLS, true, upstream.IdentityOff)
 		h.Serve(w, r, &info, &cred, "")
 	}))
-	t.Cleanup(func() { close(done); srv.Close() })
+	t.Cleanup(func() {
+		close(done) // shutdown ends its feeds; none may log after the test
+		testutil.Eventually(t, 10*time.Second, "the attached handler's feeds ended", func() bool {
+			return promtest.ToFloat64(m.SharedFeeds) == 0 && promtest.ToFloat64(m.SharedSubscribers) == 0
+		})
+		srv.Close()
+	})
 	return srv.URL, m
 }
