@@ -114,8 +114,11 @@ type Config struct {
 	WatchResumeTimeout time.Duration
 	WatchStallTimeout  time.Duration
 	WatchWriteTimeout  time.Duration
-	DisableResume      bool
-	RetryBudget        time.Duration
+	// WatchMaxLifetime bounds every client watch stream, randomized x[1,2) as the apiserver's
+	// watch timeout (watch.Config.MaxLifetime); Validate refuses 0 and less than 10s.
+	WatchMaxLifetime time.Duration
+	DisableResume    bool
+	RetryBudget      time.Duration
 	// Absorbing a 410 at a watch's resume point (issue 19): on by default; the budgets bound
 	// the states watches keep for it, per watch and in all, in bytes.
 	WatchAbsorbGone       bool
@@ -178,6 +181,7 @@ func Default() Config {
 		WatchResumeTimeout:    watch.DefaultResumeTimeout,
 		WatchStallTimeout:     watch.DefaultStallTimeout,
 		WatchWriteTimeout:     watch.DefaultWriteTimeout,
+		WatchMaxLifetime:      watch.DefaultMaxLifetime,
 		RetryBudget:           upstream.DefaultRetryBudget,
 		WatchAbsorbGone:       true,
 		WatchAbsorbStateBytes: watch.DefaultAbsorbStateBytes,

@@ -52,12 +52,13 @@ func TestEveryProblemAtOnce(t *testing.T) {
 	c.WatchResumeTimeout = 0
 	c.WatchStallTimeout = 100 * time.Millisecond // every quiet watch would be resumed 10 times a second
 	c.WatchWriteTimeout = -time.Second
+	c.WatchMaxLifetime = 0 // a watch kept for ever
 	c.LogFormat = "xml"
 	err = c.Validate()
 	if err == nil {
 		t.Fatal("no error")
 	}
-	for _, want := range []string{"--listen", "ftp://x", `"https://"`, "--fix-mode", "--tls-cert-file", "--watch-resume-timeout", "--watch-stall-timeout 100ms: use at least 1s", "--watch-write-timeout -1s: must be positive", "--log-format"} {
+	for _, want := range []string{"--listen", "ftp://x", `"https://"`, "--fix-mode", "--tls-cert-file", "--watch-resume-timeout", "--watch-stall-timeout 100ms: use at least 1s", "--watch-write-timeout -1s: must be positive", "--watch-max-lifetime 0s: must be positive", "--log-format"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("validate error lacks %q:\n%s", want, err)
 		}

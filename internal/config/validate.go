@@ -88,6 +88,7 @@ func (c *Config) Validate() error {
 		{"response-header-timeout", c.ResponseHeaderTimeout}, {"health-interval", c.HealthInterval},
 		{"delete-memory-ttl", c.DeleteMemoryTTL}, {"watch-resume-timeout", c.WatchResumeTimeout},
 		{"watch-stall-timeout", c.WatchStallTimeout}, {"watch-write-timeout", c.WatchWriteTimeout},
+		{"watch-max-lifetime", c.WatchMaxLifetime},
 		{"shutdown-timeout", c.ShutdownTimeout},
 	} {
 		if d.v <= 0 {
@@ -98,6 +99,11 @@ func (c *Config) Validate() error {
 	// docs/design.md section 2), so this is how often every quiet watch sends a request upstream.
 	if c.WatchStallTimeout > 0 && c.WatchStallTimeout < time.Second {
 		add("--watch-stall-timeout %s: use at least 1s: every quiet watch is resumed once per stall timeout", c.WatchStallTimeout)
+	}
+	// Why: every client without a timeoutSeconds re-watches once per lifetime; 0 would be a
+	// watch kept for ever, which no apiserver keeps either (docs/design.md section 2).
+	if c.WatchMaxLifetime > 0 && c.WatchMaxLifetime < 10*time.Second {
+		add("--watch-max-lifetime %s: use at least 10s: every client watch without timeoutSeconds re-watches once per lifetime", c.WatchMaxLifetime)
 	}
 	if c.HTTP2StreamWindow < 16<<10 || c.HTTP2StreamWindow > 1<<30 {
 		add("--upstream-http2-stream-window %d: want 16384 to 1073741824 bytes", c.HTTP2StreamWindow)

@@ -34,6 +34,8 @@ type Metrics struct {
 	StallsHung    prometheus.Counter
 	SlowClients   *prometheus.CounterVec // reason: what the client did not take (watch.SlowClientReasons)
 	ResumeSeconds prometheus.Histogram
+	// ResumeBrake is the waits the resume brake imposed (internal/watch brake.go).
+	ResumeBrake   prometheus.Histogram
 	RelistsForced prometheus.Counter
 	// Absorbing a 410 at a watch's resume point (internal/watch absorb.go).
 	GoneAbsorbed        *prometheus.CounterVec // outcome
@@ -96,6 +98,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	m.StallsHung = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_stalls_hung_total", Help: "Stalls whose resume delivered at once (within 1s) object events the silent stream had held back: the path had hung (an apiserver, an L7 hop)."})
 	m.SlowClients = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_slow_clients_total", Help: "Client watches ended because a write to the client did not complete within --watch-write-timeout (it stopped reading, or reads slower than its watch delivers; its upstream watch is closed), by what it was sent: events (a stream watchsan parses), relayed (a response relayed unparsed)."}, []string{"reason"})
 	m.ResumeSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "watchsan_watch_resume_duration_seconds", Help: "Time from an upstream watch breaking to its resumption.", Buckets: ResumeBuckets})
+	m.ResumeBrake = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "watchsan_watch_resume_brake_seconds", Help: "Waits the resume brake imposed before resuming an upstream watch whose streams keep ending young though they deliver events (after 2 such streams in a row, at most one resume request per 250 ms doubling to 5 s, +-25%, until a stream lives 5 s; docs/design.md section 5). Resumes that deliver nothing are paced by the backoff instead, and not counted here.", Buckets: BrakeBuckets})
 	m.SharedFeeds = prometheus.NewGauge(prometheus.GaugeOpts{Name: "watchsan_shared_feeds", Help: "Shared watch feeds open now (--share-watches): each is one upstream watch serving every identical client watch of the lent identity."})
 	m.SharedSubscribers = prometheus.NewGauge(prometheus.GaugeOpts{Name: "watchsan_shared_feed_subscribers", Help: "Client watches served by a shared feed now."})
 	m.SharedJoins = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_shared_feed_joins_total", Help: "Client watches that joined a shared feed already open (the ones that opened a feed are not counted)."})
@@ -126,7 +129,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 		m.TLSReloads.WithLabelValues(result)
 	}
 	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_build_info", Help: "Always 1; its labels say which build runs: version, VCS revision and Go version."}, []string{"version", "revision", "goversion"})
-	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.StallsHung, m.SlowClients, m.ResumeSeconds, m.RelistsForced, m.GoneAbsorbed, m.AbsorbEvents, m.AbsorbStateBytes, m.AbsorbStatesDropped, m.AbsorbCompletingLists, m.SharedFeeds, m.SharedSubscribers, m.SharedJoins, m.PrivateFeeds, m.SharedAccessReviews, m.APIServiceReads, m.SharedRingEvictions, m.SharedSlowSubscribers, m.SharedHandoffs, m.WatchMovesFailed, m.WatchFreshPoints, m.Retries, m.Refused, m.Connections, m.ConnectionLimit, m.ConnectionsShed} {
+	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.StallsHung, m.SlowClients, m.ResumeSeconds, m.ResumeBrake, m.RelistsForced, m.GoneAbsorbed, m.AbsorbEvents, m.AbsorbStateBytes, m.AbsorbStatesDropped, m.AbsorbCompletingLists, m.SharedFeeds, m.SharedSubscribers, m.SharedJoins, m.PrivateFeeds, m.SharedAccessReviews, m.APIServiceReads, m.SharedRingEvictions, m.SharedSlowSubscribers, m.SharedHandoffs, m.WatchMovesFailed, m.WatchFreshPoints, m.Retries, m.Refused, m.Connections, m.ConnectionLimit, m.ConnectionsShed} {
 		f(c)
 	}
 	m.Upstream.register(reg)
@@ -149,6 +152,8 @@ var (
 	// ResumeBuckets bound the time from a broken upstream watch to its resumption: an
 	// immediate resume (milliseconds) to the resume timeout (60 s by default).
 	ResumeBuckets = []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
+	// BrakeBuckets bound the resume brake's waits: at most its 5 s interval, +25%.
+	BrakeBuckets = []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 7.5}
 )
 
 // SetVersion sets watchsan_build_info: version as given (the -ldflags version), or the main

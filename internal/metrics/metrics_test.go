@@ -14,6 +14,7 @@ func TestHistogramBoundsAreRound(t *testing.T) {
 	m := New(nil)
 	m.RequestSeconds.WithLabelValues("get", "pods").Observe(0.1)
 	m.ResumeSeconds.Observe(0.1)
+	m.ResumeBrake.Observe(0.1)
 	m.Upstream.Detection.WithLabelValues("u", "lagging").Observe(1)
 	fams, err := m.Registry.Gather()
 	if err != nil {
@@ -31,8 +32,8 @@ func TestHistogramBoundsAreRound(t *testing.T) {
 			}
 		}
 	}
-	if seen != 3 {
-		t.Errorf("checked %d watchsan histograms, want 3 (a new one needs an observation above)", seen)
+	if seen != 4 {
+		t.Errorf("checked %d watchsan histograms, want 4 (a new one needs an observation above)", seen)
 	}
 }
 

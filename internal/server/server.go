@@ -147,6 +147,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		ResumeTimeout: cfg.WatchResumeTimeout,
 		StallTimeout:  cfg.WatchStallTimeout,
 		WriteTimeout:  cfg.WatchWriteTimeout,
+		MaxLifetime:   cfg.WatchMaxLifetime,
 		DisableResume: cfg.DisableResume,
 
 		DisableAbsorb:    !cfg.WatchAbsorbGone,

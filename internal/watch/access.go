@@ -55,11 +55,6 @@ const (
 	reviewDeniedTTL = 30 * time.Second
 	// reviewTimeout bounds one review, its retries included (the request budget).
 	reviewTimeout = upstream.DefaultRetryBudget
-	// reviewedMaxStream: a subscriber admitted by a review is served at most this long before its
-	// stream ends cleanly and it re-watches (and is reviewed again). It is the apiserver's
-	// --min-request-timeout default, the shortest a watch without timeoutSeconds lasts there
-	// before the client re-watches and is authorized again.
-	reviewedMaxStream = 30 * time.Minute
 )
 
 // reviewPath is where a SelfSubjectAccessReview is created.

@@ -72,12 +72,13 @@ type detached struct {
 	// remote and requestID are the request's, for the log lines about the stream.
 	remote, requestID string
 	open              prometheus.Gauge // watchsan_open_watches of its resource
-	timer             clock.Timer      // timeoutSeconds; nil: none
+	timer             clock.Timer      // timeoutSeconds or the max lifetime (lifetime.go); nil: none
+	atDeadline        EndReason        // how the stream ends when timer fires (params.deadlineEnd)
 	end               func(int64)      // the Detacher's; nil: none
 	bytes             atomic.Int64     // body bytes written (the frames)
 
 	writing  bool      // a writer goroutine runs (write)
-	deadline bool      // the client's timeoutSeconds passed
+	deadline bool      // timer fired: the stream ends with atDeadline
 	closing  EndReason // the writer is writing the last chunk, ending with it
 	ended    bool      // the stream ended: closed and counted
 }
@@ -104,7 +105,7 @@ func (sf *sharedFeed) detach(w http.ResponseWriter, r *http.Request, m *member, 
 	// closes: the stream ends at once.
 	pipelined := brw.Reader.Buffered() > 0
 	d := &detached{sf: sf, m: m, conn: conn, remote: r.RemoteAddr, requestID: requestID,
-		open: h.deps.Metrics.OpenWatches.WithLabelValues(sf.pol.resource)}
+		open: h.deps.Metrics.OpenWatches.WithLabelValues(sf.pol.resource), atDeadline: p.deadlineEnd()}
 	if dt := detacherOf(w); dt != nil {
 		d.end = dt.Detach()
 	}
@@ -139,7 +140,8 @@ func (d *detached) read() {
 	d.close(EndClientGone)
 }
 
-// timedOut: the client's timeoutSeconds passed; the writer ends the stream with the last chunk.
+// timedOut: the stream's deadline (its timeoutSeconds, or the max lifetime) passed; the writer
+// ends the stream with the last chunk.
 func (d *detached) timedOut() {
 	d.m.mu.Lock()
 	d.deadline = true
@@ -187,7 +189,7 @@ func (d *detached) write() {
 		}
 		switch {
 		case deadline:
-			d.finish(EndDeadline)
+			d.finish(d.atDeadline)
 		case over:
 			d.sf.log.Info("a shared feed's subscriber fell its buffer's worth behind; its stream is ended, its client re-watches from its last resourceVersion",
 				zap.String("remote", d.remote), zap.Int("bufferBytes", m.max))

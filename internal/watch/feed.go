@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 
@@ -22,7 +23,8 @@ import (
 // A watch is served by a feed and its subscriber. The feed is the upstream side: its attempts
 // through the Attempter (the first, every resume, every move), the lease of the current one,
 // the stall watchdog, how a break is classified and resumed, with the watch's one backoff
-// (stepped only by the Attempter, docs/design.md section 5), on the Handler's clock. A
+// (stepped only by the Attempter, docs/design.md section 5) and its brake on resumes after
+// streams that end young (brake.go), on the Handler's clock. A
 // subscriber (subscriber.go) is one client response: its policy (fix.Stream), its framing,
 // its batched writes. A private feed has exactly one subscriber, the client whose request
 // opened it; a shared feed's sink is a sharedFeed (share.go) that fans out to many. They meet
@@ -77,11 +79,14 @@ type feed struct {
 	sub    sink
 	format stream.Format // the upstream's, the first answer's: every attempt must answer in it
 
-	// deadline is when the feed ends, its subscriber's timeoutSeconds (zero: none); timeout
-	// is that timeoutSeconds as the client gave it (negative: over, the first attempt goes as
-	// sent). A shared feed will outlive its subscribers' deadlines (issue 15 item 2).
-	deadline time.Time
-	timeout  time.Duration
+	// deadline is when the feed ends, its subscriber's timeoutSeconds or the max lifetime
+	// (lifetime.go; zero: none, a shared feed's, which outlives its subscribers' deadlines);
+	// timeout is that duration (negative: the client's, over: the first attempt goes as
+	// sent), maxLifetime says it is the max lifetime's (the stream ends EndMaxLifetime at it;
+	// false: EndDeadline, the client's).
+	deadline    time.Time
+	timeout     time.Duration
+	maxLifetime bool
 
 	// scope and groupResource tell the pool what the watch selects (lag detection) and of
 	// which resource it delivers resourceVersions (the high-water mark).
@@ -97,6 +102,7 @@ type feed struct {
 	// upstream last broke after progress (for a stall: when it went silent), giveUpAt when
 	// resuming without progress since then stops: ResumeTimeout after the break was found.
 	backoff  upstream.Backoff
+	brake    resumeBrake // paces resumes after streams that end young, even with progress (brake.go)
 	brokeAt  time.Time
 	giveUpAt time.Time
 	resumes  int
@@ -208,6 +214,13 @@ func (f *feed) next(src *source) (*source, EndReason) {
 	// resource nothing changes (docs/design.md section 2). Counting it would end a healthy
 	// quiet watch's stream at its second stall.
 	neutral := end.progress || end.resume == ResumeMoved || end.resume == ResumeStall
+	// The brake paces what the backoff does not: resumes after a stream that ended young
+	// though it delivered (brake.go). A move's accepted target was asked by the pool, not here.
+	if wait := f.brake.ended(f.h.clk.Now()); wait > 0 && neutral && moved == nil {
+		if final := f.braked(wait); final != endNone {
+			return nil, final
+		}
+	}
 	if neutral || f.brokeAt.IsZero() {
 		f.brokeAt = brokeAt
 		f.giveUpAt = f.h.clk.Now().Add(f.h.cfg.ResumeTimeout)
@@ -241,7 +254,7 @@ func (f *feed) resumable(end attemptEnd) EndReason {
 		return EndNoResume
 	}
 	if !f.deadline.IsZero() && !f.h.clk.Now().Before(f.deadline) {
-		return EndDeadline
+		return f.deadlineEnd()
 	}
 	return endNone
 }
@@ -263,6 +276,7 @@ func (f *feed) receive(src *source) {
 func (f *feed) receiving(src *source) bool {
 	at := src.at
 	f.lease = at.Lease
+	f.brake.started(f.h.clk.Now())
 	f.lease.SetMovable(f.movable())
 	// Busy until a read from the upstream waits (attemptBody.Read): a move's target may first
 	// deliver what it read ahead, and the prefix.
@@ -515,7 +529,7 @@ func (f *feed) classify(attemptCtx context.Context, err error) attemptEnd {
 	case errors.Is(cause, errShutdown):
 		return attemptEnd{end: EndShutdown}
 	case errors.Is(cause, errClientDeadline):
-		return attemptEnd{end: EndDeadline}
+		return attemptEnd{end: f.deadlineEnd()}
 	case errors.Is(cause, errStalled):
 		return attemptEnd{resume: ResumeStall, err: err}
 	}
@@ -526,7 +540,7 @@ func (f *feed) classify(attemptCtx context.Context, err error) attemptEnd {
 	switch {
 	case errors.Is(err, io.EOF):
 		if !f.deadline.IsZero() && f.deadline.Sub(f.h.clk.Now()) < time.Second {
-			return attemptEnd{end: EndDeadline}
+			return attemptEnd{end: f.deadlineEnd()}
 		}
 		return attemptEnd{resume: ResumeEOF}
 	case errors.Is(err, stream.ErrFrameTooLarge), errors.Is(err, stream.ErrMalformed):
@@ -668,6 +682,28 @@ func (f *feed) resume(end attemptEnd) (upstream.Attempt, EndReason) {
 	}
 }
 
+// braked waits d, the brake's wait before the next resume (brake.go), or until the feed's
+// context ends: endNone, or how the client's stream ends then.
+func (f *feed) braked(d time.Duration) EndReason {
+	f.h.deps.Metrics.ResumeBrake.Observe(d.Seconds())
+	lvl := zapcore.DebugLevel
+	if f.brake.young == brakeFree+1 {
+		lvl = zapcore.InfoLevel // once per run of young streams: when the brake starts to bite
+	}
+	if ce := f.log.Check(lvl, "upstream watch streams keep ending young; braking its resumes"); ce != nil {
+		ce.Write(zap.String("path", f.client.URL.Path), zap.Int("youngStreams", f.brake.young), zap.Duration("wait", d),
+			zap.Stringer("upstream", f.backend))
+	}
+	t := f.h.clk.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C():
+		return endNone
+	case <-f.ctx.Done():
+		return f.endFromContext()
+	}
+}
+
 func (f *feed) giveUp(end attemptEnd) EndReason {
 	f.log.Warn("could not resume the upstream watch with progress in time; ending the client's stream cleanly",
 		zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()),
@@ -700,7 +736,7 @@ func (f *feed) endFromContext() EndReason {
 	case errors.Is(cause, errShutdown), f.h.stopping():
 		return EndShutdown
 	case errors.Is(cause, errClientDeadline):
-		return EndDeadline
+		return f.deadlineEnd()
 	}
 	return EndClientGone
 }
@@ -717,4 +753,9 @@ func readStatus(resp *http.Response) *metav1.Status {
 func drain(resp *http.Response) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
+}
+
+// deadlineEnd is how the client's stream ends at the feed's deadline (see feed.maxLifetime).
+func (f *feed) deadlineEnd() EndReason {
+	return params{maxLifetime: f.maxLifetime}.deadlineEnd()
 }

@@ -5,8 +5,8 @@
 // it and the result is written, flushed whenever the feed would wait for the upstream (never
 // with an event held back while it waits). How a client watch may
 // end (docs/design.md section 5):
-//   - cleanly (the client re-watches from its last RV): shutdown, the client's timeoutSeconds,
-//     resume given up, garbage from upstream;
+//   - cleanly (the client re-watches from its last RV): shutdown, the client's timeoutSeconds
+//     or the max lifetime (lifetime.go), resume given up, garbage from upstream;
 //   - cut where it is: a write to the client did not complete within the write timeout (a
 //     client that stopped reading; its upstream watch is closed, and counted as a slow client,
 //     not as the upstream's silence or lag);
@@ -66,6 +66,10 @@ type Config struct {
 	StallTimeout time.Duration
 	// DisableResume ends the client's watch when the upstream's breaks.
 	DisableResume bool
+	// MaxLifetime bounds every client watch stream: one without timeoutSeconds, or with a
+	// longer one, ends cleanly after MaxLifetime times a random factor in [1, 2), as the
+	// apiserver ends a watch without timeoutSeconds (lifetime.go). 0: DefaultMaxLifetime.
+	MaxLifetime time.Duration
 	// WriteTimeout bounds each write (and flush) to the client: a watch whose client takes
 	// nothing for this long ends, counted as a slow client (EndSlowClient). Time spent writing
 	// to the client is never the upstream's silence or lag. 0: DefaultWriteTimeout.
@@ -193,6 +197,7 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	def(&cfg.ResumeTimeout, DefaultResumeTimeout)
 	def(&cfg.StallTimeout, DefaultStallTimeout)
 	def(&cfg.WriteTimeout, DefaultWriteTimeout)
+	def(&cfg.MaxLifetime, DefaultMaxLifetime)
 	if cfg.MaxFrameSize <= 0 {
 		cfg.MaxFrameSize = stream.DefaultMaxFrameSize
 	}
@@ -292,8 +297,12 @@ type params struct {
 	sendInitialEvents bool
 	allowBookmarks    bool
 	// timeout is the client's timeoutSeconds: 0 none given (or 0, which the apiserver takes
-	// as none), negative: already over (the apiserver ends such a watch at once).
+	// as none), negative: already over (the apiserver ends such a watch at once). Once
+	// Handler.bound applied the max lifetime, it is never 0.
 	timeout time.Duration
+	// maxLifetime: timeout is the lifetime Handler.bound drew (the client gave no
+	// timeoutSeconds, or a longer one); false: the client's own.
+	maxLifetime bool
 	// scope names what the watch selects, whoever asks: every watch of one scope gets the
 	// same events, so one that stays behind another's is lagging (upstream.Plan.Scope).
 	scope string
@@ -412,7 +421,7 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 	if cred.Principal() == "" {
 		cred = upstream.Decide(r.Header, r.TLS, false, upstream.IdentityOff)
 	}
-	p := parseParams(r)
+	p := h.bound(parseParams(r))
 	m := h.deps.Metrics
 
 	// The watch ends with the request's context only while its handler runs: net/http cancels
@@ -422,7 +431,7 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 	log := newWatchLog(h.log, r.RemoteAddr, requestID)
 	sub := newSubscriber(h, w, r, p, m.Resource(info.FullResource()), log)
 	f := &feed{
-		h: h, client: r, ctx: ctx, cancel: cancel, unfollow: unfollow, cred: cred, log: log, sub: sub, timeout: p.timeout,
+		h: h, client: r, ctx: ctx, cancel: cancel, unfollow: unfollow, cred: cred, log: log, sub: sub, timeout: p.timeout, maxLifetime: p.maxLifetime,
 		backoff: upstream.ResumeBackoff, scope: p.scope, groupResource: info.GroupResource(),
 	}
 	switch {

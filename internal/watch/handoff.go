@@ -235,7 +235,7 @@ func (ho *handoff) serve(f *feed) {
 		defer t.Stop()
 		deadline = dl
 	}
-	end := sf.pump(f.client, m, &ho.sub.out, deadline)
+	end := sf.pump(f.client, m, &ho.sub.out, deadline, f.deadlineEnd())
 	h.deps.Metrics.StreamEnds.WithLabelValues(end.String()).Inc()
 	if end == EndSlowClient {
 		h.deps.Metrics.SharedSlowSubscribers.Inc()

@@ -31,6 +31,10 @@ const (
 	// stopped reading, or reads slower than its watch delivers); the stream is cut there, and
 	// its upstream watch closed.
 	EndSlowClient
+	// EndMaxLifetime: the stream reached its lifetime, Config.MaxLifetime randomized as the
+	// apiserver's watch timeout (lifetime.go): its client gave no timeoutSeconds, or a longer
+	// one. Ended cleanly; the client re-watches from its last resourceVersion.
+	EndMaxLifetime
 
 	numEndReasons
 )
@@ -51,6 +55,7 @@ var endNames = [numEndReasons]string{
 	EndNoResume:      "upstream-broke",
 	EndUpstreamError: "upstream-error-event",
 	EndSlowClient:    "slow-client",
+	EndMaxLifetime:   "max-lifetime",
 }
 
 func (r EndReason) String() string {

@@ -189,7 +189,9 @@ type registry struct {
 // serves as without sharing. A watch-list that may hand off onto a shared feed once it has its
 // initial events (handoff.go) gets a private feed too, and its handoff, counted there.
 func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, requestID string) (bool, *handoff) {
-	p := parseParams(r)
+	// Its stream's lifetime bounds, for a reviewed subscriber, how long its review is trusted:
+	// it is reviewed again when it re-watches (access.go, lifetime.go).
+	p := h.bound(parseParams(r))
 	reason := privateExcluded // the operator's word first: no other rule is asked
 	if !h.shareExclude[info.GroupResource()] {
 		reason = shareRule(r, cred, p)
@@ -208,9 +210,6 @@ func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqi
 		ck = &k
 		if reason = h.review(r, info, cred, k); reason == reviewClientGone {
 			return true, nil // its client left (a reset stream): nothing to serve, no feed opened
-		}
-		if p.timeout == 0 || p.timeout > reviewedMaxStream {
-			p.timeout = reviewedMaxStream // it is reviewed again when it re-watches (access.go)
 		}
 	}
 	if reason == "" {
@@ -851,7 +850,7 @@ func (sf *sharedFeed) serveAttached(w http.ResponseWriter, r *http.Request, m *m
 	}
 	rc := http.NewResponseController(w)
 	out := newBatchWriter(w, rc, h.cfg.WriteTimeout)
-	end := sf.pump(r, m, &out, deadline)
+	end := sf.pump(r, m, &out, deadline, p.deadlineEnd())
 	met.StreamEnds.WithLabelValues(end.String()).Inc()
 	if end == EndSlowClient { // its queue filled, or a write to it did not complete in time
 		met.SharedSlowSubscribers.Inc()
@@ -861,8 +860,9 @@ func (sf *sharedFeed) serveAttached(w http.ResponseWriter, r *http.Request, m *m
 	}
 }
 
-// pump is serve's loop; it returns how the client's stream ended.
-func (sf *sharedFeed) pump(r *http.Request, m *member, out *batchWriter, deadline <-chan struct{}) EndReason {
+// pump is serve's loop; it returns how the client's stream ended: atDeadline when deadline is
+// closed.
+func (sf *sharedFeed) pump(r *http.Request, m *member, out *batchWriter, deadline <-chan struct{}, atDeadline EndReason) EndReason {
 	if out.flushClient() != nil {
 		return EndClientGone
 	}
@@ -873,7 +873,7 @@ func (sf *sharedFeed) pump(r *http.Request, m *member, out *batchWriter, deadlin
 		case <-left:
 			return EndClientGone
 		case <-deadline:
-			return EndDeadline
+			return atDeadline
 		}
 		q, over, done, end := m.take()
 		for _, raw := range q {

@@ -731,13 +731,14 @@ func TestResumeWithoutProgressBacksOffAndGivesUp(t *testing.T) {
 	}
 }
 
-// Progress resets the backoff: a watch whose upstream ends after every event, each carrying
-// a new RV, is resumed at once each time, without waits.
+// Progress resets the backoff: a watch whose upstream ends after an event, each carrying a
+// new RV, is resumed at once, without waits (the first brakeFree times; after that the brake
+// paces it, TestBrakeBoundsResumesThatDeliver).
 func TestResumeAfterProgressIsImmediate(t *testing.T) {
 	var n atomic.Int32
 	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){func(w http.ResponseWriter, r *http.Request) {
 		i := n.Add(1)
-		if i > 5 {
+		if i > brakeFree {
 			<-r.Context().Done()
 			return
 		}
@@ -745,13 +746,13 @@ func TestResumeAfterProgressIsImmediate(t *testing.T) {
 	}}}
 	clk := newStepClock()
 	f := newFixtureClock(t, Config{}, up, clk)
-	go func() { // the client's deadline passes once the sixth attempt is open
-		if testutil.Until(10*time.Second, func() bool { return up.attempts() == 6 }) {
+	go func() { // the client's deadline passes once the last attempt is open
+		if testutil.Until(10*time.Second, func() bool { return up.attempts() == brakeFree+1 }) {
 			clk.Step(3 * time.Second)
 		}
 	}()
 	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2")
-	expectStream(t, gs, err, "ADDED o1 11, ADDED o2 12, ADDED o3 13, ADDED o4 14, ADDED o5 15")
+	expectStream(t, gs, err, "ADDED o1 11, ADDED o2 12")
 	if w := clk.timers(); len(w) != 0 {
 		t.Fatalf("waited %v between resumes that made progress", w)
 	}
