@@ -314,11 +314,13 @@ func (h *Handler) runReview(ctx context.Context, key reviewKey, fl *reviewFlight
 		h.sendFlight(key, next)
 	}
 	rv.mu.Unlock()
+	if !abandoned {
+		h.countReview(result) // before done: a watch told the answer finds it counted
+	}
 	close(fl.done)
 	if abandoned {
 		return
 	}
-	h.countReview(result)
 	if ce := h.log.Check(zap.DebugLevel, "access review"); ce != nil {
 		fields := []zap.Field{zap.String("result", result), zap.String("reviewAuditID", auditID)}
 		if err != nil {
