@@ -740,9 +740,9 @@ type member struct {
 	// bytes+writing is bounded by max.
 	bytes, writing int
 	signal         bool      // frames were queued since the last take
-	over   bool      // the queue filled: the member is off the feed and ends (EndSlowClient)
-	end    EndReason // the feed ended: the member ends after its queue
-	done   bool
+	over           bool      // the queue filled: the member is off the feed and ends (EndSlowClient)
+	end            EndReason // the feed ended: the member ends after its queue
+	done           bool
 	// det, once set, is the member's own connection and writer (detach.go): wakes start its
 	// writer instead of waking a handler.
 	det *detached
