@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
@@ -43,6 +44,11 @@ const (
 	// events: what a client re-watching from a recent resourceVersion can join from.
 	DefaultShareRingBytes  = 16 << 20
 	DefaultShareRingEvents = 10000
+	// DefaultShareRingTotalBytes bounds all feeds' rings together where the container's
+	// memory limit says nothing (config derives the flag's default from it, a quarter of it,
+	// when there is one): as much as 16 full rings, which a node's busy scopes rarely need
+	// at once, and what the sidecar's and HA's manifests can hold beside everything else.
+	DefaultShareRingTotalBytes = 256 << 20
 	// DefaultShareSubscriberBytes bounds what one subscriber may be behind its feed; it can
 	// take a whole ring's backlog at its join.
 	DefaultShareSubscriberBytes = 16 << 20
@@ -182,6 +188,17 @@ func (h *Handler) servedLocally(info *reqinfo.Info) bool {
 type registry struct {
 	mu    sync.Mutex
 	feeds map[string]*sharedFeed
+	// rings is the budget all feeds' rings share (--share-ring-total-bytes); with its
+	// bounds of one ring (ringBytes, ringEvents) and its evictions' counter, what newRing
+	// makes each ring with. Set at construction.
+	rings                 *ringBudget
+	ringBytes, ringEvents int
+	evictions             *prometheus.CounterVec
+}
+
+// newRing makes a feed's ring, covering from start, in the budget.
+func (g *registry) newRing(start uint64) *ring {
+	return newRing(start, g.ringBytes, g.ringEvents, g.rings, g.evictions)
 }
 
 // serveShared serves the watch r on a shared feed when it may be (shareRule) and one covers
@@ -356,7 +373,7 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, info *reqinfo.Info,
 	scope := parseParams(r).scope
 	sf := &sharedFeed{h: h, key: key, log: log, from: at, ready: make(chan struct{}), members: map[*member]struct{}{}, last: at,
 		desc: h.describe(r, info)}
-	sf.ring = newRing(at, h.cfg.ShareRingBytes, h.cfg.ShareRingEvents, h.deps.Metrics.SharedRingEvictions.Inc)
+	sf.ring = h.feeds.newRing(at)
 	mode := h.cfg.Mode
 	if h.exempt[info.GroupResource()] {
 		mode = fix.PassAll
@@ -432,6 +449,7 @@ func (sf *sharedFeed) close(end EndReason) {
 	if sf.idleTimer != nil {
 		sf.idleTimer.Stop()
 	}
+	sf.ring.release() // no one joins any more: its bytes go back to the budget
 	sf.wakeWaiters(true)
 	members := sf.members
 	sf.members = map[*member]struct{}{}
@@ -464,11 +482,17 @@ func (sf *sharedFeed) addLocked(at uint64, bookmarks bool) (*member, string) {
 		return nil, privateNotCovered
 	case sf.notJoinable != "":
 		return nil, sf.notJoinable
-	case sf.absorbing || at < sf.ring.start || at > sf.last:
+	case sf.absorbing || at > sf.last:
+		return nil, privateNotCovered
+	}
+	// The coverage and the backlog at once: the budget may evict from the ring for another
+	// feed at any time (ringBudget).
+	backlog, n, ok := sf.ring.after(at)
+	if !ok {
 		return nil, privateNotCovered
 	}
 	m := &member{bookmarks: bookmarks, max: sf.h.cfg.ShareSubscriberBytes, wake: make(chan struct{}, 1)}
-	if backlog, n := sf.ring.after(at); len(backlog) > 0 {
+	if len(backlog) > 0 {
 		if n += len(backlog) * entryCost; n > m.max {
 			return nil, privateBacklog
 		}
