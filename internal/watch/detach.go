@@ -80,6 +80,8 @@ type detached struct {
 	// tls: the connection is TLS's, whose writes cannot be retried after a deadline passed
 	// (tls.Conn.SetWriteDeadline), so put does not probe it, and its chunks are a record's.
 	tls bool
+	// gaveBack counts the chunks whose buffer put gave back, their write blocked (tests).
+	gaveBack atomic.Int32
 
 	writing  bool      // a writer goroutine runs (write)
 	deadline bool      // the client's timeoutSeconds passed
@@ -276,6 +278,7 @@ func (d *detached) put(b, h []byte, q [][]byte, until time.Time, release func())
 	if !probe || err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
 		return err
 	}
+	d.gaveBack.Add(1)
 	_ = d.conn.SetWriteDeadline(until)
 	for i := -1; i <= len(q); i++ {
 		part := crlf

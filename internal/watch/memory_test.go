@@ -4,6 +4,7 @@ package watch
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -151,4 +152,65 @@ func TestNonReadingSubscribersMemoryBound(t *testing.T) {
 	if held > bound {
 		t.Fatalf("%d non-reading subscribers hold %d bytes of heap, over the bound %d (%d each beyond their %d)", n, held, bound, held/int64(n)-subBytes, subBytes)
 	}
+}
+
+// A detached writer whose chunk's write blocks gives its buffer back and writes the rest
+// straight from the frames (put): a client that then reads gets every event, whole and in
+// order, the chunked body intact.
+func TestBlockedWriterResumesFromTheFrames(t *testing.T) {
+	x := newShareFixture(t, Config{WriteTimeout: time.Minute})
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		info, cred := reqinfo.Parse(r), upstream.Decide(r.Header, r.TLS, true, upstream.IdentityOff)
+		x.h.Serve(w, r, &info, &cred, "")
+	}))
+	srv.Listener = smallSendBuffers{srv.Listener}
+	srv.Start()
+	t.Cleanup(func() { x.shutdown(); srv.Close() })
+	from := x.write(t, "before", 1, 10)
+	dialer := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4<<10) })
+	}}
+	c, err := dialer.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := fmt.Fprintf(c, "GET /api/v1/namespaces/d/configmaps?watch=true&resourceVersion=%d HTTP/1.1\r\nHost: x\r\n\r\n", from); err != nil {
+		t.Fatal(err)
+	}
+	x.waitSubscribers(t, 1)
+	var d *detached
+	testutil.Eventually(t, 10*time.Second, "the subscriber detached", func() bool {
+		x.h.mu.Lock()
+		defer x.h.mu.Unlock()
+		for dd := range x.h.detached {
+			d = dd
+		}
+		return d != nil
+	})
+	const events = 300 // 300 KiB: far more than the connection holds
+	last := x.write(t, "cm", events, 1000)
+	testutil.Eventually(t, 20*time.Second, "a blocked write's buffer given back", func() bool { return d.gaveBack.Load() > 0 })
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := json.NewDecoder(resp.Body) // net/http undoes the chunking
+	for i := 0; i < events; i++ {
+		var ev struct {
+			Type   string
+			Object struct{ Metadata struct{ Name, ResourceVersion string } }
+		}
+		if err := dec.Decode(&ev); err != nil {
+			t.Fatalf("event %d: %v", i, err)
+		}
+		if want := fmt.Sprintf("cm-%d", i); ev.Type != "ADDED" || ev.Object.Metadata.Name != want {
+			t.Fatalf("event %d: %s %s, want ADDED %s", i, ev.Type, ev.Object.Metadata.Name, want)
+		}
+		if i == events-1 && ev.Object.Metadata.ResourceVersion != rv(last) {
+			t.Fatalf("the last event at %s, want %d", ev.Object.Metadata.ResourceVersion, last)
+		}
+	}
+	t.Logf("%d chunks written from the frames after their buffer went back", d.gaveBack.Load())
 }
