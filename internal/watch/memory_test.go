@@ -200,7 +200,9 @@ func TestBlockedWriterResumesFromTheFrames(t *testing.T) {
 	for i := 0; i < events; i++ {
 		var ev struct {
 			Type   string
-			Object struct{ Metadata struct{ Name, ResourceVersion string } }
+			Object struct {
+				Metadata struct{ Name, ResourceVersion string }
+			}
 		}
 		if err := dec.Decode(&ev); err != nil {
 			t.Fatalf("event %d: %v", i, err)
