@@ -134,6 +134,9 @@ type Config struct {
 	ShareRingEvents            int
 	ShareSubscriberBufferBytes int
 	ShareReviewCacheEntries    int
+	// ShareRingTotalBytes bounds all feeds' rings together; 0 (the default): derived at
+	// Complete from the container's memory limit (FitRingTotal).
+	ShareRingTotalBytes int64
 	// ShareExcludeResources are resources (as --fix-exempt-resource names them) whose watches
 	// never share; ShareMaxFeeds bounds the shared feeds open at once.
 	ShareExcludeResources []string

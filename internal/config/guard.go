@@ -11,6 +11,8 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 	"k8s.io/client-go/rest"
+
+	"github.com/watchsan/watchsan/internal/watch"
 )
 
 // Defaults of the lending guard and the listener limits (issue #8).
@@ -243,6 +245,25 @@ func FitConnections(configured int, nofile uint64) (int, string) {
 		configured, fit, nofile, fdReserve)
 }
 
+// FitRingTotal returns the bound of all shared feeds' rings together for --share-ring-total-bytes
+// configured (0: derive it) and the container's memory limit memLimit (0: none known), and a
+// warning when a configured one is above half the limit. Derived: a quarter of the limit, since
+// the rings are one of several holders (subscribers' queues, watches' states, connections) and
+// a heap at the limit's half leaves Go's collector room to double it (GOGC=100) before the
+// container is killed; without a limit watchsan cannot know what it may hold, and takes
+// watch.DefaultShareRingTotalBytes (docs/design.md section 11, "Bounds").
+func FitRingTotal(configured, memLimit int64) (int64, string) {
+	switch {
+	case configured > 0 && memLimit > 0 && configured > memLimit/2:
+		return configured, fmt.Sprintf("--share-ring-total-bytes %d is more than half the memory limit (%d): rings that full leave the collector no room, and the container may be killed", configured, memLimit)
+	case configured > 0:
+		return configured, ""
+	case memLimit > 0:
+		return max(memLimit/4, 1<<20), ""
+	}
+	return watch.DefaultShareRingTotalBytes, ""
+}
+
 // checkLending refuses, at start, to lend the identity to an upstream it does not belong to:
 // one reached over plain HTTP (the token would cross the network in cleartext) or one the
 // kubeconfig does not name (credentials issued for one server sent to another), unless
@@ -297,7 +318,7 @@ func sameServerKey(u *url.URL) string {
 }
 
 // warnings lists what is allowed but unsafe, for the log at start.
-func (out *Completed) warnings(nofile uint64) {
+func (out *Completed) warnings(nofile uint64, memLimit int64) {
 	c := out.Config
 	if c.InsecureSkipTLSVerify {
 		out.Warnings = append(out.Warnings, "--insecure-skip-tls-verify: the upstream's certificate is not verified; anyone on the path can read and change traffic, credentials included")
@@ -307,6 +328,9 @@ func (out *Completed) warnings(nofile uint64) {
 	out.adminAuthWarnings()
 	var w string
 	if out.MaxConnections, w = FitConnections(c.MaxConnections, nofile); w != "" {
+		out.Warnings = append(out.Warnings, w)
+	}
+	if out.ShareRingTotalBytes, w = FitRingTotal(c.ShareRingTotalBytes, memLimit); w != "" {
 		out.Warnings = append(out.Warnings, w)
 	}
 	if out.Guard.On {

@@ -119,7 +119,33 @@ func TestGuardWarnings(t *testing.T) {
 	}
 }
 
-func init() { openFileLimit = func() uint64 { return 4096 } } // every test sees the same limit
+// Every test sees the same limits, whatever the machine's.
+func init() {
+	openFileLimit = func() uint64 { return 4096 }
+	memoryLimit = func() int64 { return 0 }
+}
+
+// The rings' total: as configured, else a quarter of the memory limit, else the fixed default;
+// a configured total above half the limit is kept, with a warning.
+func TestFitRingTotal(t *testing.T) {
+	for _, tc := range []struct {
+		configured, memLimit, want int64
+		warn                       bool
+	}{
+		{0, 0, 256 << 20, false},         // no limit known: the fixed default
+		{0, 256 << 20, 64 << 20, false},  // the sidecar's 256 Mi
+		{0, 1 << 30, 256 << 20, false},   // HA's 1 Gi
+		{0, 2 << 20, 1 << 20, false},     // absurdly low: still a ring's worth of something
+		{100 << 20, 0, 100 << 20, false}, // configured
+		{100 << 20, 1 << 30, 100 << 20, false},
+		{200 << 20, 256 << 20, 200 << 20, true}, // more than half the limit
+	} {
+		got, w := FitRingTotal(tc.configured, tc.memLimit)
+		if got != tc.want || (w != "") != tc.warn {
+			t.Errorf("FitRingTotal(%d, %d) = %d, %q; want %d, warning %v", tc.configured, tc.memLimit, got, w, tc.want, tc.warn)
+		}
+	}
+}
 
 func TestFitConnections(t *testing.T) {
 	for _, tc := range []struct {

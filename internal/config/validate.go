@@ -120,6 +120,9 @@ func (c *Config) Validate() error {
 			add("--%s %d: want 1 to 1073741824", b.flag, b.v)
 		}
 	}
+	if c.ShareRingTotalBytes < 0 || c.ShareRingTotalBytes > 1<<40 {
+		add("--share-ring-total-bytes %d: want 0 (from the memory limit) to 1099511627776", c.ShareRingTotalBytes)
+	}
 	// Why 0 is refused: --share-watches=false is how sharing is turned off, and a cap of 0
 	// would leave it on while no watch shares.
 	if c.ShareMaxFeeds < 1 || c.ShareMaxFeeds > 1000000 {
@@ -250,8 +253,12 @@ type Completed struct {
 	Warnings []string
 }
 
-// openFileLimit reads the process's open-file limit (0: unknown); tests may replace it.
-var openFileLimit = nofileLimit
+// openFileLimit reads the process's open-file limit (0: unknown), memoryLimit its
+// container's memory limit (0: none or unknown; limits_linux.go); tests may replace them.
+var (
+	openFileLimit = nofileLimit
+	memoryLimit   = cgroupMemoryLimit
+)
 
 // Complete validates c and resolves the kubeconfig, returning every problem at once.
 func (c Config) Complete() (*Completed, error) {
@@ -306,7 +313,7 @@ func (c Config) Complete() (*Completed, error) {
 	out.SourceConnections = sourceLimit(c.MaxConnectionsPerSource, DefaultMaxConnectionsPerSource, c.Listen)
 	out.SourceHeaderConnections = sourceLimit(c.MaxHeaderConnectionsPerSource, DefaultMaxHeaderConnectionsPerSource, c.Listen)
 	out.SourceHeaderBytes = sourceLimit(c.MaxHeaderBytesPerSource, DefaultMaxHeaderBytesPerSource, c.Listen)
-	out.warnings(openFileLimit())
+	out.warnings(openFileLimit(), memoryLimit())
 	return out, nil
 }
 

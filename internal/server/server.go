@@ -159,6 +159,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		Share:                cfg.ShareWatches,
 		ShareRingBytes:       cfg.ShareRingBytes,
 		ShareRingEvents:      cfg.ShareRingEvents,
+		ShareRingTotalBytes:  cfg.ShareRingTotalBytes,
 		ShareSubscriberBytes: cfg.ShareSubscriberBufferBytes,
 		ShareExclude:         cfg.ShareExcludeResources,
 		ShareMaxFeeds:        cfg.ShareMaxFeeds,
@@ -176,6 +177,9 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	}
 	for _, r := range watch.PrivateFeedReasons {
 		s.metrics.PrivateFeeds.WithLabelValues(r)
+	}
+	for _, c := range watch.RingEvictionCauses {
+		s.metrics.SharedRingEvictions.WithLabelValues(c)
 	}
 	for _, r := range watch.HandoffResults {
 		s.metrics.SharedHandoffs.WithLabelValues(r)

@@ -2,11 +2,13 @@ package watch
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"net/http"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -76,6 +78,11 @@ type detached struct {
 	atDeadline        EndReason        // how the stream ends when timer fires (params.deadlineEnd)
 	end               func(int64)      // the Detacher's; nil: none
 	bytes             atomic.Int64     // body bytes written (the frames)
+	// tls: the connection is TLS's, whose writes cannot be retried after a deadline passed
+	// (tls.Conn.SetWriteDeadline), so put does not probe it, and its chunks are a record's.
+	tls bool
+	// gaveBack counts the chunks whose buffer put gave back, their write blocked (tests).
+	gaveBack atomic.Int32
 
 	writing  bool      // a writer goroutine runs (write)
 	deadline bool      // timer fired: the stream ends with atDeadline
@@ -104,7 +111,8 @@ func (sf *sharedFeed) detach(w http.ResponseWriter, r *http.Request, m *member, 
 	// answer) are a request watchsan will not answer on this connection, which the head said it
 	// closes: the stream ends at once.
 	pipelined := brw.Reader.Buffered() > 0
-	d := &detached{sf: sf, m: m, conn: conn, remote: r.RemoteAddr, requestID: requestID,
+	_, isTLS := conn.(*tls.Conn)
+	d := &detached{sf: sf, m: m, conn: conn, remote: r.RemoteAddr, requestID: requestID, tls: isTLS,
 		open: h.deps.Metrics.OpenWatches.WithLabelValues(sf.pol.resource), atDeadline: p.deadlineEnd()}
 	if dt := detacherOf(w); dt != nil {
 		d.end = dt.Detach()
@@ -125,7 +133,7 @@ func (sf *sharedFeed) detach(w http.ResponseWriter, r *http.Request, m *member, 
 	}
 	m.mu.Lock()
 	m.det = d
-	if len(m.q) > 0 || m.over || m.done { // the ring's backlog at its join, or an end already
+	if m.q.len() > 0 || m.over || m.done { // the ring's backlog at its join, or an end already
 		d.kickLocked()
 	}
 	m.mu.Unlock()
@@ -157,12 +165,17 @@ func (d *detached) kickLocked() {
 	}
 }
 
-// write writes what the member has queued until nothing is, then exits; or ends the stream
+// write writes what the member has queued, a chunk at a time (take: what it holds stays
+// counted against its bound until written), until nothing is, then exits; or ends the stream
 // when its queue filled, its feed ended or its client's timeoutSeconds passed, after what was
 // queued (the deadline: at once), with the last chunk (a clean end, as the handler's return
 // would have been).
 func (d *detached) write() {
 	m := d.m
+	limit := chunkMax
+	if d.tls {
+		limit = tlsChunkMax
+	}
 	for {
 		m.mu.Lock()
 		if d.ended {
@@ -173,8 +186,7 @@ func (d *detached) write() {
 		deadline := d.deadline
 		var q [][]byte
 		if !deadline {
-			q, m.q, m.bytes = m.q, nil, 0
-			m.account()
+			q = m.takeLocked(limit)
 		}
 		over, done, end := m.over, m.done, m.end
 		if len(q) == 0 && !over && !done && !deadline {
@@ -183,11 +195,17 @@ func (d *detached) write() {
 			return
 		}
 		m.mu.Unlock()
-		if err := d.frames(q); err != nil {
+		err := d.chunk(q)
+		if len(q) > 0 {
+			m.written()
+		}
+		if err != nil {
 			d.failed(err)
 			return
 		}
 		switch {
+		case len(q) > 0:
+			continue // more may be queued: the end comes after it
 		case deadline:
 			d.finish(d.atDeadline)
 		case over:
@@ -199,68 +217,122 @@ func (d *detached) write() {
 				end = EndNoResume
 			}
 			d.finish(end)
-		default:
-			continue
 		}
 		return
 	}
 }
 
-// frames writes q as chunks of at most a batch (batchSize), each frame whole in one chunk.
-func (d *detached) frames(q [][]byte) error {
-	if len(q) == 0 {
+// chunk writes the frames q, at most a chunk's worth (take's limit) or one frame bigger than
+// that, as one chunk within the write timeout.
+func (d *detached) chunk(q [][]byte) error {
+	n := 0
+	for _, f := range q {
+		n += len(f)
+	}
+	if n == 0 { // a chunk of 0 bytes would end the body
 		return nil
 	}
-	d.arm()
-	bp := batchPool.Get().(*[]byte)
-	defer func() {
-		*bp = (*bp)[:0] // the pool's buffers are empty (batchWriter appends to them)
-		batchPool.Put(bp)
-	}()
-	for len(q) > 0 {
-		if len(q[0]) >= chunkMax { // too big for the batch; sent as it is, in a chunk of its own
-			b := strconv.AppendUint((*bp)[:0], uint64(len(q[0])), 16)
-			*bp = append(b, "\r\n"...)
-			if err := d.send(*bp, q[0], crlf); err != nil {
-				return err
-			}
-			q = q[1:]
-			continue
+	until := d.arm()
+	h := strconv.AppendUint(make([]byte, 0, chunkHead), uint64(n), 16)
+	h = append(h, '\r', '\n')
+	var err error
+	if len(q) == 1 && n >= chunkMax || d.tls && n > tlsChunkMax {
+		// Too big for a chunk's buffer: sent as it is, nothing copied.
+		err = d.send(h, q[0], crlf)
+	} else {
+		pool := &batchPool
+		if d.tls {
+			pool = &tlsChunkPool
 		}
-		n, k := 0, 0
-		for k < len(q) && len(q[k]) < chunkMax && n+len(q[k]) <= chunkMax {
-			n += len(q[k])
-			k++
-		}
-		b := strconv.AppendUint((*bp)[:0], uint64(n), 16)
-		b = append(b, "\r\n"...)
-		for _, f := range q[:k] {
+		bp := pool.Get().(*[]byte)
+		b := append((*bp)[:0], h...)
+		for _, f := range q {
 			b = append(b, f...)
 		}
-		*bp = append(b, "\r\n"...)
-		if n > 0 { // a chunk of 0 bytes would end the body
-			if err := d.send(*bp); err != nil {
-				return err
-			}
-			d.bytes.Add(int64(n))
+		*bp = append(b, crlf...)
+		err = d.put(*bp, h, q, until, func() {
+			*bp = (*bp)[:0] // the pools' buffers are empty (batchWriter appends to them)
+			pool.Put(bp)
+		})
+	}
+	if err == nil {
+		d.bytes.Add(int64(n))
+	}
+	return err
+}
+
+// put writes b, a chunk copied from its size line h, the frames q and a CRLF, by until, and
+// releases b. A connection that takes it within probeWait takes it in one write (section 5,
+// "One write per flush"). One that does not is full: its client is not reading, or not as fast
+// as the feed goes. Then b is released at once and what is left is written straight from h
+// and q, which the member holds and counts until they are written: a writer blocked on its
+// client holds no buffer of its own (docs/design.md section 11, "Bounds"; the audit's 1,000
+// non-reading subscribers held 64 KiB each in it). A TLS connection cannot go on after a
+// write's deadline, so it is not probed; its chunks are one record each (tlsChunkMax).
+func (d *detached) put(b, h []byte, q [][]byte, until time.Time, release func()) error {
+	wait := time.Now().Add(probeWait)
+	probe := !d.tls && (until.IsZero() || wait.Before(until))
+	if probe {
+		_ = d.conn.SetWriteDeadline(wait)
+	}
+	n, err := d.conn.Write(b)
+	release()
+	if !probe || err == nil || !errors.Is(err, os.ErrDeadlineExceeded) {
+		return err
+	}
+	d.gaveBack.Add(1)
+	_ = d.conn.SetWriteDeadline(until)
+	for i := -1; i <= len(q); i++ {
+		part := crlf
+		switch {
+		case i < 0:
+			part = h
+		case i < len(q):
+			part = q[i]
 		}
-		q = q[k:]
+		if n >= len(part) {
+			n -= len(part)
+			continue
+		}
+		if _, err := d.conn.Write(part[n:]); err != nil {
+			return err
+		}
+		n = 0
 	}
 	return nil
 }
+
+// probeWait is how long put lets a chunk's one write wait on a full connection before it
+// gives its buffer back: far above what a write into a connection with room takes.
+const probeWait = 20 * time.Millisecond
 
 var crlf = []byte("\r\n")
 
 // chunkMax is the most a chunk of frames holds: with its size line and its CRLF, a batch.
 const chunkMax = batchSize - 16
 
-// arm bounds what one take writes by the write timeout (Config.WriteTimeout), as the handler's
-// batchWriter bounds a flush: a client that stopped reading is cut, never waited on for good.
-// On the real clock, as the connection's deadline is.
-func (d *detached) arm() {
-	if wt := d.sf.h.cfg.WriteTimeout; wt > 0 {
-		_ = d.conn.SetWriteDeadline(time.Now().Add(wt))
+// tlsChunkMax is the most a chunk of frames holds on a TLS connection, whose writes go out
+// as records of at most 16 KiB each (RFC 8446 section 5.1), one system call each: chunks of
+// one record's size take as many system calls as bigger ones would, and hold a smaller buffer
+// while they wait on a client (put).
+const tlsChunkMax = 16<<10 - 16
+
+// tlsChunkPool holds the buffers of TLS connections' chunks (tlsChunkMax, its size line and
+// CRLF).
+var tlsChunkPool = sync.Pool{New: func() any { b := make([]byte, 0, 16<<10); return &b }}
+
+// arm bounds writing out one chunk by the write timeout (Config.WriteTimeout), as the
+// handler's batchWriter bounds a flush: a client that stopped reading is cut, never waited on
+// for good. On the real clock, as the connection's deadline is. It returns the deadline (zero:
+// none).
+func (d *detached) arm() time.Time {
+	wt := d.sf.h.cfg.WriteTimeout
+	if wt <= 0 {
+		return time.Time{}
 	}
+	until := time.Now().Add(wt)
+	_ = d.conn.SetWriteDeadline(until)
+	return until
 }
 
 func (d *detached) send(bs ...[]byte) error {

@@ -65,27 +65,18 @@ type feedSnapshot struct {
 }
 
 // publish makes the feed's state what the listing shows: from the feed's goroutine only (run,
-// flush), which is the one that writes the ring, last, notJoinable, and the feed's backend
-// and resumes, so it reads them without the lock. A new snapshot only when something changed.
+// flush), which is the one that writes last, notJoinable, and the feed's backend and
+// resumes, so it reads them without the feed's lock. A new snapshot only when something changed.
 func (sf *sharedFeed) publish() {
 	f := sf.f
-	s := feedSnapshot{
-		format: f.format, backend: f.backend,
-		ringEvents: sf.ring.len(), ringBytes: sf.ring.bytes, ringFrom: sf.ring.start, ringTo: sf.ring.newest(),
-		last: sf.last, events: f.events, resumes: f.resumes, joinable: sf.notJoinable == "",
-	}
+	s := feedSnapshot{format: f.format, backend: f.backend,
+		last: sf.last, events: f.events, resumes: f.resumes, joinable: sf.notJoinable == ""}
+	// Under the ring's own lock: the budget may evict from it for another feed (ringBudget).
+	s.ringEvents, s.ringBytes, s.ringFrom, s.ringTo = sf.ring.stats()
 	if old := sf.snap.Load(); old != nil && *old == s {
 		return
 	}
 	sf.snap.Store(&s)
-}
-
-// newest is the resourceVersion of the ring's newest event; its start when it holds none.
-func (r *ring) newest() uint64 {
-	if r.len() == 0 {
-		return r.start
-	}
-	return r.frames[len(r.frames)-1].rv
 }
 
 // FeedsListing is /debug/feeds' answer.
@@ -139,8 +130,9 @@ type FeedInfo struct {
 type FeedLag struct {
 	// Behind counts the subscribers with something queued.
 	Behind int `json:"behind"`
-	// MaxBytes and MaxFrames are the most any one subscriber has queued; MaxSeconds how long
-	// the oldest frame still queued for any of them has waited.
+	// MaxBytes and MaxFrames are the most any one subscriber has queued (its bytes as its
+	// bound counts them: frames queued or being written, and their entries); MaxSeconds how
+	// long the oldest frame still queued for any of them has waited.
 	MaxBytes   int     `json:"maxBytes"`
 	MaxFrames  int     `json:"maxFrames"`
 	MaxSeconds float64 `json:"maxSeconds"`

@@ -110,6 +110,9 @@ type Config struct {
 	// ShareMaxFeeds bounds the shared feeds open at once; a watch that would open one more
 	// gets a private feed (privateFeedLimit). 0: DefaultShareMaxFeeds.
 	ShareMaxFeeds int
+	// ShareRingTotalBytes bounds all feeds' rings together (ring.go, ringBudget); 0:
+	// DefaultShareRingTotalBytes.
+	ShareRingTotalBytes int64
 }
 
 // Deps are what a Handler works with, given at construction.
@@ -208,6 +211,9 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	}
 	defInt(&cfg.ShareRingBytes, DefaultShareRingBytes)
 	defInt(&cfg.ShareRingEvents, DefaultShareRingEvents)
+	if cfg.ShareRingTotalBytes <= 0 {
+		cfg.ShareRingTotalBytes = DefaultShareRingTotalBytes
+	}
 	defInt(&cfg.ShareSubscriberBytes, DefaultShareSubscriberBytes)
 	def(&cfg.ShareGrace, DefaultShareGrace)
 	defInt(&cfg.ShareReviewEntries, DefaultShareReviewEntries)
@@ -229,7 +235,8 @@ func New(cfg Config, d Deps) (*Handler, error) {
 		d.Metrics.WatchMovesFailed.WithLabelValues(r.String())
 	}
 	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, clk: d.Clock,
-		feeds: &registry{feeds: map[string]*sharedFeed{}}, reviews: newReviews(cfg.ShareReviewEntries), detached: map[*detached]struct{}{}, owned: map[*ownedConn]struct{}{}}
+		feeds: &registry{feeds: map[string]*sharedFeed{}, rings: newRingBudget(cfg.ShareRingTotalBytes, d.Metrics.SharedRingBytes),
+			ringBytes: cfg.ShareRingBytes, ringEvents: cfg.ShareRingEvents, evictions: d.Metrics.SharedRingEvictions}, reviews: newReviews(cfg.ShareReviewEntries), detached: map[*detached]struct{}{}, owned: map[*ownedConn]struct{}{}}
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
 	}

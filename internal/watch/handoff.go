@@ -269,7 +269,7 @@ func (sf *sharedFeed) handoffJoin(at, newest uint64, bookmarks bool) (*member, s
 		return nil, handoffNotCovered, nil
 	case sf.notJoinable != "" || sf.rewrote:
 		return nil, handoffNotJoinable, nil
-	case !sf.absorbing && at < sf.ring.start:
+	case !sf.absorbing && !sf.ring.covers(at):
 		return nil, handoffNotCovered, nil
 	case newest > sf.last || sf.absorbing: // an absorb's end wakes it to judge again (share_state.go)
 		ch := make(chan struct{})

@@ -1,21 +1,38 @@
 package watch
 
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
 // ring is a shared feed's recent object events (ADDED, MODIFIED, DELETED), as delivered: each
 // frame's bytes exactly as a subscriber is sent them (after the feed's policy, a rewrite
-// included) with the resourceVersion delivered. It is bounded in bytes and in events; the
-// oldest go first. It covers the resourceVersions from start on: every event after start
-// that the feed delivered is in it. Bookmarks and ERROR events are not kept (a joiner gets
-// them live). Not safe for concurrent use: its fanout's lock guards it.
+// included) with the resourceVersion delivered. It is bounded in bytes and in events, and all
+// rings together by their budget (ringBudget); the oldest go first. It covers the
+// resourceVersions from start on: every event after start that the feed delivered is in it.
+// Bookmarks and ERROR events are not kept (a joiner gets them live).
+//
+// Its feed adds to it and joins from it under the feed's lock; its own mu guards its frames,
+// since the budget may evict from it for another feed (never holding two rings' locks).
 type ring struct {
+	mu     sync.Mutex
 	frames []ringFrame // oldest first; frames[head:] are live
 	head   int
 	bytes  int
 	// start is the resourceVersion from which the ring has every event the feed delivered:
 	// the feed's starting point, then the RV of the last event evicted.
 	start uint64
+	// held is bytes, for the budget's choice of a ring to evict from without their locks.
+	held atomic.Int64
 
 	maxBytes, maxEvents int
-	evicted             func() // counts one eviction; nil: none
+	// budget bounds all rings together; nil: none (or released).
+	budget *ringBudget
+	// evicted counts evictions by cause (the labels of
+	// watchsan_shared_feed_ring_evictions_total); nil: not counted.
+	evicted *prometheus.CounterVec
 }
 
 type ringFrame struct {
@@ -23,31 +40,67 @@ type ringFrame struct {
 	raw []byte // the frame, owned by the ring and shared read-only with subscribers' queues
 }
 
-// newRing returns an empty ring covering from start.
-func newRing(start uint64, maxBytes, maxEvents int, evicted func()) *ring {
-	return &ring{start: start, maxBytes: maxBytes, maxEvents: maxEvents, evicted: evicted}
+// The causes of ring evictions (watchsan_shared_feed_ring_evictions_total's cause label).
+const (
+	evictRingBytes  = "ring-bytes"  // its own --share-ring-bytes
+	evictRingEvents = "ring-events" // its own --share-ring-events
+	// evictTotalOwn: --share-ring-total-bytes was reached, and the ring adding an event held
+	// more than its fair share (the total over the rings open): it evicted its own oldest.
+	evictTotalOwn = "total-own"
+	// evictTotalLargest: --share-ring-total-bytes was reached by a ring within its fair
+	// share: the largest ring's oldest went.
+	evictTotalLargest = "total-largest"
+)
+
+// RingEvictionCauses lists watchsan_shared_feed_ring_evictions_total's causes (to initialise
+// series).
+var RingEvictionCauses = []string{evictRingBytes, evictRingEvents, evictTotalOwn, evictTotalLargest}
+
+// newRing returns an empty ring covering from start, in budget b (nil: none).
+func newRing(start uint64, maxBytes, maxEvents int, b *ringBudget, evicted *prometheus.CounterVec) *ring {
+	r := &ring{start: start, maxBytes: maxBytes, maxEvents: maxEvents, evicted: evicted}
+	if b != nil {
+		b.join(r)
+	}
+	return r
 }
 
 func (r *ring) len() int { return len(r.frames) - r.head }
 
 // add keeps the frame raw of an event delivered at rv, evicting the oldest to stay within
-// bounds. A frame bigger than the byte bound on its own evicts everything, itself included:
-// the ring then covers from rv.
+// bounds, then the budget's (never waiting for another feed: see ringBudget). A frame bigger
+// than the byte bound on its own evicts everything, itself included: the ring then covers
+// from rv.
 func (r *ring) add(rv uint64, raw []byte) {
+	r.mu.Lock()
 	r.frames = append(r.frames, ringFrame{rv: rv, raw: raw})
-	r.bytes += len(raw)
+	r.setBytes(r.bytes + len(raw))
 	for r.len() > 0 && (r.bytes > r.maxBytes || r.len() > r.maxEvents) {
-		old := r.frames[r.head]
-		r.frames[r.head] = ringFrame{}
-		r.head++
-		r.bytes -= len(old.raw)
-		r.start = old.rv
-		if r.evicted != nil {
-			r.evicted()
+		cause := evictRingBytes
+		if r.len() > r.maxEvents {
+			cause = evictRingEvents
 		}
+		r.evictLocked(cause)
+	}
+	b := r.budget
+	r.mu.Unlock()
+	if b != nil {
+		b.fit(r)
+	}
+}
+
+// evictLocked lets the oldest frame go; the ring is not empty and mu is held.
+func (r *ring) evictLocked(cause string) {
+	old := r.frames[r.head]
+	r.frames[r.head] = ringFrame{}
+	r.head++
+	r.setBytes(r.bytes - len(old.raw))
+	r.start = old.rv
+	if r.evicted != nil {
+		r.evicted.WithLabelValues(cause).Inc()
 	}
 	// Compact once half the slice is dead, so the backing array stays about twice the bound.
-	if r.head > 0 && r.head >= len(r.frames)/2 {
+	if r.head >= len(r.frames)/2 {
 		n := copy(r.frames, r.frames[r.head:])
 		clear(r.frames[n:])
 		r.frames = r.frames[:n]
@@ -55,10 +108,35 @@ func (r *ring) add(rv uint64, raw []byte) {
 	}
 }
 
+// setBytes sets what the ring holds, and the budget's total with it; mu is held.
+func (r *ring) setBytes(n int) {
+	if r.budget != nil {
+		r.budget.add(int64(n - r.bytes))
+	}
+	r.bytes = n
+	r.held.Store(int64(n))
+}
+
+// evictOldest lets the oldest frame go for the budget, if the ring holds any; false if not.
+func (r *ring) evictOldest(cause string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.len() == 0 {
+		return false
+	}
+	r.evictLocked(cause)
+	return true
+}
+
 // after returns the frames of the events after rv, oldest first, and their bytes: what a
-// watch from rv gets before the live ones. The caller checked that the ring covers rv.
-// The slice is new; the frames are shared.
-func (r *ring) after(rv uint64) (frames [][]byte, bytes int) {
+// watch from rv gets before the live ones; ok false when the ring does not cover rv (it
+// starts above it). The slice is new; the frames are shared.
+func (r *ring) after(rv uint64) (frames [][]byte, bytes int, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rv < r.start {
+		return nil, 0, false
+	}
 	live := r.frames[r.head:]
 	i := len(live)
 	for i > 0 && live[i-1].rv > rv {
@@ -69,5 +147,113 @@ func (r *ring) after(rv uint64) (frames [][]byte, bytes int) {
 		frames = append(frames, f.raw)
 		bytes += len(f.raw)
 	}
-	return frames, bytes
+	return frames, bytes, true
+}
+
+// covers says whether the ring has every event after rv the feed delivered.
+func (r *ring) covers(rv uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return rv >= r.start
+}
+
+// stats is what /debug/feeds shows of the ring: its events, bytes, start and the
+// resourceVersion of its newest event (its start when it holds none).
+func (r *ring) stats() (events, bytes int, from, to uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	to = r.start
+	if r.len() > 0 {
+		to = r.frames[len(r.frames)-1].rv
+	}
+	return r.len(), r.bytes, r.start, to
+}
+
+// release lets every frame go and takes the ring out of its budget: its feed ended, or
+// replaced it (an absorb's end). It then holds nothing and covers nothing older than before.
+func (r *ring) release() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.len() > 0 {
+		r.start = r.frames[len(r.frames)-1].rv
+	}
+	r.setBytes(0)
+	r.frames, r.head = nil, 0
+	if r.budget != nil {
+		r.budget.leave(r)
+		r.budget = nil
+	}
+}
+
+// ringBudget bounds the bytes all shared feeds' rings hold together (--share-ring-total-bytes,
+// docs/design.md section 11, "Bounds"): each ring is bounded on its own too, but distinct
+// watches of one busy scope (any query parameter splits feeds, as it must) would each keep
+// their own copy. When an add takes the total over, the ring that added evicts its own oldest
+// if it holds more than its fair share (the total over the rings open), else the largest ring
+// does, oldest first, until the total fits. Nothing waits: an eviction takes one ring's lock
+// at a time, never a feed's, and delivery goes on; a ring that evicted covers less, and a
+// client re-watching from before it gets a private feed, as when a ring evicts on its own.
+type ringBudget struct {
+	max   int64
+	total atomic.Int64
+	gauge prometheus.Gauge // the total; nil: not exported
+
+	mu    sync.Mutex
+	rings map[*ring]struct{}
+}
+
+func newRingBudget(max int64, gauge prometheus.Gauge) *ringBudget {
+	return &ringBudget{max: max, gauge: gauge, rings: map[*ring]struct{}{}}
+}
+
+func (b *ringBudget) join(r *ring) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.rings[r] = struct{}{}
+	r.budget = b
+}
+
+func (b *ringBudget) leave(r *ring) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.rings, r)
+}
+
+func (b *ringBudget) add(n int64) {
+	if n == 0 {
+		return
+	}
+	b.total.Add(n)
+	if b.gauge != nil {
+		b.gauge.Add(float64(n))
+	}
+}
+
+// fit evicts until the total is within the budget, after r added (see ringBudget). Two adds
+// at once may each evict for the same excess: at most a frame more than needed each.
+func (b *ringBudget) fit(r *ring) {
+	for b.total.Load() > b.max {
+		victim, cause := r, evictTotalOwn
+		b.mu.Lock()
+		fair := b.max / int64(max(len(b.rings), 1))
+		if r.held.Load() <= fair {
+			victim, cause = b.largestLocked(), evictTotalLargest
+		}
+		b.mu.Unlock()
+		if victim == nil || !victim.evictOldest(cause) {
+			return // emptied under us: the others' adds fit it
+		}
+	}
+}
+
+// largestLocked is the ring holding the most bytes; nil: none holds any. mu is held.
+func (b *ringBudget) largestLocked() *ring {
+	var big *ring
+	var most int64
+	for r := range b.rings {
+		if n := r.held.Load(); n > most {
+			big, most = r, n
+		}
+	}
+	return big
 }

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
@@ -43,6 +44,11 @@ const (
 	// events: what a client re-watching from a recent resourceVersion can join from.
 	DefaultShareRingBytes  = 16 << 20
 	DefaultShareRingEvents = 10000
+	// DefaultShareRingTotalBytes bounds all feeds' rings together where the container's
+	// memory limit says nothing (config derives the flag's default from it, a quarter of it,
+	// when there is one): as much as 16 full rings, which a node's busy scopes rarely need
+	// at once, and what the sidecar's and HA's manifests can hold beside everything else.
+	DefaultShareRingTotalBytes = 256 << 20
 	// DefaultShareSubscriberBytes bounds what one subscriber may be behind its feed; it can
 	// take a whole ring's backlog at its join.
 	DefaultShareSubscriberBytes = 16 << 20
@@ -182,6 +188,17 @@ func (h *Handler) servedLocally(info *reqinfo.Info) bool {
 type registry struct {
 	mu    sync.Mutex
 	feeds map[string]*sharedFeed
+	// rings is the budget all feeds' rings share (--share-ring-total-bytes); with its
+	// bounds of one ring (ringBytes, ringEvents) and its evictions' counter, what newRing
+	// makes each ring with. Set at construction.
+	rings                 *ringBudget
+	ringBytes, ringEvents int
+	evictions             *prometheus.CounterVec
+}
+
+// newRing makes a feed's ring, covering from start, in the budget.
+func (g *registry) newRing(start uint64) *ring {
+	return newRing(start, g.ringBytes, g.ringEvents, g.rings, g.evictions)
 }
 
 // serveShared serves the watch r on a shared feed when it may be (shareRule) and one covers
@@ -355,7 +372,7 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, info *reqinfo.Info,
 	scope := parseParams(r).scope
 	sf := &sharedFeed{h: h, key: key, log: log, from: at, ready: make(chan struct{}), members: map[*member]struct{}{}, last: at,
 		desc: h.describe(r, info)}
-	sf.ring = newRing(at, h.cfg.ShareRingBytes, h.cfg.ShareRingEvents, h.deps.Metrics.SharedRingEvictions.Inc)
+	sf.ring = h.feeds.newRing(at)
 	mode := h.cfg.Mode
 	if h.exempt[info.GroupResource()] {
 		mode = fix.PassAll
@@ -431,6 +448,7 @@ func (sf *sharedFeed) close(end EndReason) {
 	if sf.idleTimer != nil {
 		sf.idleTimer.Stop()
 	}
+	sf.ring.release() // no one joins any more: its bytes go back to the budget
 	sf.wakeWaiters(true)
 	members := sf.members
 	sf.members = map[*member]struct{}{}
@@ -463,15 +481,24 @@ func (sf *sharedFeed) addLocked(at uint64, bookmarks bool) (*member, string) {
 		return nil, privateNotCovered
 	case sf.notJoinable != "":
 		return nil, sf.notJoinable
-	case sf.absorbing || at < sf.ring.start || at > sf.last:
+	case sf.absorbing || at > sf.last:
+		return nil, privateNotCovered
+	}
+	// The coverage and the backlog at once: the budget may evict from the ring for another
+	// feed at any time (ringBudget).
+	backlog, n, ok := sf.ring.after(at)
+	if !ok {
 		return nil, privateNotCovered
 	}
 	m := &member{bookmarks: bookmarks, max: sf.h.cfg.ShareSubscriberBytes, wake: make(chan struct{}, 1)}
-	if backlog, n := sf.ring.after(at); len(backlog) > 0 {
-		if n > m.max {
+	if len(backlog) > 0 {
+		if n += len(backlog) * entryCost; n > m.max {
 			return nil, privateBacklog
 		}
-		m.q, m.bytes, m.signal = backlog, n, true
+		for _, raw := range backlog {
+			m.q.push(raw)
+		}
+		m.bytes, m.signal = n, true
 		m.since.Store(sf.h.clk.Now().UnixNano())
 		m.account()
 		m.wake <- struct{}{}
@@ -706,7 +733,11 @@ func (c *frameCapture) take() []byte {
 }
 
 // member is one subscriber of a shared feed: its queue of frames, bounded in bytes, that the
-// feed appends to and its client's request goroutine writes out.
+// feed appends to and its writer (its client's request goroutine, or its detached writer)
+// writes out. What it holds is what it counts against its bound (docs/design.md section 11,
+// "Bounds"): each frame queued or being written, its bytes and its entry (entryCost). The
+// frames are shared with the ring and the other members; its entries, and the blocks that
+// hold them (frameQueue: at most a block's worth beyond what it counts), are its own.
 type member struct {
 	bookmarks bool
 	max       int
@@ -725,13 +756,16 @@ type member struct {
 	queued, since atomic.Int64
 	frames        atomic.Int32
 
-	mu     sync.Mutex
-	q      [][]byte
-	bytes  int
-	signal bool      // frames were queued since the last take
-	over   bool      // the queue filled: the member is off the feed and ends (EndSlowClient)
-	end    EndReason // the feed ended: the member ends after its queue
-	done   bool
+	mu sync.Mutex
+	q  frameQueue
+	// bytes is what q holds, counted (each frame's length and entryCost); writing, what the
+	// writer took from it and has not written yet (take, written), counted the same way:
+	// bytes+writing is bounded by max.
+	bytes, writing int
+	signal         bool      // frames were queued since the last take
+	over           bool      // the queue filled: the member is off the feed and ends (EndSlowClient)
+	end            EndReason // the feed ended: the member ends after its queue
+	done           bool
 	// det, once set, is the member's own connection and writer (detach.go): wakes start its
 	// writer instead of waking a handler.
 	det *detached
@@ -742,17 +776,19 @@ type member struct {
 func (m *member) push(raw []byte, now time.Time) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.bytes+len(raw) > m.max {
-		m.over, m.q, m.bytes = true, nil, 0
+	cost := len(raw) + entryCost
+	if m.bytes+m.writing+cost > m.max {
+		m.over, m.bytes = true, 0
+		m.q.reset()
 		m.account()
 		m.wakeLocked()
 		return false
 	}
-	if len(m.q) == 0 {
+	if m.q.len() == 0 {
 		m.since.Store(now.UnixNano())
 	}
-	m.q = append(m.q, raw)
-	m.bytes += len(raw)
+	m.q.push(raw)
+	m.bytes += cost
 	m.signal = true
 	m.account()
 	return true
@@ -760,9 +796,9 @@ func (m *member) push(raw []byte, now time.Time) bool {
 
 // account publishes the queue's size for /debug/feeds; m.mu is held.
 func (m *member) account() {
-	m.queued.Store(int64(m.bytes))
-	m.frames.Store(int32(len(m.q)))
-	if len(m.q) == 0 {
+	m.queued.Store(int64(m.bytes + m.writing))
+	m.frames.Store(int32(m.q.len()))
+	if m.q.len() == 0 {
 		m.since.Store(0)
 	}
 }
@@ -796,13 +832,38 @@ func (m *member) finish(end EndReason) {
 	m.wakeLocked()
 }
 
-// take returns what is queued, and whether the member is over or its feed ended (and how).
-func (m *member) take() (q [][]byte, over, done bool, end EndReason) {
+// take returns the oldest frames queued, at most limit bytes of them (at least one), and
+// whether the member is over or its feed ended (and how). They stay counted against the bound
+// until the writer says it wrote them (written): a writer blocked on its client holds them.
+func (m *member) take(limit int) (q [][]byte, over, done bool, end EndReason) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	q, m.q, m.bytes = m.q, nil, 0
+	return m.takeLocked(limit), m.over, m.done, m.end
+}
+
+// takeLocked is take's; m.mu is held.
+func (m *member) takeLocked(limit int) [][]byte {
+	k, n := m.q.peekUpTo(limit)
+	if k == 0 {
+		return nil
+	}
+	q := make([][]byte, k)
+	for i := range q {
+		q[i] = m.q.pop()
+	}
+	cost := n + k*entryCost
+	m.bytes -= cost
+	m.writing += cost
 	m.account()
-	return q, m.over, m.done, m.end
+	return q
+}
+
+// written says the writer is done with what it took: written out, or dropped with its stream.
+func (m *member) written() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.writing = 0
+	m.account()
 }
 
 // serve answers the client r from the member m of the feed until its stream ends: the feed's
@@ -875,9 +936,18 @@ func (sf *sharedFeed) pump(r *http.Request, m *member, out *batchWriter, deadlin
 		case <-deadline:
 			return atDeadline
 		}
-		q, over, done, end := m.take()
-		for _, raw := range q {
-			_, _ = out.Write(raw) // an error is sticky: flush returns it
+		var over, done bool
+		var end EndReason
+		for {
+			var q [][]byte
+			q, over, done, end = m.take(batchSize)
+			for _, raw := range q {
+				_, _ = out.Write(raw) // an error is sticky: flush returns it
+			}
+			m.written() // copied into the batch, or written (a frame too big for one)
+			if len(q) == 0 || out.err != nil {
+				break
+			}
 		}
 		if err := out.flush(); err != nil {
 			if out.slow {

@@ -249,7 +249,8 @@ func (sf *sharedFeed) absorbEnd(L uint64) {
 	sf.mu.Lock()
 	defer sf.mu.Unlock()
 	sf.absorbing = false
-	sf.ring = newRing(L, sf.h.cfg.ShareRingBytes, sf.h.cfg.ShareRingEvents, sf.h.deps.Metrics.SharedRingEvictions.Inc)
+	sf.ring.release()
+	sf.ring = sf.h.feeds.newRing(L)
 	sf.last = max(sf.last, L)
 	sf.wakeWaiters(true)
 }

@@ -339,7 +339,7 @@ func TestShareOlderThanRingGoesPrivate(t *testing.T) {
 	x.waitSubscribers(t, 1)
 	x.write(t, "cm", 10, 10)
 	first.waitFor(t, "the first client", 10)
-	if got := promtest.ToFloat64(x.m.SharedRingEvictions); got != 5 {
+	if got := promtest.ToFloat64(x.m.SharedRingEvictions.WithLabelValues(evictRingEvents)); got != 5 {
 		t.Errorf("ring evictions %v, want 5", got)
 	}
 	old := watchAt(t, x.srv.URL, "resourceVersion="+rv(from+2), nil, true)
