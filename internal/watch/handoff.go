@@ -190,7 +190,7 @@ func (ho *handoff) try(f *feed) bool {
 func (ho *handoff) feedFor(f *feed, at uint64) (*sharedFeed, *member) {
 	h := f.h
 	r := plainRequest(f.client, at)
-	key := feedKey(r, f.cred, h.servedLocally(&ho.info))
+	key := feedKey(r, f.cred, false) // the lent identity itself (handoffFor): its feeds are "lent"
 	g := h.feeds
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -257,7 +257,7 @@ func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqi
 // r's request as its template. Else it says why not.
 func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck *credKey, p params) (*sharedFeed, *member, string) {
 	at, _ := stream.ParseRV(p.rv)
-	key := feedKey(r, cred, h.servedLocally(info))
+	key := feedKey(r, cred, !lentPlain(cred) && h.servedLocally(info)) // the lent identity's feeds ask no one
 	g := h.feeds
 	g.mu.Lock()
 	defer g.mu.Unlock()
