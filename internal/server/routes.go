@@ -38,8 +38,7 @@ func (s *Server) classify(w http.ResponseWriter, r *http.Request, table *mux.Rou
 	c := &classified{info: reqinfo.Parse(r), cred: upstream.Decide(r.Header, r.TLS, s.cfg.Lend, s.cfg.Identity), id: requestID(r)}
 	c.ref = s.guard.refuse(r, c.cred)
 	if c.ref == nil {
-		_, asserted := c.cred.Asserted()
-		c.releaseHeaders, c.ref = s.headers.admit(r, !c.cred.Lent() && !c.cred.Own() && !asserted)
+		c.releaseHeaders, c.ref = s.headers.admit(r, c.cred.Anonymous())
 	}
 	if c.releaseHeaders == nil {
 		c.releaseHeaders = func() {}

@@ -196,6 +196,10 @@ func (c Credentials) Lent() bool { return c.how == credLent }
 // them, and is authorized as the impersonated one.
 func (c Credentials) Impersonates() bool { return c.impersonates }
 
+// Anonymous reports whether the request goes with no credentials at all: none of its own,
+// none lent, none asserted.
+func (c Credentials) Anonymous() bool { return c.how == credAnonymous }
+
 // Own reports whether the request goes with the client's own Authorization, as sent.
 func (c Credentials) Own() bool { return c.how == credOwn }
 

@@ -177,6 +177,12 @@ func TestDecideLentImpersonation(t *testing.T) {
 			t.Errorf("%s: principal %q shared with another identity", name, other.Principal())
 		}
 	}
+	if c := Decide(http.Header{"Impersonate-User": {"alice"}}, nil, false, IdentityOff); !c.Anonymous() || c.Impersonates() {
+		t.Errorf("no token, nothing lent: anonymous=%v impersonates=%v, want an anonymous request", c.Anonymous(), c.Impersonates())
+	}
+	if plain.Anonymous() || alice.Anonymous() {
+		t.Error("a lent request counted anonymous")
+	}
 	// A token of its own stays the client's own, and impersonating makes it another principal.
 	tok := Decide(http.Header{"Authorization": {"Bearer x"}}, nil, true, IdentityOff)
 	c := Decide(http.Header{"Authorization": {"Bearer x"}, "Impersonate-User": {"alice"}}, nil, true, IdentityOff)
