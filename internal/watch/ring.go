@@ -30,9 +30,9 @@ type ring struct {
 	maxBytes, maxEvents int
 	// budget bounds all rings together; nil: none (or released).
 	budget *ringBudget
-	// evicted counts evictions by cause (the labels of
-	// watchsan_shared_feed_ring_evictions_total); nil: not counted.
-	evicted *prometheus.CounterVec
+	// evicted counts evictions by cause (watchsan_shared_feed_ring_evictions_total's series,
+	// resolved once per ring: a full ring evicts at every event); nil: not counted.
+	evicted map[string]prometheus.Counter
 }
 
 type ringFrame struct {
@@ -58,7 +58,13 @@ var RingEvictionCauses = []string{evictRingBytes, evictRingEvents, evictTotalOwn
 
 // newRing returns an empty ring covering from start, in budget b (nil: none).
 func newRing(start uint64, maxBytes, maxEvents int, b *ringBudget, evicted *prometheus.CounterVec) *ring {
-	r := &ring{start: start, maxBytes: maxBytes, maxEvents: maxEvents, evicted: evicted}
+	r := &ring{start: start, maxBytes: maxBytes, maxEvents: maxEvents}
+	if evicted != nil {
+		r.evicted = make(map[string]prometheus.Counter, len(RingEvictionCauses))
+		for _, c := range RingEvictionCauses {
+			r.evicted[c] = evicted.WithLabelValues(c)
+		}
+	}
 	if b != nil {
 		b.join(r)
 	}
@@ -96,8 +102,8 @@ func (r *ring) evictLocked(cause string) {
 	r.head++
 	r.setBytes(r.bytes - len(old.raw))
 	r.start = old.rv
-	if r.evicted != nil {
-		r.evicted.WithLabelValues(cause).Inc()
+	if c := r.evicted[cause]; c != nil {
+		c.Inc()
 	}
 	// Compact once half the slice is dead, so the backing array stays about twice the bound.
 	if r.head >= len(r.frames)/2 {
