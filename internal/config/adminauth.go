@@ -54,7 +54,7 @@ func (a *AdminAuthConfig) flags(fs *pflag.FlagSet) {
 	fs.BoolVar(&a.AdminAuthMetrics, "admin-auth-metrics", a.AdminAuthMetrics, "put /metrics behind the same check as /debug/* (Prometheus then needs a token allowed get on nonResourceURL /metrics)")
 	fs.StringVar(&a.AdminAuthPath, "admin-auth-path", a.AdminAuthPath, "the non-resource path each admin SubjectAccessReview asks about, instead of the request's own path (one permission for every admin path, or one distinct from another watchsan's)")
 	fs.StringVar(&a.AdminAuthVerb, "admin-auth-verb", a.AdminAuthVerb, "the verb each admin SubjectAccessReview asks about")
-	fs.StringVar(&a.AdminAuthTokenFile, "admin-auth-token-file", a.AdminAuthTokenFile, "file with the bearer token watchsan sends its admin TokenReviews and SubjectAccessReviews with (allowed to create both, as system:auth-delegator is; re-read at each review, so a projected service account token can rotate), used for nothing else and never lent; default: the lent identity (the kubeconfig's), needed when watchsan lends none (--no-credentials, --identity-forwarding)")
+	fs.StringVar(&a.AdminAuthTokenFile, "admin-auth-token-file", a.AdminAuthTokenFile, "file with the bearer token watchsan sends its admin TokenReviews and SubjectAccessReviews with (allowed to create both, as system:auth-delegator is; re-read at each review, so a projected service account token can rotate), also used to read the APIServices (which say where clients with tokens of their own share feeds across identities), for nothing else, and never lent; default: the lent identity (the kubeconfig's), needed when watchsan lends none (--no-credentials, --identity-forwarding)")
 }
 
 // verbPattern is what a verb looks like: Kubernetes' verbs are lower-case words.
