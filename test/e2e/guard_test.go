@@ -535,6 +535,12 @@ func TestAttackConnectionFlood(t *testing.T) {
 				t.Fatalf("after the flood:\n%s", p.Log())
 			}
 			t.Logf("attempt %d got in, %v after the flood", attempt, time.Since(deadline.Add(-60*time.Second)))
+			answered := p.Metric("watchsan_connections_shed_total", map[string]string{"reason": "max_connections"})
+			closed := p.Metric("watchsan_connections_shed_total", map[string]string{"reason": "max_connections_unanswered"})
+			if answered+closed < float64(len(held)-192) {
+				t.Errorf("connections over the limit: %v answered 429, %v closed unanswered; want the %d of the flood beyond 192 each one or the other, none left in the backlog",
+					answered, closed, len(held)-192)
+			}
 			return
 		case err == nil && resp.StatusCode != http.StatusTooManyRequests:
 			resp.Body.Close()
