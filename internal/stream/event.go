@@ -144,4 +144,8 @@ var (
 	ErrFrameTooLarge = errors.New("watch frame exceeds the size limit")
 	// ErrMalformed wraps every parse failure of a frame's bytes.
 	ErrMalformed = errors.New("malformed watch frame")
+	// ErrOverBudget: the Reader's Budget refused the buffer a frame needed.
+	ErrOverBudget = errors.New("watch frame refused by the memory budget")
+	// ErrClosed: the Reader was closed (Close).
+	ErrClosed = errors.New("watch reader closed")
 )

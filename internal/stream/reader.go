@@ -78,7 +78,34 @@ type Reader struct {
 	// jsStats sums the JSON scanner's counts of those given back (tests).
 	bytesOnly bool
 	jsStats   jsonScanStats
+
+	// budget is charged for buf while it is not the idle buffer (SetBudget); charged is what
+	// it holds of it now. Nil: nothing is charged.
+	budget  Budget
+	charged int
 }
+
+// A Budget is charged for the memory a Reader holds beyond its small idle buffer: the buffer
+// of a frame being read, up to the frame limit. Take reserves n bytes and reports whether it
+// may; Give returns bytes taken. A Reader refused ends with ErrOverBudget. Both are called
+// only from Next, on the Reader's goroutine, and the Reader gives back everything it took once
+// Next has failed.
+type Budget interface {
+	Take(n int) bool
+	Give(n int)
+}
+
+// Close lets the Reader's buffers go and gives back what its Budget holds for them; Next
+// fails with ErrClosed afterwards. The Event returned last is not to be used after it. Not
+// safe to call while Next runs.
+func (r *Reader) Close() {
+	if r.err == nil {
+		_ = r.fail(ErrClosed)
+	}
+}
+
+// SetBudget makes the Reader charge b for its buffers (Budget); call it before the first Next.
+func (r *Reader) SetBudget(b Budget) { r.budget = b }
 
 // psPool holds the parse states of Readers that wait for their next frame.
 var psPool = sync.Pool{New: func() any { return new(parseState) }}
@@ -223,7 +250,7 @@ func (r *Reader) Next() (*Event, error) {
 				return nil, r.fail(io.EOF)
 			case r.rerr == io.EOF:
 				return nil, r.fail(io.ErrUnexpectedEOF)
-			case errors.Is(r.rerr, ErrFrameTooLarge):
+			case errors.Is(r.rerr, ErrFrameTooLarge), errors.Is(r.rerr, ErrOverBudget):
 				return nil, r.fail(r.rerr)
 			}
 			return nil, r.fail(fmt.Errorf("stream: reading watch response: %w", r.rerr))
@@ -249,6 +276,25 @@ func (r *Reader) release() {
 		r.pooled = nil
 	}
 	r.buf, r.start, r.end = nil, 0, 0
+	r.charge(0)
+}
+
+// charge makes what the budget holds for the Reader n bytes, and reports whether it may: a
+// refused Reader keeps what it held.
+func (r *Reader) charge(n int) bool {
+	if r.budget == nil || n == r.charged {
+		return true
+	}
+	if n < r.charged {
+		r.budget.Give(r.charged - n)
+		r.charged = n
+		return true
+	}
+	if !r.budget.Take(n - r.charged) {
+		return false
+	}
+	r.charged = n
+	return true
 }
 
 var busyPool = sync.Pool{New: func() any { b := make([]byte, busyBufSize); return &b }}
@@ -260,7 +306,10 @@ func (r *Reader) fill() {
 	if r.start == r.end {
 		// At a frame boundary nothing in the buffer is needed any more.
 		r.start, r.end = 0, 0
-		if r.short && r.pooled != nil || len(r.buf) > busyBufSize && r.small >= shrinkAfter {
+		// A Reader about to wait holds only its idle buffer: a busy one goes back to the pool,
+		// one grown for a big frame to the collector (and its budget), or every watch that once
+		// saw a big frame would hold it while quiet, maybe for hours.
+		if r.short && len(r.buf) > len(r.idle) || len(r.buf) > busyBufSize && r.small >= shrinkAfter {
 			r.release()
 		}
 		if r.short {
@@ -286,11 +335,20 @@ func (r *Reader) fill() {
 		if len(r.buf)-r.end < minRead && len(r.buf) < limit {
 			var nb []byte
 			var pooled *[]byte
-			if n := max(2*len(r.buf), r.end+minRead); n <= busyBufSize && limit >= busyBufSize {
+			n := max(2*len(r.buf), r.end+minRead)
+			if n <= busyBufSize && limit >= busyBufSize {
+				n = busyBufSize
+			}
+			n = min(n, limit)
+			if !r.charge(n) {
+				r.rerr = ErrOverBudget
+				return
+			}
+			if n == busyBufSize {
 				pooled = busyPool.Get().(*[]byte)
 				nb = *pooled
 			} else {
-				nb = make([]byte, min(n, limit))
+				nb = make([]byte, n)
 			}
 			copy(nb, r.buf[:r.end])
 			if r.pooled != nil {

@@ -378,3 +378,99 @@ func TestReaderWaitsInSmallBuffer(t *testing.T) {
 		}
 	}
 }
+
+// countingBudget is a Budget of max bytes that records what it holds.
+type countingBudget struct {
+	max, held, most int
+	refused         int
+}
+
+func (b *countingBudget) Take(n int) bool {
+	if b.held+n > b.max {
+		b.refused++
+		return false
+	}
+	b.held += n
+	b.most = max(b.most, b.held)
+	return true
+}
+
+func (b *countingBudget) Give(n int) { b.held -= n }
+
+// TestReaderBudget: a Reader charges its budget for every buffer beyond its idle one, as it
+// grows; a frame the budget cannot afford ends it (ErrOverBudget) with everything given back;
+// a Reader that waits for its next event holds nothing of it; Close gives back the rest.
+func TestReaderBudget(t *testing.T) {
+	big := apiStream(t, Protobuf, []testEvent{{watch.Added, pod("ns", "big", "u", "1", 1<<20)}}, false)
+	small := apiStream(t, Protobuf, []testEvent{{watch.Modified, configMap("ns", "a", "u", "2")}}, false)
+
+	t.Run("refused", func(t *testing.T) {
+		b := &countingBudget{max: 256 << 10}
+		rd := NewReader(Protobuf, bytes.NewReader(append(append([]byte(nil), small...), big...)), 0)
+		rd.SetBudget(b)
+		if _, err := rd.Next(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rd.Next(); !errors.Is(err, ErrOverBudget) {
+			t.Fatalf("a 1 MiB frame with a 256 KiB budget: %v, want ErrOverBudget", err)
+		}
+		if b.held != 0 || b.refused != 1 {
+			t.Fatalf("after the refusal the budget holds %d bytes (refused %d times), want 0 (1)", b.held, b.refused)
+		}
+	})
+	t.Run("charged and given back", func(t *testing.T) {
+		b := &countingBudget{max: 4 << 20}
+		src := &readSizes{data: append(append([]byte(nil), big...), small...), step: 64 << 10}
+		rd := NewReader(Protobuf, src, 0)
+		rd.SetBudget(b)
+		for range 2 {
+			if _, err := rd.Next(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if b.most < len(big) || b.held != rd.charged {
+			t.Fatalf("budget held at most %d bytes for a %d-byte frame; holds %d, the Reader says %d", b.most, len(big), b.held, rd.charged)
+		}
+		rd.Close()
+		if b.held != 0 {
+			t.Fatalf("%d bytes held after Close", b.held)
+		}
+		if _, err := rd.Next(); !errors.Is(err, ErrClosed) {
+			t.Fatalf("Next after Close: %v", err)
+		}
+	})
+	t.Run("idle holds nothing", func(t *testing.T) {
+		b := &countingBudget{max: 4 << 20}
+		src := &waitingSource{readSizes: readSizes{data: append(append([]byte(nil), big...), small...), step: 700}, b: b, heldAtWait: -1}
+		rd := NewReader(Protobuf, src, 0)
+		rd.SetBudget(b)
+		for range 2 {
+			if _, err := rd.Next(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The source has nothing queued: the Reader waits for the next event in its idle
+		// buffer, its other buffer given back.
+		if _, err := rd.Next(); err == nil {
+			t.Fatal("no error after the data")
+		}
+		if src.heldAtWait != 0 || b.most < len(big) {
+			t.Fatalf("%d bytes held by a Reader waiting for its next event (%d at most, for a %d-byte frame)", src.heldAtWait, b.most, len(big))
+		}
+	})
+}
+
+// waitingSource is readSizes that notes what the budget holds when the Reader asks for more
+// after the data: where a live watch would wait.
+type waitingSource struct {
+	readSizes
+	b          *countingBudget
+	heldAtWait int
+}
+
+func (w *waitingSource) Read(p []byte) (int, error) {
+	if len(w.data) == 0 && w.heldAtWait < 0 {
+		w.heldAtWait = w.b.held
+	}
+	return w.readSizes.Read(p)
+}
