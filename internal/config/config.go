@@ -137,6 +137,9 @@ type Config struct {
 	// ShareRingTotalBytes bounds all feeds' rings together; 0 (the default): derived at
 	// Complete from the container's memory limit (FitRingTotal).
 	ShareRingTotalBytes int64
+	// MemoryBudgetBytes bounds what grows with load, together (package budget); 0 (the
+	// default): derived at Complete from the container's memory limit (FitMemoryBudget).
+	MemoryBudgetBytes int64
 	// ShareExcludeResources are resources (as --fix-exempt-resource names them) whose watches
 	// never share; ShareMaxFeeds bounds the shared feeds open at once.
 	ShareExcludeResources []string

@@ -327,12 +327,12 @@ func TestShareFlags(t *testing.T) {
 	if c, err := Load([]string{"--share-watches=false"}); err != nil || c.ShareWatches {
 		t.Errorf("--share-watches=false: sharing %v, err %v", c.ShareWatches, err)
 	}
-	c, err = Load([]string{"--share-watches", "--share-ring-events=0", "--share-subscriber-buffer-bytes=1024"})
+	c, err = Load([]string{"--share-watches", "--share-ring-events=0", "--share-subscriber-buffer-bytes=1024", "--memory-budget-bytes=1000"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = c.Validate()
-	for _, want := range []string{"--share-ring-events 0", "--share-subscriber-buffer-bytes 1024: want at least --max-frame-size"} {
+	for _, want := range []string{"--share-ring-events 0", "--share-subscriber-buffer-bytes 1024: want at least --max-frame-size", "--memory-budget-bytes 1000: want 0"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("validate error %v lacks %q", err, want)
 		}

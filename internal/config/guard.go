@@ -12,6 +12,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 	"k8s.io/client-go/rest"
 
+	"github.com/watchsan/watchsan/internal/budget"
 	"github.com/watchsan/watchsan/internal/watch"
 )
 
@@ -264,6 +265,24 @@ func FitRingTotal(configured, memLimit int64) (int64, string) {
 	return watch.DefaultShareRingTotalBytes, ""
 }
 
+// FitMemoryBudget returns the memory budget's total for --memory-budget-bytes configured (0:
+// derive it) and the container's memory limit memLimit (0: none known), and a warning when a
+// configured one is above three quarters of the limit. Derived: half the limit, which leaves
+// the rest to what is not budgeted (the program, connections, the collector's headroom: Go's
+// soft limit is set just under the container's, so the heap does not double past it); without
+// a limit, budget.DefaultBytes (docs/design.md section 15).
+func FitMemoryBudget(configured, memLimit int64) (int64, string) {
+	switch {
+	case configured > 0 && memLimit > 0 && configured > memLimit/4*3:
+		return configured, fmt.Sprintf("--memory-budget-bytes %d is more than three quarters of the memory limit (%d): the container may be killed before the budget ends anything", configured, memLimit)
+	case configured > 0:
+		return configured, ""
+	case memLimit > 0:
+		return max(memLimit/2, 16<<20), ""
+	}
+	return budget.DefaultBytes, ""
+}
+
 // checkLending refuses, at start, to lend the identity to an upstream it does not belong to:
 // one reached over plain HTTP (the token would cross the network in cleartext) or one the
 // kubeconfig does not name (credentials issued for one server sent to another), unless
@@ -331,6 +350,10 @@ func (out *Completed) warnings(nofile uint64, memLimit int64) {
 		out.Warnings = append(out.Warnings, w)
 	}
 	if out.ShareRingTotalBytes, w = FitRingTotal(c.ShareRingTotalBytes, memLimit); w != "" {
+		out.Warnings = append(out.Warnings, w)
+	}
+	out.MemoryLimit = memLimit
+	if out.MemoryBudget, w = FitMemoryBudget(c.MemoryBudgetBytes, memLimit); w != "" {
 		out.Warnings = append(out.Warnings, w)
 	}
 	if out.Guard.On {

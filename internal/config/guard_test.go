@@ -132,7 +132,7 @@ func TestFitRingTotal(t *testing.T) {
 		configured, memLimit, want int64
 		warn                       bool
 	}{
-		{0, 0, 256 << 20, false},         // no limit known: the fixed default
+		{0, 0, 32 << 20, false},          // no limit known: the fixed default
 		{0, 256 << 20, 64 << 20, false},  // the sidecar's 256 Mi
 		{0, 1 << 30, 256 << 20, false},   // HA's 1 Gi
 		{0, 2 << 20, 1 << 20, false},     // absurdly low: still a ring's worth of something
@@ -143,6 +143,25 @@ func TestFitRingTotal(t *testing.T) {
 		got, w := FitRingTotal(tc.configured, tc.memLimit)
 		if got != tc.want || (w != "") != tc.warn {
 			t.Errorf("FitRingTotal(%d, %d) = %d, %q; want %d, warning %v", tc.configured, tc.memLimit, got, w, tc.want, tc.warn)
+		}
+	}
+}
+
+func TestFitMemoryBudget(t *testing.T) {
+	for _, tc := range []struct {
+		configured, memLimit, want int64
+		warn                       bool
+	}{
+		{0, 0, 64 << 20, false},                 // no limit known: the fixed default
+		{0, 256 << 20, 128 << 20, false},        // the sidecar's 256 Mi
+		{0, 1 << 30, 512 << 20, false},          // HA's 1 Gi
+		{0, 8 << 20, 16 << 20, false},           // absurdly low: the least a budget is
+		{100 << 20, 0, 100 << 20, false},        // configured
+		{200 << 20, 256 << 20, 200 << 20, true}, // more than three quarters of the limit
+	} {
+		got, w := FitMemoryBudget(tc.configured, tc.memLimit)
+		if got != tc.want || (w != "") != tc.warn {
+			t.Errorf("FitMemoryBudget(%d, %d) = %d, %q; want %d, warning %v", tc.configured, tc.memLimit, got, w, tc.want, tc.warn)
 		}
 	}
 }

@@ -120,6 +120,9 @@ func (c *Config) Validate() error {
 			add("--%s %d: want 1 to 1073741824", b.flag, b.v)
 		}
 	}
+	if c.MemoryBudgetBytes != 0 && (c.MemoryBudgetBytes < 16<<20 || c.MemoryBudgetBytes > 1<<40) {
+		add("--memory-budget-bytes %d: want 0 (from the memory limit) or 16777216 (16 MiB) to 1099511627776", c.MemoryBudgetBytes)
+	}
 	if c.ShareRingTotalBytes < 0 || c.ShareRingTotalBytes > 1<<40 {
 		add("--share-ring-total-bytes %d: want 0 (from the memory limit) to 1099511627776", c.ShareRingTotalBytes)
 	}
@@ -249,6 +252,9 @@ type Completed struct {
 	// SourceHeaderBytes is the per-source header budget in effect (0: none):
 	// Config.MaxHeaderBytesPerSource resolved as the per-source limits are.
 	SourceHeaderBytes int
+	// MemoryBudget is the memory budget's total in effect (FitMemoryBudget); MemoryLimit the
+	// container's memory limit found (0: none), which Run makes Go's soft memory limit.
+	MemoryBudget, MemoryLimit int64
 	// Warnings are what is allowed but unsafe, or was adjusted; logged at start.
 	Warnings []string
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/watchsan/watchsan/internal/budget"
 	"github.com/watchsan/watchsan/internal/metrics"
 )
 
@@ -56,6 +57,7 @@ func metricsReference(t *testing.T) ([]metricDoc, string) {
 	// until used (their labels are open).
 	m := metrics.New(func() float64 { return 0 })
 	touchAll(t, reflect.ValueOf(m).Elem())
+	m.Registry.MustRegister(budget.New(0)) // the server registers the memory budget's own
 	m.Upstream.Source(func() []metrics.UpstreamSample {
 		return []metrics.UpstreamSample{{Name: "u", State: "healthy", States: []string{"healthy"}}}
 	})

@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
+	"runtime/debug"
 	"sync/atomic"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/watchsan/watchsan/internal/apistatus"
+	"github.com/watchsan/watchsan/internal/budget"
 	"github.com/watchsan/watchsan/internal/config"
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/localapi"
@@ -60,6 +63,20 @@ type Server struct {
 	Listening func(main, admin net.Addr)
 }
 
+// softMemoryLimit makes Go's collector keep the heap under the container's memory limit (a
+// tenth below it) unless GOMEMLIMIT says otherwise: with the default GOGC the heap may grow to
+// twice what is live before a collection, and a container killed at its limit ends every watch
+// at once. What is live is bounded by the memory budget, half the limit by default, so the
+// collector is not driven to run without end (docs/design.md section 15).
+func (s *Server) softMemoryLimit() {
+	if s.cfg.MemoryLimit <= 0 || os.Getenv("GOMEMLIMIT") != "" {
+		return
+	}
+	limit := s.cfg.MemoryLimit / 10 * 9
+	debug.SetMemoryLimit(limit)
+	s.log.Info("Go's soft memory limit set under the container's", zap.Int64("limit", limit), zap.Int64("container", s.cfg.MemoryLimit), zap.Int64("budget", s.cfg.MemoryBudget))
+}
+
 // New builds a server from a completed config. Every part gets what it works with at
 // construction: the delete memory first (the metrics report its size), then the metrics, the
 // pool and its attempt loop, then the watch handler and the pass-through that use them.
@@ -70,6 +87,8 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	}
 	memory := fix.NewDeleteMemory(cfg.DeleteMemoryEntries, cfg.DeleteMemoryTTL, nil)
 	s.metrics = metrics.New(func() float64 { return float64(memory.Len()) })
+	mem := budget.New(cfg.MemoryBudget)
+	s.metrics.Registry.MustRegister(mem)
 	if cfg.TLSCertFile != "" {
 		var err error
 		reloads := s.metrics.TLSReloads
@@ -127,12 +146,12 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	for _, b := range pool.Backends() { // every series from the start: alerts see 0, not "no data"
 		s.metrics.UpstreamUp.WithLabelValues(b.String()).Set(0)
 	}
-	budget := cfg.RetryBudget
-	if budget == 0 {
-		budget = -1 // --retry-budget 0: no retries
+	retries := cfg.RetryBudget
+	if retries == 0 {
+		retries = -1 // --retry-budget 0: no retries
 	}
 	attempts := upstream.NewAttempter(pool, upstream.AttempterOptions{
-		Budget:  budget,
+		Budget:  retries,
 		OnRetry: func(o string) { s.metrics.Retries.WithLabelValues(o).Inc() },
 		Done:    s.watchesDone,
 	})
@@ -165,7 +184,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		ShareMaxFeeds:        cfg.ShareMaxFeeds,
 		ShareReviewEntries:   cfg.ShareReviewCacheEntries,
 	}, watch.Deps{Attempts: attempts, Metrics: s.metrics, Memory: memory, Done: s.watchesDone, Logger: log, OnBreak: s.onBreak,
-		ServedLocally: s.localAPIs(log).Local})
+		ServedLocally: s.localAPIs(log).Local, Budget: mem})
 	if err != nil {
 		return nil, err
 	}
@@ -294,6 +313,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s.softMemoryLimit()
 	errLog := zap.NewStdLog(s.log.Named("http"))
 	mainSrv, adminSrv := s.newMainServer(errLog), s.newAdminServer(errLog)
 

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/watchsan/watchsan/internal/budget"
 )
 
 // batchSize is the most a batch of events holds before it is written: what the Reader reads
@@ -60,6 +62,10 @@ type batchWriter struct {
 	// client did not read).
 	deadline time.Time
 	slow     bool
+
+	// mem is charged batchSize while the writer holds a batch buffer (package budget); a
+	// writer it refuses writes each frame as it comes, unbatched. Nil: nothing charged.
+	mem *budget.Account
 }
 
 // newBatchWriter writes to w, what each flush sends bounded by timeout.
@@ -119,8 +125,10 @@ func (b *batchWriter) Write(p []byte) (int, error) {
 			return 0, b.err
 		}
 	}
-	if len(p) >= batchSize {
-		// Nothing to gain from copying a frame this big; it goes out as it is.
+	if len(p) >= batchSize || b.buf == nil && !b.mem.Take(budget.Writers, batchSize) {
+		// Nothing to gain from copying a frame this big; it goes out as it is. Nor does a
+		// frame when the memory budget has no room for a batch: unbatched is slower, not
+		// wrong.
 		b.unflushed = true
 		b.arm()
 		if err := b.writeRaw(p); err != nil {
@@ -189,6 +197,7 @@ func (b *batchWriter) writeOut() {
 	*b.buf = bb[:0]
 	batchPool.Put(b.buf)
 	b.buf = nil
+	b.mem.Give(budget.Writers, batchSize)
 }
 
 // flush writes the batch out and flushes the response to the client.

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 
+	"github.com/watchsan/watchsan/internal/budget"
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/upstream"
@@ -133,6 +134,10 @@ type feed struct {
 	stopDeadline clock.Timer
 	tracked      bool
 	unfollow     func() bool
+
+	// mem is the feed's account of the memory budget, charged for the frames it reads
+	// (source), closed by release; nil: nothing charged.
+	mem *budget.Account
 }
 
 // attemptEnd is how one upstream attempt ended.
@@ -195,9 +200,11 @@ func (f *feed) next(src *source) (*source, EndReason) {
 		}
 	}
 	at.Cancel(nil)
+	src.close()
 	if end.end != endNone {
 		if moved != nil {
 			moved.at.Cancel(nil)
+			moved.close()
 		}
 		return nil, end.end
 	}
@@ -547,6 +554,12 @@ func (f *feed) classify(attemptCtx context.Context, err error) attemptEnd {
 		f.log.Warn("garbage from upstream; ending the client's stream cleanly",
 			zap.String("path", f.client.URL.Path), zap.Stringer("upstream", f.backend), zap.Error(err))
 		return attemptEnd{end: EndMalformed, err: err}
+	case errors.Is(err, stream.ErrOverBudget):
+		// Ended as the apiserver ends a watcher it cannot afford: the client re-watches from
+		// its last resourceVersion, when memory may be there again (package budget).
+		f.log.Warn("the memory budget refused a frame's buffer; ending the client's stream cleanly",
+			zap.String("path", f.client.URL.Path), zap.Int64("held", f.mem.Held()))
+		return attemptEnd{end: EndMemory, err: err}
 	case errors.Is(err, io.ErrUnexpectedEOF):
 		return attemptEnd{resume: ResumeTruncated, err: err}
 	default:

@@ -28,6 +28,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchsan/watchsan/internal/apistatus"
+	"github.com/watchsan/watchsan/internal/budget"
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/metrics"
 	"github.com/watchsan/watchsan/internal/reqinfo"
@@ -143,6 +144,10 @@ type Deps struct {
 	// no group-version is known to be served locally, and reviewed clients share only with
 	// the same identity.
 	ServedLocally func(group, version string) bool
+	// Budget is the process's memory budget: each watch and shared feed charges it for the
+	// frames it reads, each shared subscriber for its queue (package budget). Nil: nothing is
+	// charged, and only each buffer's own bound applies.
+	Budget *budget.Budget
 }
 
 // Handler serves watch requests.
@@ -241,7 +246,8 @@ func New(cfg Config, d Deps) (*Handler, error) {
 		h.exempt[r] = true
 	}
 	h.parked = &parked{states: map[string]*parkedState{}}
-	h.stateBudget = &stateBudget{perFeed: cfg.AbsorbStateBytes, total: cfg.AbsorbTotalBytes, gauge: d.Metrics.AbsorbStateBytes}
+	h.stateBudget = &stateBudget{perFeed: cfg.AbsorbStateBytes, total: cfg.AbsorbTotalBytes, gauge: d.Metrics.AbsorbStateBytes, mem: d.Budget}
+	h.feeds.rings.mem = d.Budget
 	for _, o := range AbsorbOutcomes { // every series from the start
 		d.Metrics.GoneAbsorbed.WithLabelValues(o)
 	}
@@ -439,8 +445,9 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 	sub := newSubscriber(h, w, r, p, m.Resource(info.FullResource()), log)
 	f := &feed{
 		h: h, client: r, ctx: ctx, cancel: cancel, unfollow: unfollow, cred: cred, log: log, sub: sub, timeout: p.timeout, maxLifetime: p.maxLifetime,
-		backoff: upstream.ResumeBackoff, scope: p.scope, groupResource: info.GroupResource(),
+		backoff: upstream.ResumeBackoff, scope: p.scope, groupResource: info.GroupResource(), mem: h.deps.Budget.Open(),
 	}
+	sub.out.mem = f.mem
 	switch {
 	case p.timeout > 0:
 		f.deadline = h.clk.Now().Add(p.timeout)
@@ -562,6 +569,7 @@ func (f *feed) release() {
 	if f.unfollow != nil {
 		f.unfollow()
 	}
+	f.mem.Close()
 	if s := f.state; s != nil {
 		// Complete at the last delivered resourceVersion: parked for the client's re-watch
 		// from it (state.go); else nothing anyone can use.

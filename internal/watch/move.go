@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/watchsan/watchsan/internal/budget"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -95,10 +96,25 @@ func (src *source) next() (*stream.Event, error) {
 	return src.rd.Next()
 }
 
+// close lets the reader of an attempt that ended go (its buffers, what it holds of the memory
+// budget), once its attempt is cancelled: a first frame still being peeked at ends with the
+// attempt's body.
+func (src *source) close() {
+	if src.peek != nil {
+		<-src.peek
+		src.peek = nil
+	}
+	src.rd.Close()
+}
+
 // source wraps an attempt for receive.
 func (f *feed) source(at upstream.Attempt, slot *moveSlot) *source {
 	body := &attemptBody{r: at.Resp.Body, sink: f.sub, lease: at.Lease, clk: f.h.clk}
-	return &source{at: at, slot: slot, body: body, rd: stream.NewReader(f.format, body, f.h.cfg.MaxFrameSize)}
+	rd := stream.NewReader(f.format, body, f.h.cfg.MaxFrameSize)
+	if f.mem != nil {
+		rd.SetBudget(f.mem.Of(budget.Frames))
+	}
+	return &source{at: at, slot: slot, body: body, rd: rd}
 }
 
 // moveSlot is where a move leaves its accepted target for the feed, once per attempt.

@@ -35,6 +35,10 @@ const (
 	// apiserver's watch timeout (lifetime.go): its client gave no timeoutSeconds, or a longer
 	// one. Ended cleanly; the client re-watches from its last resourceVersion.
 	EndMaxLifetime
+	// EndMemory: the memory budget refused what the watch needed (a frame's buffer): it held
+	// more than its share while memory ran short (package budget). Ended cleanly; the client
+	// re-watches from its last resourceVersion.
+	EndMemory
 
 	numEndReasons
 )
@@ -56,6 +60,7 @@ var endNames = [numEndReasons]string{
 	EndUpstreamError: "upstream-error-event",
 	EndSlowClient:    "slow-client",
 	EndMaxLifetime:   "max-lifetime",
+	EndMemory:        "memory-budget",
 }
 
 func (r EndReason) String() string {

@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/watchsan/watchsan/internal/budget"
 )
 
 // ring is a shared feed's recent object events (ADDED, MODIFIED, DELETED), as delivered: each
@@ -203,6 +205,9 @@ type ringBudget struct {
 	max   int64
 	total atomic.Int64
 	gauge prometheus.Gauge // the total; nil: not exported
+	// mem is the process's memory budget, charged for every ring byte; while it is short the
+	// rings give way as if past their own total. Nil: only max bounds them.
+	mem *budget.Budget
 
 	mu    sync.Mutex
 	rings map[*ring]struct{}
@@ -230,6 +235,7 @@ func (b *ringBudget) add(n int64) {
 		return
 	}
 	b.total.Add(n)
+	b.mem.Charge(budget.Rings, n)
 	if b.gauge != nil {
 		b.gauge.Add(float64(n))
 	}
@@ -238,7 +244,7 @@ func (b *ringBudget) add(n int64) {
 // fit evicts until the total is within the budget, after r added (see ringBudget). Two adds
 // at once may each evict for the same excess: at most a frame more than needed each.
 func (b *ringBudget) fit(r *ring) {
-	for b.total.Load() > b.max {
+	for b.total.Load() > b.max || b.mem.Short() {
 		victim, cause := r, evictTotalOwn
 		b.mu.Lock()
 		fair := b.max / int64(max(len(b.rings), 1))

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 
+	"github.com/watchsan/watchsan/internal/budget"
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/stream"
@@ -46,9 +47,10 @@ const (
 	DefaultShareRingEvents = 10000
 	// DefaultShareRingTotalBytes bounds all feeds' rings together where the container's
 	// memory limit says nothing (config derives the flag's default from it, a quarter of it,
-	// when there is one): as much as 16 full rings, which a node's busy scopes rarely need
-	// at once, and what the sidecar's and HA's manifests can hold beside everything else.
-	DefaultShareRingTotalBytes = 256 << 20
+	// when there is one): half the memory budget's default there (budget.DefaultBytes), two
+	// full rings; an audit's 20 feeds split by an unknown parameter held 268 MB of rings
+	// under the 256 MiB this was, past any bound a process without a limit should assume.
+	DefaultShareRingTotalBytes = 32 << 20
 	// DefaultShareSubscriberBytes bounds what one subscriber may be behind its feed; it can
 	// take a whole ring's backlog at its join.
 	DefaultShareSubscriberBytes = 16 << 20
@@ -357,6 +359,9 @@ type sharedFeed struct {
 	idleTimer clock.Timer
 	// waiters are handoffs waiting for the feed to deliver a resourceVersion (handoff.go).
 	waiters []rvWaiter
+	// opened is when the feed was made: one whose members all leave before it is
+	// Config.ShareGrace old ends at once (drop), not after the grace.
+	opened time.Time
 }
 
 // newSharedFeed makes the feed for key, opened by the watch r from resourceVersion rv (at),
@@ -371,7 +376,7 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, info *reqinfo.Info,
 	log := newWatchLog(h.log.Named("feed").With(zap.String("feed", r.URL.Path+"?"+q.Encode())), r.RemoteAddr, "")
 	scope := parseParams(r).scope
 	sf := &sharedFeed{h: h, key: key, log: log, from: at, ready: make(chan struct{}), members: map[*member]struct{}{}, last: at,
-		desc: h.describe(r, info)}
+		desc: h.describe(r, info), opened: h.clk.Now()}
 	sf.ring = h.feeds.newRing(at)
 	mode := h.cfg.Mode
 	if h.exempt[info.GroupResource()] {
@@ -385,7 +390,7 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, info *reqinfo.Info,
 	sf.pol = newSubscriber(h, nil, tmpl, params{}, h.deps.Metrics.Resource(info.FullResource()), log)
 	sf.f = &feed{
 		h: h, client: tmpl, ctx: ctx, cancel: cancel, cred: cred, log: log, sub: sf,
-		backoff: upstream.ResumeBackoff, scope: scope, groupResource: info.GroupResource(),
+		backoff: upstream.ResumeBackoff, scope: scope, groupResource: info.GroupResource(), mem: h.deps.Budget.Open(),
 	}
 	if h.deps.Done != nil {
 		h.track(sf.f)
@@ -463,6 +468,7 @@ func (sf *sharedFeed) close(end EndReason) {
 	}
 	for m := range members {
 		m.finish(end)
+		m.mem.Close()
 	}
 }
 
@@ -495,6 +501,11 @@ func (sf *sharedFeed) addLocked(at uint64, bookmarks bool) (*member, string) {
 		if n += len(backlog) * entryCost; n > m.max {
 			return nil, privateBacklog
 		}
+		m.mem = sf.h.deps.Budget.Open()
+		if !m.mem.Take(budget.Queues, int64(len(backlog)*entryCost)) {
+			m.mem.Close()
+			return nil, privateBacklog
+		}
 		for _, raw := range backlog {
 			m.q.push(raw)
 		}
@@ -502,6 +513,8 @@ func (sf *sharedFeed) addLocked(at uint64, bookmarks bool) (*member, string) {
 		m.since.Store(sf.h.clk.Now().UnixNano())
 		m.account()
 		m.wake <- struct{}{}
+	} else {
+		m.mem = sf.h.deps.Budget.Open()
 	}
 	sf.members[m] = struct{}{}
 	if sf.idleTimer != nil {
@@ -526,10 +539,19 @@ func (sf *sharedFeed) drop(m *member) {
 		return
 	}
 	delete(sf.members, m)
+	m.mem.Close()
 	sf.h.deps.Metrics.SharedSubscribers.Dec()
 	sf.nsubs.Add(-1)
 	if len(sf.members) == 0 && !sf.closed && sf.idleTimer == nil {
-		sf.idleTimer = sf.h.clk.AfterFunc(sf.h.cfg.ShareGrace, sf.idleEnd)
+		// The grace keeps a feed for its clients' re-watches (a watch's timeout, a move).
+		// A feed whose clients all left while it was younger than the grace was opened by
+		// watches that did not stay - reset streams, a client gone at once - and waits for no
+		// one: kept, each such watch would cost an upstream watch outliving it by the grace.
+		grace := sf.h.cfg.ShareGrace
+		if sf.h.clk.Since(sf.opened) < grace {
+			grace = 0
+		}
+		sf.idleTimer = sf.h.clk.AfterFunc(grace, sf.idleEnd)
 	}
 }
 
@@ -769,6 +791,12 @@ type member struct {
 	// det, once set, is the member's own connection and writer (detach.go): wakes start its
 	// writer instead of waking a handler.
 	det *detached
+	// mem is the member's account of the memory budget, charged entryCost for each entry of
+	// its queue (the frames are the feed's), opened when it joins and closed when it leaves
+	// or its feed ends; nil: nothing charged. writingEntries is how many of the entries the
+	// writer took are unwritten (m.mu).
+	mem            *budget.Account
+	writingEntries int
 }
 
 // push queues raw, or reports false when it would fill the queue past its bound: the member is
@@ -777,8 +805,11 @@ func (m *member) push(raw []byte, now time.Time) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	cost := len(raw) + entryCost
-	if m.bytes+m.writing+cost > m.max {
+	// Past its own bound, or refused by the memory budget (it holds more than its share of
+	// what is left): ended as the apiserver ends a watcher that cannot keep up.
+	if m.bytes+m.writing+cost > m.max || !m.mem.Take(budget.Queues, int64(entryCost)) {
 		m.over, m.bytes = true, 0
+		m.mem.Give(budget.Queues, int64(m.q.len()*entryCost))
 		m.q.reset()
 		m.account()
 		m.wakeLocked()
@@ -854,6 +885,7 @@ func (m *member) takeLocked(limit int) [][]byte {
 	cost := n + k*entryCost
 	m.bytes -= cost
 	m.writing += cost
+	m.writingEntries += k
 	m.account()
 	return q
 }
@@ -863,6 +895,8 @@ func (m *member) written() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.writing = 0
+	m.mem.Give(budget.Queues, int64(m.writingEntries*entryCost))
+	m.writingEntries = 0
 	m.account()
 }
 
@@ -911,6 +945,7 @@ func (sf *sharedFeed) serveAttached(w http.ResponseWriter, r *http.Request, m *m
 	}
 	rc := http.NewResponseController(w)
 	out := newBatchWriter(w, rc, h.cfg.WriteTimeout)
+	out.mem = m.mem
 	end := sf.pump(r, m, &out, deadline, p.deadlineEnd())
 	met.StreamEnds.WithLabelValues(end.String()).Inc()
 	if end == EndSlowClient { // its queue filled, or a write to it did not complete in time

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/clock"
 
+	"github.com/watchsan/watchsan/internal/budget"
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/memapi"
 	"github.com/watchsan/watchsan/internal/metrics"
@@ -111,6 +112,13 @@ func newShareFixture(t *testing.T, cfg Config) *shareFixture {
 // newShareFixtureClock is newShareFixture with the Handler's clock clk (nil: the real one).
 func newShareFixtureClock(t *testing.T, cfg Config, clk clock.WithDelayedExecution) *shareFixture {
 	t.Helper()
+	return newShareFixtureBudget(t, cfg, clk, nil)
+}
+
+// newShareFixtureBudget is newShareFixtureClock with the Handler's memory budget mem (nil:
+// none).
+func newShareFixtureBudget(t *testing.T, cfg Config, clk clock.WithDelayedExecution, mem *budget.Budget) *shareFixture {
+	t.Helper()
 	log := zaptest.NewLogger(t)
 	x := &shareFixture{api: memapi.New(log), m: metrics.New(nil)}
 	x.gate = &apiGate{api: x.api, open: map[*context.CancelFunc]chan struct{}{}}
@@ -131,7 +139,7 @@ func newShareFixtureClock(t *testing.T, cfg Config, clk clock.WithDelayedExecuti
 	x.attempts = upstream.NewAttempter(pool, upstream.AttempterOptions{})
 	h, err := New(cfg, Deps{Attempts: x.attempts, Metrics: x.m,
 		Memory: fix.NewDeleteMemory(0, 0, nil), Logger: log, Done: done, Clock: clk,
-		ServedLocally: func(string, string) bool { return !x.aggregated.Load() }})
+		ServedLocally: func(string, string) bool { return !x.aggregated.Load() }, Budget: mem})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -536,4 +544,18 @@ func TestShareFeedFailedGoesPrivate(t *testing.T) {
 	if promtest.ToFloat64(x.m.SharedFeeds) != 0 {
 		t.Error("a feed left open")
 	}
+}
+
+// A feed whose only watch was reset at once (a client gone before the feed's grace) ends at
+// once, its upstream watch with it: rapid resets cost no upstream watch that outlives them.
+func TestShareFeedOfAResetWatchEndsAtOnce(t *testing.T) {
+	x := newShareFixture(t, Config{ShareGrace: time.Minute})
+	from := x.write(t, "before", 1, 10)
+	a := watchAt(t, x.srv.URL, "resourceVersion="+rv(from), nil, true)
+	x.waitSubscribers(t, 1)
+	testutil.Eventually(t, 10*time.Second, "the feed's upstream watch", func() bool { return x.api.OpenWatches() == 1 })
+	a.cancel()
+	testutil.Eventually(t, 10*time.Second, "the young feed and its upstream watch to end, well before its grace", func() bool {
+		return promtest.ToFloat64(x.m.SharedFeeds) == 0 && x.api.OpenWatches() == 0
+	})
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/utils/clock"
 
+	"github.com/watchsan/watchsan/internal/budget"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -55,11 +56,19 @@ type stateBudget struct {
 	perFeed, total int64
 	held           atomic.Int64
 	gauge          prometheus.Gauge // bytes held; nil: not exported
+	// mem is the process's memory budget, which a state's bytes come out of too; nil: only
+	// total bounds them.
+	mem *budget.Budget
 }
 
-// take reserves n bytes of the total; false when that would pass it.
+// take reserves n bytes of the total, and of the memory budget; false when that would pass
+// either.
 func (b *stateBudget) take(n int64) bool {
 	if b.held.Add(n) > b.total {
+		b.held.Add(-n)
+		return false
+	}
+	if !b.mem.Take(budget.States, n) {
 		b.held.Add(-n)
 		return false
 	}
@@ -75,6 +84,7 @@ func (b *stateBudget) give(n int64) {
 		return
 	}
 	b.held.Add(-n)
+	b.mem.Give(budget.States, n)
 	if b.gauge != nil {
 		b.gauge.Sub(float64(n))
 	}
