@@ -17,7 +17,9 @@ package e2e
 // anonymous clients of a --no-credentials frontend never share (docs/design.md section 11).
 //
 // WATCHSAN_E2E_PROFILE_DIR=dir adds --enable-pprof and saves a heap profile (after a GC) of
-// each case at its highest heap, as dir/<case>-<binary>.pb.gz, for `go tool pprof -top`.
+// each case whenever its heap in use reached a new high (by a fifth), as
+// dir/<case>-<binary>-<n>.pb.gz, for `go tool pprof -top`: the one of the largest live heap
+// shows what held the memory (heap in use counts garbage not yet collected, too).
 
 import (
 	"context"
@@ -187,6 +189,7 @@ type memRun struct {
 	peakRSS  float64
 	peakHeap float64
 	profHeap float64 // the heap at the last profile saved (0: none yet)
+	profiles int     // heap profiles saved so far
 }
 
 // procStatusMB returns fields (VmRSS, VmHWM) of /proc/pid/status, MiB.
@@ -263,7 +266,8 @@ func (m *memRun) saveProfile(dir string) {
 		m.t.Logf("heap profile: %s %v", resp.Status, err)
 		return
 	}
-	f := filepath.Join(dir, m.name+"-"+filepath.Base(watchsanBin)+".pb.gz")
+	m.profiles++
+	f := filepath.Join(dir, fmt.Sprintf("%s-%s-%d.pb.gz", m.name, filepath.Base(watchsanBin), m.profiles))
 	if err := os.WriteFile(f, b, 0o644); err != nil {
 		m.t.Logf("heap profile: %v", err)
 	}
