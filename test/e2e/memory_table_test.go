@@ -433,6 +433,18 @@ func (p *proxy) metricsNote(names ...string) string {
 	return strings.Join(parts, " ")
 }
 
+// samplesNote is every nonzero sample of the named metric, labels and all, for the memtable
+// line (what a count is made of: the reasons streams ended, say).
+func (p *proxy) samplesNote(name string) string {
+	var out []string
+	for _, line := range strings.Split(p.metricsText(), "\n") {
+		if strings.HasPrefix(line, name+"{") && !strings.HasSuffix(line, " 0") {
+			out = append(out, strings.TrimPrefix(line, name))
+		}
+	}
+	return name + "=[" + strings.Join(out, " ") + "]"
+}
+
 // insecureClient is an HTTPS client for watchsan's TLS listener (HTTP/2 when it offers it).
 func insecureClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, ForceAttemptHTTP2: true}}
@@ -499,7 +511,8 @@ func TestMemoryTableSharedNonReaders(t *testing.T) {
 	m.sampleFor(window-time.Since(start), nil)
 	served, took, note := probe.wait()
 	note += fmt.Sprintf("; %d clients opened in %v; upstream watches opened %d; ", clients, opened.Round(time.Millisecond), up.opened.Load()) +
-		p.metricsNote("watchsan_shared_feeds", "watchsan_shared_feed_subscribers", "watchsan_shared_feed_slow_subscribers_total", "watchsan_watch_slow_clients_total", "watchsan_connections")
+		p.metricsNote("watchsan_shared_feeds", "watchsan_shared_feed_subscribers", "watchsan_shared_feed_slow_subscribers_total", "watchsan_watch_slow_clients_total", "watchsan_connections") +
+		" " + p.samplesNote("watchsan_watch_stream_ends_total")
 	m.report(served, took, note)
 	if n := up.opened.Load(); n > clients/10 {
 		t.Errorf("%d upstream watches for %d clients of one feed: they did not share it, and this case measures nothing", n, clients)
@@ -891,7 +904,8 @@ func TestMemoryTablePinnedHTTP2(t *testing.T) {
 		gone = subsGoneIn.Round(100 * time.Millisecond).String()
 	}
 	note += fmt.Sprintf("; pinned connection closed after %s; its streams left the feed after %s (seen once the reader was done); ", lifetime, gone) +
-		p.metricsNote("watchsan_connections", "watchsan_connections_shed_total", "watchsan_watch_slow_clients_total", "watchsan_watch_stream_ends_total")
+		p.metricsNote("watchsan_connections", "watchsan_watch_slow_clients_total") + " " +
+		p.samplesNote("watchsan_connections_shed_total") + " " + p.samplesNote("watchsan_watch_stream_ends_total")
 	m.report(served, took, note)
 	if closedIn < 0 {
 		t.Errorf("an HTTP/2 connection whose client stopped reading still held %v after %v", conns(), bound)
