@@ -25,7 +25,9 @@ import (
 	"github.com/watchsan/watchsan/test/cluster/clustertest"
 )
 
-// watchsanBin is the binary under test, built once by TestMain.
+// watchsanBin is the binary under test, built once by TestMain (with -race unless
+// WATCHSAN_E2E_RACE=0), or the one WATCHSAN_E2E_BIN names: a prebuilt binary, so that an older
+// commit can be measured by today's tests.
 var watchsanBin string
 
 func TestMain(m *testing.M) {
@@ -39,6 +41,13 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
+	if bin := os.Getenv("WATCHSAN_E2E_BIN"); bin != "" { // a prebuilt binary, e.g. an older commit's
+		if watchsanBin, err = filepath.Abs(bin); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return m.Run()
+	}
 	watchsanBin = filepath.Join(dir, "watchsan")
 	root, err := cluster.RepoRoot()
 	if err != nil {
