@@ -46,7 +46,8 @@ test: cluster-bins
 
 # The real node (issue 17, test/cluster/node and test/node): containerd, runc and the real
 # kubelet run deploy/'s sidecar, node-local and HA watchsan from the image `make image` builds,
-# and follow deploy/README.md's node-local steps as written.
+# follow deploy/README.md's node-local steps as written, and install the Helm chart with
+# `helm install` (TestHelmChartNodeLocal: the pod Ready, a watch served through it).
 # Needs root on Linux and runc (.ci/run installs it); here a machine that cannot run a node
 # fails the tests instead of skipping them (WATCHSAN_REQUIRE_NODE=1). One package at a time
 # (-p 1): two kubelets would share the device manager's fixed socket. Without -race: the
