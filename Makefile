@@ -4,7 +4,7 @@ BIN      := bin/watchsan
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -X github.com/watchsan/watchsan/internal/cli.Version=$(VERSION)
 
-.PHONY: build demo docs test test-node test-node-ha test-short soak scenario cluster-bins vet fmt-check fuzz bench bench-micro image
+.PHONY: build demo docs test test-node test-node-ha test-short soak scenario cluster-bins vet fmt-check fuzz bench bench-micro image push chart
 
 # A static binary (CGO_ENABLED=0: no libc, runs on any Linux, as in the image).
 build:
@@ -46,7 +46,8 @@ test: cluster-bins
 
 # The real node (issue 17, test/cluster/node and test/node): containerd, runc and the real
 # kubelet run deploy/'s sidecar, node-local and HA watchsan from the image `make image` builds,
-# and follow deploy/README.md's node-local steps as written.
+# follow deploy/README.md's node-local steps as written, and install the Helm chart with
+# `helm install` (TestHelmChartNodeLocal: the pod Ready, a watch served through it).
 # Needs root on Linux and runc (.ci/run installs it); here a machine that cannot run a node
 # fails the tests instead of skipping them (WATCHSAN_REQUIRE_NODE=1). One package at a time
 # (-p 1): two kubelets would share the device manager's fixed socket. Without -race: the
@@ -153,3 +154,37 @@ image:
 	$(GO) run ./hack/image --out bin/image --tarball bin/image.tar --ref $(IMAGE):$(VERSION) --tarball-tag $(IMAGE_DEV_TAG) \
 	  --version $(VERSION) --revision $(REVISION) --created $(SOURCE_DATE_EPOCH) \
 	  $(foreach p,$(IMAGE_PLATFORMS),--binary $(p)=bin/image-bin/$(word 1,$(subst /, ,$(p)))-$(word 2,$(subst /, ,$(p)))/watchsan)
+
+# Builds the image (as `make image`, both platforms) named for your registry and pushes it there:
+#   make push REGISTRY=registry.example.com/team            # -> registry.example.com/team/watchsan:<commit>
+#   make push REGISTRY=registry.example.com/team TAG=v1.2.3
+# with crane (go-containerregistry, pinned), which logs in with your Docker config
+# (~/.docker/config.json: `docker login`, or `go run $(CRANE) auth login REGISTRY`). Then run
+# that reference: the Helm chart's image.repository and image.tag, or kustomize's `images:`
+# (deploy/README.md, "The image").
+REGISTRY ?=
+TAG      ?= $(VERSION)
+CRANE    ?= github.com/google/go-containerregistry/cmd/crane@v0.22.1
+ifneq ($(filter push,$(MAKECMDGOALS)),)
+ifeq ($(strip $(REGISTRY)),)
+$(error make push needs the registry to push to: make push REGISTRY=registry.example.com/team (the image goes to REGISTRY/watchsan:TAG, TAG the commit unless given))
+endif
+push: IMAGE = $(REGISTRY)/watchsan
+push: VERSION := $(TAG)
+endif
+push: image
+	$(GO) run $(CRANE) push bin/image $(IMAGE):$(TAG)
+	@echo "pushed $(IMAGE):$(TAG)"
+	@echo "helm:      --set image.repository=$(IMAGE) --set image.tag=$(TAG)"
+	@echo "kustomize: images: [{name: ghcr.io/watchsan/watchsan, newName: $(IMAGE), newTag: $(TAG)}]"
+
+# The Helm chart (deploy/helm/watchsan): `helm lint --strict` and `helm template` of both modes,
+# with the Helm CLI cluster-bins builds from tools/helm. go test ./deploy (in `make test`)
+# also compares its rendering with the kustomize bases' and dry-runs it on a real apiserver.
+HELM ?= .cache/bin/current/helm
+chart: cluster-bins
+	@set -e; for mode in frontend node-local; do \
+	  echo "== helm lint/template --set mode=$$mode"; \
+	  $(HELM) lint --strict deploy/helm/watchsan --set mode=$$mode; \
+	  $(HELM) template watchsan deploy/helm/watchsan --namespace watchsan-system --set mode=$$mode --set namespace.create=true >/dev/null; \
+	done

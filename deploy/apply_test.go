@@ -117,7 +117,7 @@ func TestKubectlApply(t *testing.T) {
 		for _, b := range blocks {
 			if b.Lang == "sh" && strings.Contains(b.Text, "kubectl apply -k my-watchsan") {
 				for _, l := range strings.SplitAfter(b.Text, "\n") {
-					if !strings.HasPrefix(l, "crane push ") {
+					if !strings.HasPrefix(l, "make push ") {
 						script += l
 					}
 				}

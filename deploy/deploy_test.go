@@ -54,6 +54,7 @@ const watchsanImage = "ghcr.io/watchsan/watchsan"
 var componentHosts = map[string]string{
 	"components/servicemonitor":      "base/ha",
 	"components/identity-forwarding": "overlays/ha",
+	"components/sidecar":             "examples/controller",
 }
 
 // rendering is the output of one kustomization.
@@ -122,7 +123,12 @@ func doRenderAll() ([]rendering, error) {
 	if len(out) < 3 {
 		return nil, fmt.Errorf("found only %d kustomizations under deploy/", len(out))
 	}
-	return out, nil
+	// The Helm chart's renderings go through the same checks.
+	hr, err := helmRenderings()
+	if err != nil {
+		return nil, err
+	}
+	return append(out, hr...), nil
 }
 
 // renderComponent renders host with component added, from a kustomization in a temporary
@@ -999,7 +1005,52 @@ func TestIdentityForwardingComponent(t *testing.T) {
 			}
 		}
 	}
-	if modes["overlays/ha+components/identity-forwarding"] != config.IdentityImpersonate || modes["base/ha"] != "" || modes["overlays/ha"] != "" {
+	if modes["overlays/ha+components/identity-forwarding"] != config.IdentityImpersonate || modes["overlays/ha-identity-forwarding"] != config.IdentityImpersonate ||
+		modes["base/ha"] != "" || modes["overlays/ha"] != "" {
 		t.Errorf("identity forwarding per rendering: %v; want impersonate with the component only", modes)
 	}
+}
+
+// TestComponentsHaveUsage: a kustomize Component cannot be built alone, so every one under
+// components/ is listed in the `components:` of a Kustomization under deploy/ (an overlay or an
+// example the README points to), which renders and applies like the others. No cluster needed.
+func TestComponentsHaveUsage(t *testing.T) {
+	used := map[string]string{}
+	components := 0
+	err := filepath.WalkDir(".", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() != "kustomization.yaml" {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		var k struct {
+			Kind       string
+			Components []string
+		}
+		if err := yaml.Unmarshal(data, &k); err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		if k.Kind == "Component" {
+			components++
+			return nil
+		}
+		for _, c := range k.Components {
+			used[filepath.Clean(filepath.Join(filepath.Dir(p), c))] = filepath.Dir(p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for c := range componentHosts {
+		if _, ok := used[c]; !ok {
+			t.Errorf("%s is listed by no kustomization under deploy/: add an overlay or example that uses it (a Component is never built alone)", c)
+		}
+	}
+	if components != len(componentHosts) {
+		t.Errorf("%d components under deploy/, %d in componentHosts", components, len(componentHosts))
+	}
+	t.Logf("components and where they are used: %v", used)
 }

@@ -2,8 +2,9 @@
 # Builds the real cluster the tests run against, from the pinned modules in tools/etcd, tools/kube
 # and tools/containerd, into a git-ignored cache keyed by version: etcd, kube-apiserver, kubectl,
 # kube-controller-manager, kube-scheduler, a node's kubelet, kubemark (and hollow-node, its hollow
-# kubelet bound to loopback), and containerd v2 with its runc shim and ctr (runc itself is
-# Debian's, installed by .ci/run). Builds run under `nice -n 10`: the machine's cores are shared.
+# kubelet bound to loopback), containerd v2 with its runc shim and ctr (runc itself is
+# Debian's, installed by .ci/run), and the Helm CLI (tools/helm: `helm lint`/`helm template` of
+# deploy/helm/watchsan, and the chart's install on the real node). Builds run under `nice -n 10`: the machine's cores are shared.
 # Prints the cache directory on its last line. A second run with the cache present does nothing.
 #
 #   hack/cluster-bins.sh            build what is missing
@@ -19,13 +20,15 @@ modver() { # module version pinned in a go.mod
 kube_ver=$(modver "$root/tools/kube/go.mod" k8s.io/kubernetes)
 etcd_ver=$(modver "$root/tools/etcd/go.mod" go.etcd.io/etcd/server/v3)
 containerd_ver=$(modver "$root/tools/containerd/go.mod" github.com/containerd/containerd/v2)
-[ -n "$kube_ver" ] && [ -n "$etcd_ver" ] && [ -n "$containerd_ver" ] ||
+helm_ver=$(modver "$root/tools/helm/go.mod" helm.sh/helm/v4)
+[ -n "$kube_ver" ] && [ -n "$etcd_ver" ] && [ -n "$containerd_ver" ] && [ -n "$helm_ver" ] ||
   { echo "cluster-bins: cannot read pinned versions" >&2; exit 1; }
 
 kube_dir=$cache/kubernetes-$kube_ver-stamped
 etcd_dir=$cache/etcd-$etcd_ver
 containerd_dir=$cache/containerd-$containerd_ver
-mkdir -p "$kube_dir" "$etcd_dir" "$containerd_dir"
+helm_dir=$cache/helm-$helm_ver
+mkdir -p "$kube_dir" "$etcd_dir" "$containerd_dir" "$helm_dir"
 
 # Stamp the version the way Kubernetes' own build does: unstamped binaries report
 # v0.0.0-master+$Format:%H$, and kubectl version then fails to parse it.
@@ -62,4 +65,9 @@ for cmd in containerd containerd-shim-runc-v2 ctr; do
   build "$root/tools/containerd" "github.com/containerd/containerd/v2/cmd/$cmd" "$containerd_dir/$cmd" "$containerd_ldflags"
   ln -sf "$containerd_dir/$cmd" "$cache/current/$cmd"
 done
+# Helm stamps its version from these (unstamped it reports v4.x-dev, which charts' kubeVersion
+# checks do not see).
+helm_ldflags="-s -X helm.sh/helm/v4/internal/version.version=$helm_ver -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
+build "$root/tools/helm" helm.sh/helm/v4/cmd/helm "$helm_dir/helm" "$helm_ldflags"
+ln -sf "$helm_dir/helm" "$cache/current/helm"
 echo "$cache/current"
