@@ -53,7 +53,15 @@ type Budget struct {
 	// refused counts refusals by kind: [k][0] at the total, [k][1] over a fair share.
 	refused [numKinds][2]atomic.Int64
 
-	maxDesc, heldDesc, refusedDesc, accountsDesc *prometheus.Desc
+	// open are the accounts with an end to ask of (OpenEnding); evicting is set while one
+	// was asked to end and has not closed yet (one at a time: a scan per eviction, not per
+	// Take). evicted counts them.
+	mu       sync.Mutex
+	open     map[*Account]struct{}
+	evicting atomic.Bool
+	evicted  atomic.Int64
+
+	maxDesc, heldDesc, refusedDesc, accountsDesc, endedDesc *prometheus.Desc
 }
 
 // New returns a budget of max bytes (at least 1 MiB).
@@ -62,12 +70,15 @@ func New(max int64) *Budget {
 	return &Budget{
 		max:  max,
 		high: max - max/8,
+		open: map[*Account]struct{}{},
 		maxDesc: prometheus.NewDesc("watchsan_memory_budget_bytes",
 			"The memory budget's total (--memory-budget-bytes): what queues, frames being read, write buffers, rings and 410 states may hold together.", nil, nil),
 		heldDesc: prometheus.NewDesc("watchsan_memory_budget_held_bytes",
 			"Bytes of the memory budget held, by holder (queues, frames, writers, rings, states).", []string{"holder"}, nil),
 		refusedDesc: prometheus.NewDesc("watchsan_memory_budget_refusals_total",
 			"Requests for memory the budget refused, by holder and why: total (the budget was full) or share (past the high mark, the client held more than its fair share). A refused watch or subscriber is ended; its client re-watches.", []string{"holder", "why"}, nil),
+		endedDesc: prometheus.NewDesc("watchsan_memory_budget_ended_total",
+			"Watches and subscribers asked to end because, past the budget's high mark, they held the most beyond their fair share; their clients re-watch.", nil, nil),
 		accountsDesc: prometheus.NewDesc("watchsan_memory_budget_accounts",
 			"Clients and feeds holding an account of the memory budget; the fair share past the high mark is the total over this.", nil, nil),
 	}
@@ -129,6 +140,9 @@ func (b *Budget) Charge(k Kind, n int64) {
 	}
 	b.used.Add(n)
 	b.held[k].Add(n)
+	if n > 0 && b.used.Load() > b.high {
+		b.relieveLater()
+	}
 }
 
 // Short says whether what is held is past the high mark: holders that can give way (Charge)
@@ -138,23 +152,72 @@ func (b *Budget) Short() bool {
 }
 
 // Open opens a client's account. Close it when the client ends.
-func (b *Budget) Open() *Account {
+func (b *Budget) Open() *Account { return b.OpenEnding(nil) }
+
+// OpenEnding opens a client's account with a way to end the client (nil: none): past the
+// high mark, the account holding the most beyond its fair share is asked to end (once, on a
+// goroutine of its own), so what it holds comes back before others are refused at the total;
+// end must make the client close its account soon, and must not wait on anything of the
+// budget's.
+func (b *Budget) OpenEnding(end func()) *Account {
 	if b == nil {
 		return nil
 	}
 	b.accounts.Add(1)
-	return &Account{b: b}
+	a := &Account{b: b, end: end}
+	if end != nil {
+		b.mu.Lock()
+		b.open[a] = struct{}{}
+		b.mu.Unlock()
+	}
+	return a
+}
+
+// relieve asks the account holding the most beyond its fair share to end, unless one was
+// asked already and has not closed yet. Called past the high mark.
+func (b *Budget) relieve() {
+	if !b.evicting.CompareAndSwap(false, true) {
+		return
+	}
+	fair := b.max / maxInt(b.accounts.Load(), 1)
+	var victim *Account
+	most := fair
+	b.mu.Lock()
+	for a := range b.open {
+		if n := a.heldNow(); n > most {
+			victim, most = a, n
+		}
+	}
+	if victim != nil {
+		delete(b.open, victim) // asked once
+		victim.ending.Store(true)
+	}
+	b.mu.Unlock()
+	if victim == nil {
+		b.evicting.Store(false)
+		return
+	}
+	b.evicted.Add(1)
+	go victim.end()
 }
 
 // Account is what one client holds of the budget. A nil *Account refuses nothing. Its methods
 // are safe for concurrent use.
 type Account struct {
 	b      *Budget
+	end    func() // OpenEnding's; nil: never asked
 	mu     sync.Mutex
 	held   [numKinds]int64
 	total  int64
 	closed bool
+	// ending: asked to end by relieve; its Close lets the next one be asked. published is
+	// total, stored whenever it changes.
+	ending    atomic.Bool
+	published atomic.Int64
 }
+
+// heldNow is total, read without mu (relieve holds the budget's lock, never an account's).
+func (a *Account) heldNow() int64 { return a.published.Load() }
 
 // Take reserves n bytes of kind k for the account: refused when the total would pass the
 // budget, or when it would pass the high mark and the account would hold more than its fair
@@ -184,8 +247,19 @@ func (a *Account) Take(k Kind, n int64) bool {
 	}
 	a.held[k] += n
 	a.total += n
+	a.published.Store(a.total)
 	b.held[k].Add(n)
+	if used > b.high {
+		b.relieveLater()
+	}
 	return true
+}
+
+// relieveLater runs relieve off the caller's locks (an account's Take may hold its holder's).
+func (b *Budget) relieveLater() {
+	if !b.evicting.Load() {
+		go b.relieve()
+	}
 }
 
 // Give returns n bytes of kind k the account took; after Close, nothing (Close gave back all).
@@ -201,6 +275,7 @@ func (a *Account) Give(k Kind, n int64) {
 	n = min(n, a.held[k])
 	a.held[k] -= n
 	a.total -= n
+	a.published.Store(a.total)
 	a.b.used.Add(-n)
 	a.b.held[k].Add(-n)
 }
@@ -223,8 +298,8 @@ func (a *Account) Close() {
 		return
 	}
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if a.closed {
+		a.mu.Unlock()
 		return
 	}
 	a.closed = true
@@ -234,7 +309,17 @@ func (a *Account) Close() {
 		a.held[k] = 0
 	}
 	a.total = 0
+	a.published.Store(0)
+	a.mu.Unlock()
 	a.b.accounts.Add(-1)
+	if a.end != nil { // the budget's lock after the account's, never inside it
+		a.b.mu.Lock()
+		delete(a.b.open, a)
+		a.b.mu.Unlock()
+		if a.ending.Load() {
+			a.b.evicting.Store(false)
+		}
+	}
 }
 
 // Of binds the account to one kind, for a holder that knows nothing of kinds (stream.Reader's
@@ -259,12 +344,14 @@ func (b *Budget) Describe(ch chan<- *prometheus.Desc) {
 	ch <- b.heldDesc
 	ch <- b.refusedDesc
 	ch <- b.accountsDesc
+	ch <- b.endedDesc
 }
 
 // Collect implements prometheus.Collector.
 func (b *Budget) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(b.maxDesc, prometheus.GaugeValue, float64(b.max))
 	ch <- prometheus.MustNewConstMetric(b.accountsDesc, prometheus.GaugeValue, float64(b.accounts.Load()))
+	ch <- prometheus.MustNewConstMetric(b.endedDesc, prometheus.CounterValue, float64(b.evicted.Load()))
 	for k := Kind(0); k < numKinds; k++ {
 		ch <- prometheus.MustNewConstMetric(b.heldDesc, prometheus.GaugeValue, float64(b.held[k].Load()), k.String())
 		ch <- prometheus.MustNewConstMetric(b.refusedDesc, prometheus.CounterValue, float64(b.refused[k][0].Load()), k.String(), "total")

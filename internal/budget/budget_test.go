@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
@@ -157,4 +158,43 @@ func Example() {
 	// true
 	// false
 	// true
+}
+
+// Past the high mark the account holding the most beyond its fair share is asked to end, once,
+// and the next one only after it closed.
+func TestPastTheHighMarkTheLargestIsAskedToEnd(t *testing.T) {
+	b := New(16 << 20) // high mark 14 MiB
+	ended := make(chan string, 4)
+	big := b.OpenEnding(func() { ended <- "big" })
+	mid := b.OpenEnding(func() { ended <- "mid" })
+	small := b.OpenEnding(func() { ended <- "small" })
+	big.Take(Frames, 9<<20)
+	mid.Take(Frames, 4<<20) // 13 MiB held; fair share 5.33 MiB
+	select {
+	case who := <-ended:
+		t.Fatalf("%s asked to end below the high mark", who)
+	default:
+	}
+	if !small.Take(Queues, 3<<19) { // 14.5 MiB: past the high mark, within its share
+		t.Fatal("the small account was refused")
+	}
+	select {
+	case who := <-ended:
+		if who != "big" {
+			t.Fatalf("%s asked to end, want the largest", who)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no account asked to end past the high mark")
+	}
+	small.Take(Queues, 1) // still past it: no second ask while the first has not closed
+	big.Close()
+	small.Take(Queues, 1) // 5.5 MiB held: below the high mark, nothing asked
+	select {
+	case who := <-ended:
+		t.Fatalf("%s asked to end with the total below the high mark", who)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if n := b.evicted.Load(); n != 1 {
+		t.Fatalf("%d accounts asked to end, want 1", n)
+	}
 }

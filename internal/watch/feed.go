@@ -539,6 +539,10 @@ func (f *feed) classify(attemptCtx context.Context, err error) attemptEnd {
 		return attemptEnd{end: f.deadlineEnd()}
 	case errors.Is(cause, errStalled):
 		return attemptEnd{resume: ResumeStall, err: err}
+	case errors.Is(cause, errOverBudget):
+		f.log.Warn("the watch held the most of the memory budget past its high mark; ending the client's stream cleanly",
+			zap.String("path", f.client.URL.Path), zap.Int64("held", f.mem.Held()))
+		return attemptEnd{end: EndMemory, err: cause}
 	}
 	var moved *upstream.MoveError
 	if errors.As(context.Cause(attemptCtx), &moved) {

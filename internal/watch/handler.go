@@ -302,6 +302,7 @@ var (
 	errShutdown       = errors.New("watchsan is shutting down")
 	errClientDeadline = errors.New("the client's timeoutSeconds passed")
 	errStalled        = errors.New("upstream watch stalled")
+	errOverBudget     = errors.New("the watch held the most of the memory budget past its high mark")
 )
 
 // params are the watch parameters that matter to watchsan.
@@ -445,8 +446,9 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 	sub := newSubscriber(h, w, r, p, m.Resource(info.FullResource()), log)
 	f := &feed{
 		h: h, client: r, ctx: ctx, cancel: cancel, unfollow: unfollow, cred: cred, log: log, sub: sub, timeout: p.timeout, maxLifetime: p.maxLifetime,
-		backoff: upstream.ResumeBackoff, scope: p.scope, groupResource: info.GroupResource(), mem: h.deps.Budget.Open(),
+		backoff: upstream.ResumeBackoff, scope: p.scope, groupResource: info.GroupResource(),
 	}
+	f.mem = h.deps.Budget.OpenEnding(func() { cancel(errOverBudget) })
 	sub.out.mem = f.mem
 	switch {
 	case p.timeout > 0:

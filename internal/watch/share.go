@@ -390,8 +390,9 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, info *reqinfo.Info,
 	sf.pol = newSubscriber(h, nil, tmpl, params{}, h.deps.Metrics.Resource(info.FullResource()), log)
 	sf.f = &feed{
 		h: h, client: tmpl, ctx: ctx, cancel: cancel, cred: cred, log: log, sub: sf,
-		backoff: upstream.ResumeBackoff, scope: scope, groupResource: info.GroupResource(), mem: h.deps.Budget.Open(),
+		backoff: upstream.ResumeBackoff, scope: scope, groupResource: info.GroupResource(),
 	}
+	sf.f.mem = h.deps.Budget.OpenEnding(func() { cancel(errOverBudget) })
 	if h.deps.Done != nil {
 		h.track(sf.f)
 	}
@@ -501,7 +502,7 @@ func (sf *sharedFeed) addLocked(at uint64, bookmarks bool) (*member, string) {
 		if n += len(backlog) * entryCost; n > m.max {
 			return nil, privateBacklog
 		}
-		m.mem = sf.h.deps.Budget.Open()
+		m.mem = sf.h.deps.Budget.OpenEnding(m.overBudget)
 		if !m.mem.Take(budget.Queues, int64(len(backlog)*entryCost)) {
 			m.mem.Close()
 			return nil, privateBacklog
@@ -514,7 +515,7 @@ func (sf *sharedFeed) addLocked(at uint64, bookmarks bool) (*member, string) {
 		m.account()
 		m.wake <- struct{}{}
 	} else {
-		m.mem = sf.h.deps.Budget.Open()
+		m.mem = sf.h.deps.Budget.OpenEnding(m.overBudget)
 	}
 	sf.members[m] = struct{}{}
 	if sf.idleTimer != nil {
@@ -804,6 +805,9 @@ type member struct {
 func (m *member) push(raw []byte, now time.Time) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.over {
+		return false // ended by the memory budget (overBudget): the feed lets it go
+	}
 	cost := len(raw) + entryCost
 	// Past its own bound, or refused by the memory budget (it holds more than its share of
 	// what is left): ended as the apiserver ends a watcher that cannot keep up.
@@ -823,6 +827,21 @@ func (m *member) push(raw []byte, now time.Time) bool {
 	m.signal = true
 	m.account()
 	return true
+}
+
+// overBudget ends the member as over its bound (push), asked by the memory budget: past its
+// high mark, this member held the most beyond its fair share.
+func (m *member) overBudget() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.over || m.done {
+		return
+	}
+	m.over, m.bytes = true, 0
+	m.mem.Give(budget.Queues, int64(m.q.len()*entryCost))
+	m.q.reset()
+	m.account()
+	m.wakeLocked()
 }
 
 // account publishes the queue's size for /debug/feeds; m.mu is held.
