@@ -2,7 +2,9 @@
 GO       ?= go
 BIN      := bin/watchsan
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS  := -X github.com/watchsan/watchsan/internal/cli.Version=$(VERSION)
+# The version and the commit, for `watchsan version` and watchsan_build_info: Go records no
+# vcs.revision in a linked git worktree or with -buildvcs=false (golang/go#58218).
+LDFLAGS   = -X github.com/watchsan/watchsan/internal/cli.Version=$(VERSION) -X github.com/watchsan/watchsan/internal/cli.Revision=$(REVISION)
 
 .PHONY: build demo docs test test-node test-node-ha test-short soak scenario cluster-bins vet fmt-check fuzz bench bench-micro image
 

@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"io"
 	"os/signal"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
@@ -37,10 +36,6 @@ const (
 	exitError = 1 // the proxy failed while running
 	exitUsage = 2 // bad flags or configuration, a listen address that cannot be bound
 )
-
-// Version is set at build time (-ldflags "-X github.com/watchsan/watchsan/internal/cli.Version=...");
-// otherwise the module's build info is used.
-var Version = ""
 
 // Main runs watchsan with args (without the program name) and returns the exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
@@ -220,7 +215,8 @@ func runProxy(cmd *cobra.Command, args []string, stdout, stderr io.Writer) int {
 		reportStartError(stderr, err)
 		return exitUsage
 	}
-	srv.Metrics().SetVersion(Version) // watchsan_build_info
+	b := currentBuild()
+	srv.Metrics().SetVersion(b.Version, b.Revision) // watchsan_build_info
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	stopped := make(chan struct{})
@@ -250,22 +246,6 @@ func reportConfigErrors(w io.Writer, err error) {
 		fmt.Fprintln(w, "  -", line)
 	}
 	fmt.Fprintln(w, "Run 'watchsan --help' for the flags.")
-}
-
-func version() string {
-	if Version != "" {
-		return Version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		v := bi.Main.Version
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-				v += " " + s.Value[:12]
-			}
-		}
-		return v
-	}
-	return "unknown"
 }
 
 // NewLogger builds the process logger: level debug|info|warn|error, format json|console.

@@ -4,7 +4,6 @@ package metrics
 
 import (
 	"runtime"
-	"runtime/debug"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -135,7 +134,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 		f(c)
 	}
 	m.Upstream.register(reg)
-	m.SetVersion("")
+	m.SetVersion("", "")
 	for _, d := range Directions { // every closed-set series from the start: alerts see 0, not "no data"
 		m.Bytes.WithLabelValues(d)
 	}
@@ -158,22 +157,15 @@ var (
 	BrakeBuckets = []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 7.5}
 )
 
-// SetVersion sets watchsan_build_info: version as given (the -ldflags version), or the main
-// module's version when empty; revision and Go version from the binary's build info.
-func (m *Metrics) SetVersion(version string) {
-	revision := "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		if version == "" {
-			version = bi.Main.Version
-		}
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				revision = s.Value
-			}
-		}
-	}
+// SetVersion sets watchsan_build_info: version and revision as given (the command line's
+// reading of -ldflags and the build info), "unknown" where empty; the Go version is the
+// running one's.
+func (m *Metrics) SetVersion(version, revision string) {
 	if version == "" {
 		version = "unknown"
+	}
+	if revision == "" {
+		revision = "unknown"
 	}
 	m.BuildInfo.Reset()
 	m.BuildInfo.WithLabelValues(version, revision, runtime.Version()).Set(1)
