@@ -13,9 +13,11 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/watchsan
 
 # The 1.7-1.9 incident, end to end, with an embedded upstream: no cluster needed. The demo is a
-# command of its own (cmd/watchsan-demo) so that watchsan does not link what it needs.
+# command of its own (cmd/watchsan-demo) so that watchsan does not link what it needs. The build
+# says what it does as it goes (hack/build-progress.sh): a first run downloads the modules and
+# compiles client-go, minutes on 2 cores, which a bare `go build` shows as a silent hang.
 demo:
-	$(GO) build -o bin/watchsan-demo ./cmd/watchsan-demo
+	@GO=$(GO) hack/build-progress.sh bin/watchsan-demo ./cmd/watchsan-demo
 	bin/watchsan-demo
 
 # The flags reference, docs/flags.md, written from the code (TestFlagsReferenceUpToDate fails
