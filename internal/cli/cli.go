@@ -248,7 +248,8 @@ func reportConfigErrors(w io.Writer, err error) {
 	fmt.Fprintln(w, "Run 'watchsan --help' for the flags.")
 }
 
-// NewLogger builds the process logger: level debug|info|warn|error, format json|console.
+// NewLogger builds the process logger: level debug|info|warn|error, format json|console, or
+// "" for console when w is a terminal and json otherwise.
 func NewLogger(level, format string, w io.Writer) (*zap.Logger, error) {
 	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {
@@ -256,14 +257,14 @@ func NewLogger(level, format string, w io.Writer) (*zap.Logger, error) {
 	}
 	encCfg := logging.EncoderConfig()
 	var enc zapcore.Encoder
-	switch format {
+	switch logging.ResolveFormat(format, w) {
 	case "json":
 		enc = zapcore.NewJSONEncoder(encCfg)
 	case "console":
 		encCfg.EncodeLevel = zapcore.CapitalLevelEncoder
 		enc = zapcore.NewConsoleEncoder(encCfg)
 	default:
-		return nil, fmt.Errorf("--log-format %q: want json or console", format)
+		return nil, fmt.Errorf("--log-format %q: want console or json", format)
 	}
 	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), lvl)
 	return zap.New(core).Named("watchsan"), nil

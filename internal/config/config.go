@@ -146,7 +146,9 @@ type Config struct {
 	ShutdownDelay   time.Duration
 	ShutdownTimeout time.Duration
 	LogLevel        string
-	LogFormat       string
+	// LogFormat is json (one object per line) or console (for people); "" (the zero value and
+	// the default): console when stderr is a terminal, json otherwise (logging.ResolveFormat).
+	LogFormat string
 	// AccessLog writes one "request" line per main-listener request (logger watchsan.access);
 	// false (the zero value): none. Default writes them.
 	AccessLog bool
@@ -191,7 +193,7 @@ func Default() Config {
 		WatchAbsorbTotalBytes: watch.DefaultAbsorbTotalBytes,
 		ShutdownTimeout:       30 * time.Second,
 		LogLevel:              "info",
-		LogFormat:             "json",
+		LogFormat:             "",
 		AccessLog:             true,
 		HA:                    defaultHA(),
 

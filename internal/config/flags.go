@@ -163,7 +163,7 @@ func FlagSet(c *Config) *pflag.FlagSet {
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "after the shutdown delay, how long shutdown waits for requests to finish")
 	group("Logging")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
-	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "json or console")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "console or json; default: console when stderr is a terminal, else json")
 	fs.BoolVar(&c.AccessLog, "access-log", c.AccessLog, "log one line per request on the main listener (with its request id, which watch lines carry too); false: none")
 	fs.VarP(verbosity{&c.LogLevel}, "v", "v", "log verbosity, klog's convention: 0 is --log-level=info, 1 or more is --log-level=debug; -v alone is 1 (the later of -v and --log-level wins)")
 	c.HA.flags(fs, group)

@@ -150,8 +150,10 @@ func (c *Config) Validate() error {
 	default:
 		add("--log-level %q: want debug, info, warn or error", c.LogLevel)
 	}
-	if c.LogFormat != "json" && c.LogFormat != "console" {
-		add("--log-format %q: want json or console", c.LogFormat)
+	switch c.LogFormat {
+	case "", "json", "console":
+	default:
+		add("--log-format %q: want console or json (empty: console on a terminal, else json)", c.LogFormat)
 	}
 	c.HA.validate(add)
 	return errors.Join(errs...)
