@@ -95,7 +95,33 @@ func NewCommand(stdout, stderr io.Writer, code *int) *cobra.Command {
 		defaultHelp(cmd, args)
 	})
 	root.AddCommand(commands(stdout, stderr, code)...)
+	strictCompletion(root)
 	return root
+}
+
+// completionShells are the shells cobra's completion command writes a script for.
+var completionShells = []string{"bash", "zsh", "fish", "powershell"}
+
+// strictCompletion makes `watchsan completion SHELL` refuse a shell it has no script for
+// (tcsh) and a missing shell, exit code 2: cobra's own command has no Run, so cobra answered
+// both with its help and exit code 0, as if a script had been written.
+func strictCompletion(root *cobra.Command) {
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		if c.Name() != "completion" {
+			continue
+		}
+		want := strings.Join(completionShells, ", ")
+		c.Args = func(_ *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return fmt.Errorf("completion %q: not a shell watchsan writes a script for; want one of %s", args[0], want)
+			}
+			return nil
+		}
+		c.RunE = func(*cobra.Command, []string) error {
+			return fmt.Errorf("completion: name the shell, one of %s (e.g. `source <(watchsan completion bash)`)", want)
+		}
+	}
 }
 
 // commands are watchsan's subcommands besides help and completion (cobra's own).

@@ -39,6 +39,12 @@ func TestHelpVersionCompletion(t *testing.T) {
 			t.Errorf("completion %s: exit %d, %d bytes, stderr %q", shell, code, len(out), errOut)
 		}
 	}
+	// A shell without a script, or none, is a usage error, not help and exit 0.
+	for _, args := range [][]string{{"completion", "tcsh"}, {"completion"}} {
+		if code, out, errOut := run(args...); code != exitUsage || out != "" || !strings.Contains(errOut, "bash, zsh, fish, powershell") {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q", args, code, out, errOut)
+		}
+	}
 	// What the shell scripts ask: flag names, and the values of an enumerated flag.
 	if _, out, _ := run("__complete", "--log-f"); !strings.Contains(out, "--log-format") {
 		t.Errorf("flag name completion: %q", out)
