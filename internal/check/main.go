@@ -54,6 +54,28 @@ func newFlags() (*pflag.FlagSet, checkFlags) {
 	return fs, f
 }
 
+// validate reports every flag value the check cannot run with, each naming its flag (the
+// limits are Options.Validate's, which names none).
+func (f checkFlags) validate() []error {
+	var errs []error
+	if *f.output != "text" && *f.output != "json" {
+		errs = append(errs, fmt.Errorf("--output %q: want text or json", *f.output))
+	}
+	if *f.objects < 1 || *f.objects > 100 {
+		errs = append(errs, fmt.Errorf("--objects %d: want 1 to 100", *f.objects))
+	}
+	if w := *f.bookmarkWait; w < 0 || (w > 0 && w < MinBookmarkWait) {
+		errs = append(errs, fmt.Errorf("--bookmark-wait %v: want 0 (skip) or at least %v", w, MinBookmarkWait))
+	}
+	if *f.idleWait < 0 {
+		errs = append(errs, fmt.Errorf("--idle-wait %v: want 0 (skip) or positive", *f.idleWait))
+	}
+	if *f.timeout < 0 {
+		errs = append(errs, fmt.Errorf("--timeout %v: want 0 (default) or positive", *f.timeout))
+	}
+	return errs
+}
+
 // WriteHelp writes `watchsan check`'s help to w, as --help does (`watchsan help check`).
 func WriteHelp(w io.Writer) {
 	fs, _ := newFlags()
@@ -99,36 +121,25 @@ func wrap(s string, width int) string {
 // namespace it created is deleted first.
 func Main(args []string, stdout, stderr io.Writer) int {
 	fs, f := newFlags()
-	fs.SetOutput(stderr)
-	fs.Usage = func() {} // --help is written to stdout below; a bad flag gets one line
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			writeHelp(stdout, fs)
-			return ExitClean
+	errs := config.ParseFlags(fs, args)
+	if len(errs) == 1 && errors.Is(errs[0], config.ErrHelp) {
+		writeHelp(stdout, fs)
+		return ExitClean
+	}
+	errs = append(errs, f.validate()...)
+	if len(errs) > 0 {
+		fmt.Fprintln(stderr, "watchsan check: invalid flags:")
+		for _, err := range errs {
+			fmt.Fprintln(stderr, "  -", err)
 		}
-		fmt.Fprintf(stderr, "watchsan check: %v\nRun 'watchsan check --help' for the flags.\n", err)
+		fmt.Fprintln(stderr, "Run 'watchsan check --help' for the flags.")
 		return ExitError
 	}
 	usage := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "watchsan check: "+format+"\n", a...)
 		return ExitError
 	}
-	if fs.NArg() > 0 {
-		return usage("unexpected arguments: %v", fs.Args())
-	}
-	if *f.output != "text" && *f.output != "json" {
-		return usage("--output %q: want text or json", *f.output)
-	}
 	o := Options{NamespacePrefix: *f.prefix, Objects: *f.objects, BookmarkWait: *f.bookmarkWait, IdleWait: *f.idleWait}
-	if *f.objects == 0 {
-		return usage("--objects 0: want 1 to 100")
-	}
-	if err := o.Validate(); err != nil {
-		return usage("%v", err)
-	}
-	if *f.timeout < 0 {
-		return usage("--timeout %v: want 0 (default) or positive", *f.timeout)
-	}
 	if *f.timeout == 0 {
 		*f.timeout = max(*f.bookmarkWait, *f.idleWait) + 2*time.Minute
 	}

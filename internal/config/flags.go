@@ -435,6 +435,13 @@ func setFlag(f *pflag.Flag, val string) error {
 	return nil
 }
 
+// ParseFlags parses args into fs as Load parses watchsan's own flags, for a subcommand's flag
+// set (`watchsan check`): every problem at once, each naming its flag, with a hint for a bad
+// value and a suggestion for a mistyped name. -h or --help returns just ErrHelp.
+func ParseFlags(fs *pflag.FlagSet, args []string) []error {
+	return parseAll(fs, args)
+}
+
 // parseAll applies every flag in args with pflag's conventions (--name value, --name=value,
 // a bool's --name alone, -v 2, -v2) and, unlike pflag.FlagSet.Parse, keeps going after a bad
 // one so that every problem is reported at once.
