@@ -17,6 +17,10 @@ import (
 type Config struct {
 	// ConfigFile is --config: a YAML file with the same keys as the flags.
 	ConfigFile string
+	// FileLines says where in the --config file each flag it set is ("FILE: line N"), for the
+	// flags the command line did not set again: Validate puts it before a problem with that
+	// flag's value. nil (the zero value): problems name the flag alone.
+	FileLines map[string]string
 
 	// Listen is the main listener's address (plain HTTP unless TLS files are given).
 	Listen      string

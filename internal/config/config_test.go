@@ -173,9 +173,32 @@ func TestUnknownFlagDidYouMean(t *testing.T) {
 	if err := os.WriteFile(f, []byte("dial-timeout: 5\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	want := "--config " + f + `: key "dial-timeout": "5": not a duration: use one such as 5s, 500ms or 1m30s`
+	want := "--config " + f + `: line 1: key "dial-timeout": "5": not a duration: use one such as 5s, 500ms or 1m30s`
 	if _, err := Load([]string{"--config", f}); err == nil || err.Error() != want {
 		t.Errorf("config file value: got %v, want %s", err, want)
+	}
+}
+
+// A value the file gave that Validate refuses names the file and the line, as a value that
+// does not parse does; the same value given on the command line (which wins) names the flag.
+func TestValidateNamesTheFileAndLine(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(f, []byte("# watchsan\nmax-frame-size: 5\nwatch-stall-timeout: 100ms\nlog-format: xml\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load([]string{"--config", f, "--watch-stall-timeout=200ms"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := c.Validate()
+	for _, want := range []string{
+		"--config " + f + ": line 2: --max-frame-size 5: want 1024 to 1073741824 bytes",
+		"--config " + f + ": line 4: --log-format \"xml\"",
+		"\n--watch-stall-timeout 200ms: use at least 1s",
+	} {
+		if got == nil || !strings.Contains("\n"+got.Error(), want) {
+			t.Errorf("Validate: %v\nlacks %q", got, want)
+		}
 	}
 }
 

@@ -241,6 +241,14 @@ func Load(args []string) (Config, error) {
 	}
 	fs := FlagSet(&c)
 	errs = append(errs, parseAll(fs, args)...)
+	fs.VisitAll(func(f *pflag.Flag) { // the command line wins, so a problem is its own
+		if f.Changed {
+			delete(c.FileLines, f.Name)
+			if _, ok := f.Value.(verbosity); ok {
+				delete(c.FileLines, "log-level")
+			}
+		}
+	})
 	for _, e := range errs {
 		if errors.Is(e, ErrHelp) {
 			return c, ErrHelp
@@ -303,14 +311,27 @@ func loadFile(path string, c *Config) error {
 			errs = append(errs, fmt.Errorf("--config %s: key %q: line %d: %w", path, k, vn.Line, err))
 			continue
 		}
+		set := false
 		for _, v := range vals {
 			if err := setFlag(f, v); err != nil {
 				var ve *ValueError
 				if errors.As(err, &ve) {
-					ve.File = path
+					ve.File, ve.Line = path, vn.Line
 				}
 				errs = append(errs, err)
+				continue
 			}
+			set = true
+		}
+		if set {
+			if c.FileLines == nil {
+				c.FileLines = map[string]string{}
+			}
+			name := f.Name
+			if _, ok := f.Value.(verbosity); ok {
+				name = "log-level" // what -v sets, and what a problem names
+			}
+			c.FileLines[name] = fmt.Sprintf("%s: line %d", path, kn.Line)
 		}
 	}
 	return errors.Join(errs...)
@@ -396,6 +417,8 @@ type ValueError struct {
 	Err error
 	// File is the --config file the value came from; "": the command line.
 	File string
+	// Line is the line of File the value is on; 0 with no File.
+	Line int
 }
 
 func (e *ValueError) Error() string {
@@ -404,7 +427,7 @@ func (e *ValueError) Error() string {
 		problem = e.Err.Error()
 	}
 	if e.File != "" {
-		return fmt.Sprintf("--config %s: key %q: %q: %s", e.File, e.Flag, e.Value, problem)
+		return fmt.Sprintf("--config %s: line %d: key %q: %q: %s", e.File, e.Line, e.Flag, e.Value, problem)
 	}
 	return fmt.Sprintf("--%s %q: %s", e.Flag, e.Value, problem)
 }

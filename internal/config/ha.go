@@ -152,6 +152,7 @@ func LiveChanges(old, new Config) (restartOnly []string) {
 	// What a reload applies.
 	o.Upstreams, n.Upstreams = nil, nil
 	o.ConfigFile, n.ConfigFile = "", ""
+	o.FileLines, n.FileLines = nil, nil
 	if fmt.Sprintf("%+v", o) != fmt.Sprintf("%+v", n) {
 		of, nf := FlagSet(&o), FlagSet(&n)
 		of.VisitAll(func(f *pflag.Flag) {

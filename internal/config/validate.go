@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -156,7 +157,28 @@ func (c *Config) Validate() error {
 		add("--log-format %q: want console or json (empty: console on a terminal, else json)", c.LogFormat)
 	}
 	c.HA.validate(add)
-	return errors.Join(errs...)
+	return errors.Join(c.locate(errs)...)
+}
+
+// flagNamed is the flag a problem begins with ("--max-frame-size 5: ...").
+var flagNamed = regexp.MustCompile(`^--([a-z0-9-]+)`)
+
+// locate puts where the --config file set a flag before each problem that begins with that
+// flag, so a problem in a file names the file and line, not only a flag the user never typed.
+func (c *Config) locate(errs []error) []error {
+	if len(c.FileLines) == 0 {
+		return errs
+	}
+	out := make([]error, len(errs))
+	for i, err := range errs {
+		out[i] = err
+		if m := flagNamed.FindStringSubmatch(err.Error()); m != nil {
+			if where, ok := c.FileLines[m[1]]; ok {
+				out[i] = fmt.Errorf("--config %s: %w", where, err)
+			}
+		}
+	}
+	return out
 }
 
 func checkHostPort(addr string) error {
