@@ -289,6 +289,23 @@ func TestFixExemptResourceSpellings(t *testing.T) {
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--fix-exempt-resource \"apps/deployments/scale\": want a resource") {
 		t.Errorf("got %v", err)
 	}
+	// A name no Kubernetes serves in a group no CRD can add to is a typo: refused, with the
+	// nearest name. Any other group's resource may be a CRD's and passes.
+	c.FixExemptResources = []string{"podz", "deployment.apps", "widgets.example.com", "leases.coordination.k8s.io"}
+	c.ShareExcludeResources = []string{"secret"}
+	err = c.Validate()
+	for _, want := range []string{
+		`--fix-exempt-resource "podz": "podz" is not a resource of the core API group; did you mean pods?`,
+		`--fix-exempt-resource "deployment.apps": "deployment" is not a resource of the API group apps; did you mean deployments.apps?`,
+		`--share-exclude-resource "secret": "secret" is not a resource of the core API group; did you mean secrets?`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate: %v\nlacks %q", err, want)
+		}
+	}
+	if err != nil && (strings.Contains(err.Error(), "widgets") || strings.Contains(err.Error(), "leases")) {
+		t.Errorf("a group's resource that may be a CRD's was refused: %v", err)
+	}
 }
 
 // TestAttackFileMeansWhatItSays (issue 16 item 4): a two-item YAML list for reject-paths kept

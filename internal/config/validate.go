@@ -69,7 +69,14 @@ func (c *Config) Validate() error {
 		values []string
 	}{{"fix-exempt-resource", c.FixExemptResources}, {"share-exclude-resource", c.ShareExcludeResources}} {
 		for _, r := range l.values {
-			if _, err := reqinfo.ParseGroupResource(r); err != nil {
+			gr, err := reqinfo.ParseGroupResource(r)
+			if err == nil {
+				err = reqinfo.CheckBuiltin(gr)
+				if err != nil {
+					err = fmt.Errorf("%q: %w", r, err)
+				}
+			}
+			if err != nil {
 				add("--%s %w", l.flag, err)
 			}
 		}
