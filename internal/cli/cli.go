@@ -145,6 +145,15 @@ func commands(stdout, stderr io.Writer, code *int) []*cobra.Command {
 		},
 		checkCmd,
 		{
+			Use:   "flags",
+			Short: "Print every flag with its full description",
+			Args:  cobra.NoArgs,
+			Run: func(cmd *cobra.Command, _ []string) {
+				fmt.Fprintln(stdout, "watchsan's flags, in full (also in docs/flags.md):")
+				writeFlagGroups(stdout, cmd.Root().Flags(), false)
+			},
+		},
+		{
 			Use:                "demo",
 			Short:              "The demo is the command watchsan-demo (make demo)",
 			Hidden:             true,
@@ -174,7 +183,9 @@ func completeFlags(root *cobra.Command) {
 	}
 }
 
-// writeHelp writes the root command's help: kubectl's layout, flags in their groups.
+// writeHelp writes the root command's help: kubectl's layout, flags in their groups, each
+// with its one-line description (config.ShortUsage); `watchsan flags` and docs/flags.md have
+// them in full.
 func writeHelp(w io.Writer, root *cobra.Command) {
 	fmt.Fprintf(w, "%s\n\nUsage:\n  watchsan [flags]\n  watchsan [command]\n\nExamples:\n%s\n\nCommands:\n", root.Long, root.Example)
 	for _, c := range root.Commands() {
@@ -182,15 +193,27 @@ func writeHelp(w io.Writer, root *cobra.Command) {
 			fmt.Fprintf(w, "  %-11s %s\n", c.Name(), c.Short)
 		}
 	}
-	for _, g := range config.Groups(root.Flags()) {
+	writeFlagGroups(w, root.Flags(), true)
+	fmt.Fprint(w, "\nEvery flag in full: `watchsan flags`, or docs/flags.md. Every flag can also be set in\n"+
+		"the --config file, under its name; flags win.\n"+
+		"Use \"watchsan [command] --help\" for more about a command.\n")
+}
+
+// writeFlagGroups writes fs's flags in their groups, each with its one-line description
+// (short) or in full.
+func writeFlagGroups(w io.Writer, flags *pflag.FlagSet, short bool) {
+	for _, g := range config.Groups(flags) {
 		fs := pflag.NewFlagSet(g.Title, pflag.ContinueOnError)
 		for _, f := range g.Flags {
+			if short {
+				c := *f
+				c.Usage = config.ShortUsage(f)
+				f = &c
+			}
 			fs.AddFlag(f)
 		}
 		fmt.Fprintf(w, "\n%s flags:\n%s", g.Title, fs.FlagUsagesWrapped(100))
 	}
-	fmt.Fprint(w, "\nEvery flag can also be set in the --config file, under its name; flags win.\n"+
-		"Use \"watchsan [command] --help\" for more about a command.\n")
 }
 
 // runProxy is `watchsan [flags]`: it loads the configuration and runs the proxy until SIGTERM.

@@ -29,6 +29,23 @@ func TestHelpVersionCompletion(t *testing.T) {
 			t.Errorf("%q: groups not in registration order", args)
 		}
 	}
+	// --help is a page: one line per flag, two where the default does not fit; every flag in
+	// full is `watchsan flags` (and docs/flags.md).
+	_, help, _ := run("--help")
+	if n := strings.Count(help, "\n"); n > 230 {
+		t.Errorf("--help is %d lines, want at most 230", n)
+	}
+	for _, block := range strings.Split(help, "\n      --")[1:] {
+		if lines := strings.Count(strings.TrimRight(strings.SplitN(block, "\n\n", 2)[0], "\n"), "\n") + 1; lines > 3 {
+			t.Errorf("--help gives --%s %d lines", strings.Fields(block)[0], lines)
+		}
+	}
+	if !strings.Contains(help, "serve identical watches from one upstream") || strings.Contains(help, "SelfSubjectAccessReview") {
+		t.Errorf("--share-watches in --help is not its short description:\n%s", help)
+	}
+	if code, full, _ := run("flags"); code != exitOK || !strings.Contains(full, "SelfSubjectAccessReview with their credentials") {
+		t.Errorf("watchsan flags: exit %d, lacks --share-watches in full", code)
+	}
 	for _, args := range [][]string{{"--version"}, {"version"}, {"--listen=x", "--version"}} {
 		if code, out, _ := run(args...); code != exitOK || !strings.HasPrefix(out, "watchsan ") {
 			t.Errorf("%q: exit %d, output %q", args, code, out)

@@ -168,6 +168,7 @@ func FlagSet(c *Config) *pflag.FlagSet {
 	fs.VarP(verbosity{&c.LogLevel}, "v", "v", "log verbosity, klog's convention: 0 is --log-level=info, 1 or more is --log-level=debug; -v alone is 1 (the later of -v and --log-level wins)")
 	c.HA.flags(fs, group)
 	group("")
+	annotateShortUsage(fs)
 	return fs
 }
 
