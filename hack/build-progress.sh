@@ -12,8 +12,8 @@ start=$SECONDS
 # Listing the dependencies fetches the modules they come from (go: downloading ... on stderr).
 echo "building $out from $pkg"
 deps=$("$GO" list -deps "$pkg" 2> >(awk '
-  /^go: downloading / { if (!d++) print "  downloading Go modules (first run only)..."; next }
-  { print }
+  /^go: downloading / { if (!d++) { print "  downloading Go modules (first run only)..."; fflush() }; next }
+  { print; fflush() }
   END { if (d) printf "  downloaded %d modules\n", d }' >&2)) || exit $?
 total=$(printf '%s\n' "$deps" | grep -c .)
 
