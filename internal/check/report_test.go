@@ -137,7 +137,7 @@ func TestProgress(t *testing.T) {
 	nilP.Done()
 }
 
-// Issue 16 item 11: `watchsan check` with no kubeconfig, or an empty one, printed client-go's
+// `watchsan check` with no kubeconfig, or an empty one, printed client-go's
 // "no configuration has been provided, try setting KUBERNETES_MASTER"; --help went to stderr
 // (`| less` showed nothing), unwrapped.
 func TestCheckHelpAndKubeconfigMessages(t *testing.T) {

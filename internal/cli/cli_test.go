@@ -12,7 +12,7 @@ func run(args ...string) (code int, stdout, stderr string) {
 	return code, o.String(), e.String()
 }
 
-// Issue 11 item 4: help, version and completion the way kubectl has them.
+// help, version and completion the way kubectl has them.
 func TestHelpVersionCompletion(t *testing.T) {
 	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}} {
 		code, out, _ := run(args...)
@@ -96,7 +96,7 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
-// Issue 16 item 11: `watchsan help check` printed cobra's stub (only -h) while `watchsan check
+// `watchsan help check` printed cobra's stub (only -h) while `watchsan check
 // --help` printed the real help, on stderr. Both print the real help, on stdout.
 func TestHelpCheck(t *testing.T) {
 	code, help, errOut := run("help", "check")

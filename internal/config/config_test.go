@@ -119,7 +119,7 @@ func TestIsLoopback(t *testing.T) {
 	}
 }
 
-// Issue 11 item 4: each bad value is reported once, with what to give instead; a refused value
+// each bad value is reported once, with what to give instead; a refused value
 // does not also come back from Validate as the zero value the parser left.
 func TestBadValueReportedOnceWithHint(t *testing.T) {
 	c, err := Load([]string{"--dial-timeout", "5", "--max-connections=many", "--watch-drain-rate=fast", "--enable-pprof=maybe"})
@@ -216,7 +216,7 @@ func TestVerbosityMapsOntoLogLevel(t *testing.T) {
 		{[]string{"-v=0"}, "info"},
 		{[]string{"--log-level=warn", "-v", "1"}, "debug"},
 		{[]string{"-v", "1", "--log-level=error"}, "error"},
-		// Issue 16: -v alone said "flag --v needs a value".
+		// -v alone said "flag --v needs a value".
 		{[]string{"-v"}, "debug"},
 		{[]string{"-v", "--listen=127.0.0.1:1"}, "debug"},
 		{[]string{"--v"}, "debug"},
@@ -237,7 +237,7 @@ func TestVerbosityMapsOntoLogLevel(t *testing.T) {
 // With no --upstream and no kubeconfig, the error says where watchsan looked and what to pass,
 // not client-go's hint about KUBERNETES_MASTER.
 func TestMissingUpstreamSaysWhereItLooked(t *testing.T) {
-	// Issue 16: an empty --kubeconfig file got client-go's "no configuration has been provided,
+	// an empty --kubeconfig file got client-go's "no configuration has been provided,
 	// try setting KUBERNETES_MASTER environment variable".
 	empty := filepath.Join(t.TempDir(), "empty")
 	if err := os.WriteFile(empty, nil, 0o600); err != nil {
@@ -308,7 +308,7 @@ func TestFixExemptResourceSpellings(t *testing.T) {
 	}
 }
 
-// TestAttackFileMeansWhatItSays (issue 16 item 4): a two-item YAML list for reject-paths kept
+// TestAttackFileMeansWhatItSays: a two-item YAML list for reject-paths kept
 // only its last item (exec answered 200 with the lent identity); garbage and duplicate keys
 // were read without a word. A list for a comma-separated flag is now joined; any other list,
 // a mapping, duplicate keys or a file that is not a YAML mapping is a problem naming the key.
@@ -354,7 +354,7 @@ func TestAttackFileMeansWhatItSays(t *testing.T) {
 	}
 }
 
-// The sharing flags: on by default (issue 15 item 7), --share-watches=false turns it off, bounds checked, and a subscriber's buffer holds at least
+// The sharing flags: on by default, --share-watches=false turns it off, bounds checked, and a subscriber's buffer holds at least
 // one event of the largest size.
 func TestShareFlags(t *testing.T) {
 	c, err := Load(nil)

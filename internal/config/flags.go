@@ -263,7 +263,7 @@ func Load(args []string) (Config, error) {
 // scalar; or a list, which sets a repeatable flag once per element, and is joined with commas
 // for a flag that takes a comma-separated list (CommaListAnnotation); any other list, or a
 // mapping, is refused, naming the key: a value the file meant can never be dropped or half
-// used (issue 16: a two-item reject-paths list kept only its last item).
+// used (a two-item reject-paths list kept only its last item).
 func loadFile(path string, c *Config) error {
 	data, err := os.ReadFile(path)
 	if err != nil {

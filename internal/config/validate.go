@@ -377,7 +377,7 @@ func (e *NoKubeconfigError) Error() string {
 // ~/.kube/config, else the pod's service account), with context and server (each "": the
 // kubeconfig's) in place of its own, for watchsan and `watchsan check` alike. Its failures say
 // what to do in watchsan's words: client-go's own for "nothing found" is about
-// KUBERNETES_MASTER, long obsolete (issue 16).
+// KUBERNETES_MASTER, long obsolete.
 func LoadKubeconfig(path, context, server string) (*rest.Config, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	if path != "" {

@@ -48,7 +48,7 @@ type Metrics struct {
 	WatchMovesFailed *prometheus.CounterVec // reason (upstream.MoveReason)
 	WatchFreshPoints prometheus.Counter
 
-	// Shared feeds (issue 15; internal/watch/share.go).
+	// Shared feeds (internal/watch/share.go).
 	SharedFeeds           prometheus.Gauge
 	SharedSubscribers     prometheus.Gauge
 	SharedJoins           prometheus.Counter
@@ -69,7 +69,7 @@ type Metrics struct {
 	// BuildInfo is 1 for the running build's version, revision and Go version (SetVersion).
 	BuildInfo *prometheus.GaugeVec // version, revision, goversion
 
-	// Per upstream (issue 9; upstream.go).
+	// Per upstream (upstream.go).
 	Upstream UpstreamMetrics
 
 	labels *boundedLabels
@@ -190,7 +190,7 @@ var verbs = map[string]bool{
 
 // Verb bounds the verb label to a closed set: a verb the apiserver knows, else "other". A
 // client chooses the method, and a label taken from it as it came let 20000 random methods
-// grow /metrics to 71 MB (issue #8).
+// grow /metrics to 71 MB.
 func Verb(v string) string {
 	if verbs[v] {
 		return v
@@ -201,7 +201,7 @@ func Verb(v string) string {
 // Resource is r as a resource label, bounded (request paths come from clients): r if the
 // upstream has served it (Seen), or if it is one of the first MaxUnservedResources others
 // asked for; else "other". Junk, however much of it and however early (after a restart), can
-// only take the unserved places, never a served resource's (issue 16: with one first-come set,
+// only take the unserved places, never a served resource's (with one first-come set,
 // junk pushed real resources into "other").
 func (m *Metrics) Resource(r string) string { return m.labels.get(r) }
 

@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// TestCommandLine runs the built binary as a new user would (issue 11 item 4): every bad
+// TestCommandLine runs the built binary as a new user would: every bad
 // value once with a hint, did-you-mean, no upstream explained, help, version and completion.
 func TestCommandLine(t *testing.T) {
 	run := func(env []string, args ...string) (int, string, string) {

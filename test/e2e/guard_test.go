@@ -1,6 +1,6 @@
 package e2e
 
-// The attack suite of issue #8: each test is one attack on a watchsan that lends its identity,
+// The lending guard's attack suite: each test is one attack on a watchsan that lends its identity,
 // as measured before the guard, and fails if the guard that stops it is removed.
 
 import (

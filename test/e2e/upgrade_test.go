@@ -30,7 +30,7 @@ import (
 	"github.com/watchsan/watchsan/test/cluster/kubelet"
 )
 
-// TestUpgradeKubectlThroughRealAPIServer (issue 8, item 7): every upgrade request, WebSocket
+// TestUpgradeKubectlThroughRealAPIServer: every upgrade request, WebSocket
 // and SPDY, reaches the apiserver over HTTP/1.1 and works as it does directly. The real kubectl
 // runs exec (stdin, stdout, exit code), attach, port-forward (bytes both ways through a local
 // port) and cp (both directions) against a real apiserver, which proxies them to the harness's kubelet
