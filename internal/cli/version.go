@@ -60,7 +60,7 @@ func currentBuild() build {
 // String is the version line: "v0.0.0-20261207043000-c8607fb31f7a (revision c8607fb31f7a)".
 func (b build) String() string {
 	if b.Revision == "" {
-		return b.Version + " (no VCS revision recorded: built in a linked git worktree or with -buildvcs=false; `make build` stamps it)"
+		return b.Version + " (no VCS revision recorded: built with -buildvcs=false, see `go env GOFLAGS`, or in a linked git worktree; `make build` stamps it)"
 	}
 	rev := b.Revision
 	if len(rev) > 12 {
