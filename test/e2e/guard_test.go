@@ -579,7 +579,7 @@ func frontClusterUnder(t *testing.T, wrap []string, extra ...string) (*cluster.C
 func TestUpgradeSPDYAndWebSocketToHTTP2Upstream(t *testing.T) {
 	up := newTLSUpstream(t, websocket.Handler(func(ws *websocket.Conn) { _, _ = io.Copy(ws, ws) }))
 	kc := up.kubeconfig(t, "", "lent-token", "", "")
-	// A controller that needs exec sets --reject-paths without it (README).
+	// A controller that needs exec sets --reject-paths without it (docs/security.md).
 	p := startProxy(t, "--kubeconfig="+kc, "--reject-paths=")
 	addr := strings.TrimPrefix(p.URL, "http://")
 

@@ -71,7 +71,7 @@ func TestUpgradeKubectlThroughRealAPIServer(t *testing.T) {
 	if err := c.WriteKubeconfig(viaHop, hop.URL, c.AdminToken, c.CAFile); err != nil {
 		t.Fatal(err)
 	}
-	// Lending: a controller that execs sets --reject-paths without the exec entry (README).
+	// Lending: a controller that execs sets --reject-paths without the exec entry (docs/security.md).
 	lent := startProxy(t, "--kubeconfig="+viaHop, "--reject-paths=")
 	lentKC := filepath.Join(dir, "lent.kubeconfig")
 	if err := c.WriteKubeconfig(lentKC, lent.URL, "", ""); err != nil {
