@@ -2,7 +2,9 @@
 GO       ?= go
 BIN      := bin/watchsan
 VERSION  ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS  := -X github.com/watchsan/watchsan/internal/cli.Version=$(VERSION)
+# The version and the commit, for `watchsan version` and watchsan_build_info: Go records no
+# vcs.revision in a linked git worktree or with -buildvcs=false (golang/go#58218).
+LDFLAGS   = -X github.com/watchsan/watchsan/internal/cli.Version=$(VERSION) -X github.com/watchsan/watchsan/internal/cli.Revision=$(REVISION)
 
 .PHONY: build demo docs test test-node test-node-ha test-short soak scenario cluster-bins vet fmt-check fuzz bench bench-micro image push chart
 
@@ -11,9 +13,11 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/watchsan
 
 # The 1.7-1.9 incident, end to end, with an embedded upstream: no cluster needed. The demo is a
-# command of its own (cmd/watchsan-demo) so that watchsan does not link what it needs.
+# command of its own (cmd/watchsan-demo) so that watchsan does not link what it needs. The build
+# says what it does as it goes (hack/build-progress.sh): a first run downloads the modules and
+# compiles client-go, minutes on 2 cores, which a bare `go build` shows as a silent hang.
 demo:
-	$(GO) build -o bin/watchsan-demo ./cmd/watchsan-demo
+	@GO=$(GO) hack/build-progress.sh bin/watchsan-demo ./cmd/watchsan-demo
 	bin/watchsan-demo
 
 # The flags reference, docs/flags.md, written from the code (TestFlagsReferenceUpToDate fails
@@ -27,15 +31,15 @@ cluster-bins:
 	hack/cluster-bins.sh
 
 # Every test but the real node's (make test-node), the real-apiserver ones included (they need
-# the binaries from cluster-bins; how long it all takes is in the README, "Try it"). Progress as it goes (gotestsum, pinned): each
+# the binaries from cluster-bins; how long it all takes is in CONTRIBUTING.md). Progress as it goes (gotestsum, pinned): each
 # package's time as it finishes, then each end-to-end test's, and every failure's output at
 # the end. The short soak in the end-to-end tests runs a fixed schedule (TEST_SOAK_SEED; the
-# one that found the 502 bug of issue 7's last commit), so CI is repeatable; `make soak`
+# one that once found a 502 bug), so CI is repeatable; `make soak`
 # explores random schedules.
 TEST_SOAK_SEED ?= 1796067027503847260
 GOTESTSUM      ?= $(GO) run gotest.tools/gotestsum@v1.13.0
-# ISSUE20_ASSERT=1 (the default: issue 20's fixes have landed) makes issue 20's "Done when"
-# assertions in the scenario fail it: no 502, no forced relist where a backend could serve the
+# ISSUE20_ASSERT=1 (the default; the variable's name is historical) makes the HA scenario's
+# targets fail it: no 502, no forced relist where a backend could serve the
 # resume point, the controller manager's watch-lists in the rolling restart at most direct's,
 # every phase converged within 4 s through watchsan. ISSUE20_ASSERT=0 only logs what would fail
 # (issue20Check). TestHAQuietWatchesMove asserts its own always.
@@ -44,7 +48,7 @@ test: cluster-bins
 	$(GOTESTSUM) --format pkgname -- -race -count=1 -timeout 40m $$($(GO) list ./... | grep -v -e '/test/e2e$$' -e '/test/node$$' -e '/test/cluster/node$$')
 	WATCHSAN_SOAK_SEED=$(TEST_SOAK_SEED) WATCHSAN_ISSUE20_ASSERT=$(ISSUE20_ASSERT) $(GOTESTSUM) --format testname -- -race -count=1 -timeout 40m ./test/e2e
 
-# The real node (issue 17, test/cluster/node and test/node): containerd, runc and the real
+# The real node (test/cluster/node and test/node): containerd, runc and the real
 # kubelet run deploy/'s sidecar, node-local and HA watchsan from the image `make image` builds,
 # follow deploy/README.md's node-local steps as written, and install the Helm chart with
 # `helm install` (TestHelmChartNodeLocal: the pod Ready, a watch served through it).
@@ -69,10 +73,10 @@ test-node-ha: cluster-bins
 # minute). SOAK_TIMEOUT must exceed SOAK_DURATION plus a few minutes. The test process runs
 # without -race here so it takes less of the CPU the report measures; watchsan itself is always
 # built with -race by the e2e tests, and `make test` runs the soak's harness with it.
-# SOAK_SHARE=1 is the soak of shared watch feeds (issue 15): watchsan lends an identity with
+# SOAK_SHARE=1 is the soak of shared watch feeds: watchsan lends an identity with
 # --share-watches, three identical informers per codec re-watch every 10 s so their watches
 # join the feeds, and the soak also fails unless clients joined feeds. The fault kinds include
-# forced compactions (issue 19, test/e2e/soak_compact_test.go): the apiservers serve secrets
+# forced compactions (test/e2e/soak_compact_test.go): the apiservers serve secrets
 # from etcd (--watch-cache-sizes=secrets#0), every watch is cut while secrets change and etcd
 # is compacted, and the soak fails on a compaction that forced no 410 or on a relist of the
 # informer whose feed absorbs; the report gives the 410s by outcome and relists per informer.
@@ -85,10 +89,10 @@ soak: cluster-bins
 	WATCHSAN_SOAK_DURATION=$(SOAK_DURATION) WATCHSAN_SOAK_SEED=$(SOAK_SEED) WATCHSAN_SOAK_REPORT=$(SOAK_REPORT) WATCHSAN_SOAK_SHARE=$(SOAK_SHARE) \
 	  $(GO) test -count=1 -v -timeout $(SOAK_TIMEOUT) -run '^TestSoak$$' ./test/e2e
 
-# The real-components scenario of issue 20 (test/e2e/scenario_test.go): kube-controller-manager,
+# The real-components scenario (test/e2e/scenario_test.go): kube-controller-manager,
 # kube-scheduler and four hollow nodes against three apiservers with audit logs, through
 # watchsan, directly, and through haproxy in TCP mode (when installed), under SIGKILL, SIGSTOP
-# and a rolling restart; prints issue 20's table (SCENARIO_REPORT=file writes it too). About
+# and a rolling restart; prints its table (SCENARIO_REPORT=file writes it too). About
 # 8 minutes warm. SCENARIO_MODES=watchsan,direct runs only those.
 SCENARIO_REPORT ?=
 SCENARIO_MODES  ?=

@@ -1,7 +1,7 @@
 // Command watchsan-demo reproduces the Kubernetes 1.7-1.9 DELETED-event incident
 // (kubernetes#58545) with and without watchsan and reports what client-go informers saw
 // (`make demo`). It is a command of its own so that the production binary, watchsan, does not
-// link the in-memory apiserver, the fault layers or the test harness it needs (issue 11).
+// link the in-memory apiserver, the fault layers or the test harness it needs.
 package main
 
 import (

@@ -32,13 +32,13 @@ import (
 	"github.com/watchsan/watchsan/test/cluster"
 )
 
-// The fan-out section (issue 15 item 8): N identical watches of one namespace's configmaps, all
+// The fan-out section: N identical watches of one namespace's configmaps, all
 // from the same resourceVersion, on a real kube-apiserver and etcd (test/cluster, with the
 // binaries of .cache/bin), direct and through watchsan three ways; then W configmaps are
 // written. The apiserver counts the upstream watches (apiserver_longrunning_requests), its
 // CPU for the fan-out is its CPU over the writes minus that of the same writes with no watcher
-// (issue 15's table), and every client must see every write exactly once and in order.
-// TestShareFanOut (test/e2e) asserts issue 15's numbers with the same code at 300 clients.
+// (the targets in docs/bench/NOTES.md), and every client must see every write exactly once and in order.
+// TestShareFanOut (test/e2e) asserts those numbers with the same code at 300 clients.
 
 // FanOutMode is how the clients of a fan-out run reach the apiserver.
 type FanOutMode string

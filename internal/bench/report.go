@@ -38,7 +38,7 @@ func WriteReport(dir string, res *Results) error {
 	return f.Close()
 }
 
-// Targets are the goals issues 10 and 18 set for watchsan's repair mode.
+// Targets are the goals set for watchsan's repair mode (docs/bench/NOTES.md).
 const (
 	targetVsPass       = 1.0 // throughput ≥ 1.0x the pass-through
 	targetVsDirect     = 0.5 // throughput ≥ 0.5x direct
@@ -50,7 +50,7 @@ const (
 	// client, config.FitConnections), and machines here have a hard limit of 20,000 that root
 	// cannot raise (no CAP_SYS_RESOURCE): 9,936 connections at most.
 	targetMemWatches = 9900
-	// Issue 15 item 6: identical idle watches sharing one feed (watchsan-share), at 5,000.
+	// identical idle watches sharing one feed (watchsan-share), at 5,000.
 	targetShareMemVsPass  = 0.5
 	targetShareMemWatches = 5000
 )
@@ -464,7 +464,7 @@ func sizesList(sizes []int) string {
 	return strings.Join(s, " and ")
 }
 
-// writeFanOut is the fan-out section (issue 15 item 8).
+// writeFanOut is the fan-out section.
 func writeFanOut(p func(string, ...any), r *Results) {
 	p("## Fan-out: N identical watches on a real kube-apiserver")
 	p("")

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchsan/watchsan/internal/config"
+	"github.com/watchsan/watchsan/internal/reqinfo"
 )
 
 // Exit codes of `watchsan check`.
@@ -32,6 +34,7 @@ const (
 // checkFlags are `watchsan check`'s flags' values.
 type checkFlags struct {
 	kubeconfig, context, server, output, prefix *string
+	config                                      *string
 	bookmarkWait, idleWait, timeout             *time.Duration
 	objects                                     *int
 	verbose                                     *bool
@@ -51,7 +54,88 @@ func newFlags() (*pflag.FlagSet, checkFlags) {
 	f.prefix = fs.String("namespace-prefix", defaultPrefix, "the temporary namespace's name prefix (5 random characters follow)")
 	f.objects = fs.Int("objects", defaultObjects, "how many objects to create between a and its delete (1-100)")
 	f.verbose = fs.Bool("verbose", false, "log what the check does to stderr")
+	f.config = fs.String("config", "", "also check a watchsan --config file's resources (fix-exempt-resource, share-exclude-resource) against the cluster's discovery: one the cluster does not serve is an error (exit 2)")
 	return fs, f
+}
+
+// validate reports every flag value the check cannot run with, each naming its flag (the
+// limits are Options.Validate's, which names none).
+func (f checkFlags) validate() []error {
+	var errs []error
+	if *f.output != "text" && *f.output != "json" {
+		errs = append(errs, fmt.Errorf("--output %q: want text or json", *f.output))
+	}
+	if *f.objects < 1 || *f.objects > 100 {
+		errs = append(errs, fmt.Errorf("--objects %d: want 1 to 100", *f.objects))
+	}
+	if w := *f.bookmarkWait; w < 0 || (w > 0 && w < MinBookmarkWait) {
+		errs = append(errs, fmt.Errorf("--bookmark-wait %v: want 0 (skip) or at least %v", w, MinBookmarkWait))
+	}
+	if *f.idleWait < 0 {
+		errs = append(errs, fmt.Errorf("--idle-wait %v: want 0 (skip) or positive", *f.idleWait))
+	}
+	if *f.timeout < 0 {
+		errs = append(errs, fmt.Errorf("--timeout %v: want 0 (default) or positive", *f.timeout))
+	}
+	return errs
+}
+
+// configResource is a resource a watchsan --config file names.
+type configResource struct {
+	flag, value string // as the file gives it
+	gr          string // reqinfo.ParseGroupResource's form
+}
+
+// loadConfigResources reads a watchsan --config file as watchsan does and returns the
+// resources it names, each refused offline (reqinfo.CheckBuiltin) as watchsan would refuse it.
+func loadConfigResources(path string) ([]configResource, []error) {
+	cfg, err := config.Load([]string{"--config", path})
+	if err != nil {
+		return nil, []error{err}
+	}
+	var out []configResource
+	var errs []error
+	for _, l := range []struct {
+		flag   string
+		values []string
+	}{{"fix-exempt-resource", cfg.FixExemptResources}, {"share-exclude-resource", cfg.ShareExcludeResources}} {
+		for _, v := range l.values {
+			gr, err := reqinfo.ParseGroupResource(v)
+			if err == nil {
+				err = reqinfo.CheckBuiltin(gr)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("--config %s: %s %q: %w", path, l.flag, v, err))
+				continue
+			}
+			out = append(out, configResource{flag: l.flag, value: v, gr: gr})
+		}
+	}
+	return out, errs
+}
+
+// checkConfigResources reports each of rs the cluster's discovery does not serve; ok is false
+// (and code the exit code) when there is one or discovery could not be read.
+func checkConfigResources(ctx context.Context, client rest.Interface, path string, rs []configResource, stderr io.Writer) (code int, ok bool) {
+	grs := make([]string, len(rs))
+	for i, r := range rs {
+		grs[i] = r.gr
+	}
+	unknown, err := UnknownResources(ctx, client, grs)
+	if err != nil {
+		fmt.Fprintf(stderr, "watchsan check: reading the cluster's discovery for --config %s: %v\n", path, err)
+		return ExitError, false
+	}
+	if len(unknown) == 0 {
+		return ExitClean, true
+	}
+	fmt.Fprintf(stderr, "watchsan check: --config %s names resources this cluster does not serve (watchsan would match no watch with them):\n", path)
+	for _, r := range rs {
+		if slices.Contains(unknown, r.gr) {
+			fmt.Fprintf(stderr, "  - %s %q\n", r.flag, r.value)
+		}
+	}
+	return ExitError, false
 }
 
 // WriteHelp writes `watchsan check`'s help to w, as --help does (`watchsan help check`).
@@ -99,36 +183,31 @@ func wrap(s string, width int) string {
 // namespace it created is deleted first.
 func Main(args []string, stdout, stderr io.Writer) int {
 	fs, f := newFlags()
-	fs.SetOutput(stderr)
-	fs.Usage = func() {} // --help is written to stdout below; a bad flag gets one line
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			writeHelp(stdout, fs)
-			return ExitClean
+	errs := config.ParseFlags(fs, args)
+	if len(errs) == 1 && errors.Is(errs[0], config.ErrHelp) {
+		writeHelp(stdout, fs)
+		return ExitClean
+	}
+	errs = append(errs, f.validate()...)
+	var fileResources []configResource
+	if *f.config != "" {
+		var ferrs []error
+		fileResources, ferrs = loadConfigResources(*f.config)
+		errs = append(errs, ferrs...)
+	}
+	if len(errs) > 0 {
+		fmt.Fprintln(stderr, "watchsan check: invalid flags:")
+		for _, err := range errs {
+			fmt.Fprintln(stderr, "  -", err)
 		}
-		fmt.Fprintf(stderr, "watchsan check: %v\nRun 'watchsan check --help' for the flags.\n", err)
+		fmt.Fprintln(stderr, "Run 'watchsan check --help' for the flags.")
 		return ExitError
 	}
 	usage := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "watchsan check: "+format+"\n", a...)
 		return ExitError
 	}
-	if fs.NArg() > 0 {
-		return usage("unexpected arguments: %v", fs.Args())
-	}
-	if *f.output != "text" && *f.output != "json" {
-		return usage("--output %q: want text or json", *f.output)
-	}
 	o := Options{NamespacePrefix: *f.prefix, Objects: *f.objects, BookmarkWait: *f.bookmarkWait, IdleWait: *f.idleWait}
-	if *f.objects == 0 {
-		return usage("--objects 0: want 1 to 100")
-	}
-	if err := o.Validate(); err != nil {
-		return usage("%v", err)
-	}
-	if *f.timeout < 0 {
-		return usage("--timeout %v: want 0 (default) or positive", *f.timeout)
-	}
 	if *f.timeout == 0 {
 		*f.timeout = max(*f.bookmarkWait, *f.idleWait) + 2*time.Minute
 	}
@@ -157,6 +236,12 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, *f.timeout)
 	defer cancel()
+
+	if len(fileResources) > 0 {
+		if code, ok := checkConfigResources(ctx, client, *f.config, fileResources, stderr); !ok {
+			return code
+		}
+	}
 
 	chk := New(client, rc.Host, clock.RealClock{}, NewProgress(stderr, isTerminal(stderr)), log)
 	rep, err := chk.Run(ctx, o)

@@ -137,7 +137,7 @@ func TestProgress(t *testing.T) {
 	nilP.Done()
 }
 
-// Issue 16 item 11: `watchsan check` with no kubeconfig, or an empty one, printed client-go's
+// `watchsan check` with no kubeconfig, or an empty one, printed client-go's
 // "no configuration has been provided, try setting KUBERNETES_MASTER"; --help went to stderr
 // (`| less` showed nothing), unwrapped.
 func TestCheckHelpAndKubeconfigMessages(t *testing.T) {
@@ -176,15 +176,32 @@ func TestCheckHelpAndKubeconfigMessages(t *testing.T) {
 	}
 }
 
+// Every flag problem at once, each naming its flag, before anything talks to a cluster.
+func TestMainReportsEveryFlagError(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	code := Main([]string{"--bookmark-wait=2s", "--idle-wait=-1s", "--objects=500", "-o", "yaml", "--timout=1m", "--kubeconfig=/nonexistent"}, &stdout, &stderr)
+	want := "watchsan check: invalid flags:\n" +
+		"  - unknown flag --timout; did you mean --timeout?\n" +
+		"  - --output \"yaml\": want text or json\n" +
+		"  - --objects 500: want 1 to 100\n" +
+		"  - --bookmark-wait 2s: want 0 (skip) or at least 5s\n" +
+		"  - --idle-wait -1s: want 0 (skip) or positive\n" +
+		"Run 'watchsan check --help' for the flags.\n"
+	if code != ExitError || stderr.String() != want || stdout.Len() != 0 {
+		t.Errorf("exit %d, stderr:\n%s\nwant:\n%s", code, stderr.String(), want)
+	}
+}
+
 func TestMainUsageErrors(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
 		{[]string{"--output=yaml"}, `--output "yaml": want text or json`},
-		{[]string{"--bookmark-wait=2s"}, "bookmark wait 2s: want 0 (skip) or at least 5s"},
+		{[]string{"--bookmark-wait=2s"}, "--bookmark-wait 2s: want 0 (skip) or at least 5s"},
+		{[]string{"--bookmark-wait=2"}, `--bookmark-wait "2": not a duration`},
 		{[]string{"--objects=0"}, "--objects 0"},
-		{[]string{"extra"}, "unexpected arguments"},
+		{[]string{"extra"}, `unexpected argument "extra"`},
 		{[]string{"--no-such-flag"}, "unknown flag"},
 		{[]string{"--kubeconfig=/nonexistent/kubeconfig"}, "--kubeconfig /nonexistent/kubeconfig: stat"},
 	} {

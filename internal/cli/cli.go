@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"io"
 	"os/signal"
-	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
@@ -37,10 +36,6 @@ const (
 	exitError = 1 // the proxy failed while running
 	exitUsage = 2 // bad flags or configuration, a listen address that cannot be bound
 )
-
-// Version is set at build time (-ldflags "-X github.com/watchsan/watchsan/internal/cli.Version=...");
-// otherwise the module's build info is used.
-var Version = ""
 
 // Main runs watchsan with args (without the program name) and returns the exit code.
 func Main(args []string, stdout, stderr io.Writer) int {
@@ -100,7 +95,33 @@ func NewCommand(stdout, stderr io.Writer, code *int) *cobra.Command {
 		defaultHelp(cmd, args)
 	})
 	root.AddCommand(commands(stdout, stderr, code)...)
+	strictCompletion(root)
 	return root
+}
+
+// completionShells are the shells cobra's completion command writes a script for.
+var completionShells = []string{"bash", "zsh", "fish", "powershell"}
+
+// strictCompletion makes `watchsan completion SHELL` refuse a shell it has no script for
+// (tcsh) and a missing shell, exit code 2: cobra's own command has no Run, so cobra answered
+// both with its help and exit code 0, as if a script had been written.
+func strictCompletion(root *cobra.Command) {
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		if c.Name() != "completion" {
+			continue
+		}
+		want := strings.Join(completionShells, ", ")
+		c.Args = func(_ *cobra.Command, args []string) error {
+			if len(args) > 0 {
+				return fmt.Errorf("completion %q: not a shell watchsan writes a script for; want one of %s", args[0], want)
+			}
+			return nil
+		}
+		c.RunE = func(*cobra.Command, []string) error {
+			return fmt.Errorf("completion: name the shell, one of %s (e.g. `source <(watchsan completion bash)`)", want)
+		}
+	}
 }
 
 // commands are watchsan's subcommands besides help and completion (cobra's own).
@@ -123,6 +144,15 @@ func commands(stdout, stderr io.Writer, code *int) []*cobra.Command {
 			Run:   func(*cobra.Command, []string) { fmt.Fprintln(stdout, "watchsan", version()) },
 		},
 		checkCmd,
+		{
+			Use:   "flags",
+			Short: "Print every flag with its full description",
+			Args:  cobra.NoArgs,
+			Run: func(cmd *cobra.Command, _ []string) {
+				fmt.Fprintln(stdout, "watchsan's flags, in full (also in docs/flags.md):")
+				writeFlagGroups(stdout, cmd.Root().Flags(), false)
+			},
+		},
 		{
 			Use:                "demo",
 			Short:              "The demo is the command watchsan-demo (make demo)",
@@ -153,7 +183,9 @@ func completeFlags(root *cobra.Command) {
 	}
 }
 
-// writeHelp writes the root command's help: kubectl's layout, flags in their groups.
+// writeHelp writes the root command's help: kubectl's layout, flags in their groups, each
+// with its one-line description (config.ShortUsage); `watchsan flags` and docs/flags.md have
+// them in full.
 func writeHelp(w io.Writer, root *cobra.Command) {
 	fmt.Fprintf(w, "%s\n\nUsage:\n  watchsan [flags]\n  watchsan [command]\n\nExamples:\n%s\n\nCommands:\n", root.Long, root.Example)
 	for _, c := range root.Commands() {
@@ -161,15 +193,27 @@ func writeHelp(w io.Writer, root *cobra.Command) {
 			fmt.Fprintf(w, "  %-11s %s\n", c.Name(), c.Short)
 		}
 	}
-	for _, g := range config.Groups(root.Flags()) {
+	writeFlagGroups(w, root.Flags(), true)
+	fmt.Fprint(w, "\nEvery flag in full: `watchsan flags`, or docs/flags.md. Every flag can also be set in\n"+
+		"the --config file, under its name; flags win.\n"+
+		"Use \"watchsan [command] --help\" for more about a command.\n")
+}
+
+// writeFlagGroups writes fs's flags in their groups, each with its one-line description
+// (short) or in full.
+func writeFlagGroups(w io.Writer, flags *pflag.FlagSet, short bool) {
+	for _, g := range config.Groups(flags) {
 		fs := pflag.NewFlagSet(g.Title, pflag.ContinueOnError)
 		for _, f := range g.Flags {
+			if short {
+				c := *f
+				c.Usage = config.ShortUsage(f)
+				f = &c
+			}
 			fs.AddFlag(f)
 		}
 		fmt.Fprintf(w, "\n%s flags:\n%s", g.Title, fs.FlagUsagesWrapped(100))
 	}
-	fmt.Fprint(w, "\nEvery flag can also be set in the --config file, under its name; flags win.\n"+
-		"Use \"watchsan [command] --help\" for more about a command.\n")
 }
 
 // runProxy is `watchsan [flags]`: it loads the configuration and runs the proxy until SIGTERM.
@@ -220,7 +264,8 @@ func runProxy(cmd *cobra.Command, args []string, stdout, stderr io.Writer) int {
 		reportStartError(stderr, err)
 		return exitUsage
 	}
-	srv.Metrics().SetVersion(Version) // watchsan_build_info
+	b := currentBuild()
+	srv.Metrics().SetVersion(b.Version, b.Revision) // watchsan_build_info
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	stopped := make(chan struct{})
@@ -252,23 +297,8 @@ func reportConfigErrors(w io.Writer, err error) {
 	fmt.Fprintln(w, "Run 'watchsan --help' for the flags.")
 }
 
-func version() string {
-	if Version != "" {
-		return Version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		v := bi.Main.Version
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-				v += " " + s.Value[:12]
-			}
-		}
-		return v
-	}
-	return "unknown"
-}
-
-// NewLogger builds the process logger: level debug|info|warn|error, format json|console.
+// NewLogger builds the process logger: level debug|info|warn|error, format json|console, or
+// "" for console when w is a terminal and json otherwise.
 func NewLogger(level, format string, w io.Writer) (*zap.Logger, error) {
 	lvl, err := zapcore.ParseLevel(level)
 	if err != nil {
@@ -276,14 +306,14 @@ func NewLogger(level, format string, w io.Writer) (*zap.Logger, error) {
 	}
 	encCfg := logging.EncoderConfig()
 	var enc zapcore.Encoder
-	switch format {
+	switch logging.ResolveFormat(format, w) {
 	case "json":
 		enc = zapcore.NewJSONEncoder(encCfg)
 	case "console":
 		encCfg.EncodeLevel = zapcore.CapitalLevelEncoder
 		enc = zapcore.NewConsoleEncoder(encCfg)
 	default:
-		return nil, fmt.Errorf("--log-format %q: want json or console", format)
+		return nil, fmt.Errorf("--log-format %q: want console or json", format)
 	}
 	core := zapcore.NewCore(enc, zapcore.Lock(zapcore.AddSync(w)), lvl)
 	return zap.New(core).Named("watchsan"), nil

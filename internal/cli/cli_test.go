@@ -12,7 +12,7 @@ func run(args ...string) (code int, stdout, stderr string) {
 	return code, o.String(), e.String()
 }
 
-// Issue 11 item 4: help, version and completion the way kubectl has them.
+// help, version and completion the way kubectl has them.
 func TestHelpVersionCompletion(t *testing.T) {
 	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}} {
 		code, out, _ := run(args...)
@@ -29,6 +29,23 @@ func TestHelpVersionCompletion(t *testing.T) {
 			t.Errorf("%q: groups not in registration order", args)
 		}
 	}
+	// --help is a page: one line per flag, two where the default does not fit; every flag in
+	// full is `watchsan flags` (and docs/flags.md).
+	_, help, _ := run("--help")
+	if n := strings.Count(help, "\n"); n > 230 {
+		t.Errorf("--help is %d lines, want at most 230", n)
+	}
+	for _, block := range strings.Split(help, "\n      --")[1:] {
+		if lines := strings.Count(strings.TrimRight(strings.SplitN(block, "\n\n", 2)[0], "\n"), "\n") + 1; lines > 3 {
+			t.Errorf("--help gives --%s %d lines", strings.Fields(block)[0], lines)
+		}
+	}
+	if !strings.Contains(help, "serve identical watches from one upstream") || strings.Contains(help, "SelfSubjectAccessReview") {
+		t.Errorf("--share-watches in --help is not its short description:\n%s", help)
+	}
+	if code, full, _ := run("flags"); code != exitOK || !strings.Contains(full, "SelfSubjectAccessReview with their credentials") {
+		t.Errorf("watchsan flags: exit %d, lacks --share-watches in full", code)
+	}
 	for _, args := range [][]string{{"--version"}, {"version"}, {"--listen=x", "--version"}} {
 		if code, out, _ := run(args...); code != exitOK || !strings.HasPrefix(out, "watchsan ") {
 			t.Errorf("%q: exit %d, output %q", args, code, out)
@@ -37,6 +54,12 @@ func TestHelpVersionCompletion(t *testing.T) {
 	for _, shell := range []string{"bash", "zsh", "fish", "powershell"} {
 		if code, out, errOut := run("completion", shell); code != exitOK || !strings.Contains(out, "watchsan") {
 			t.Errorf("completion %s: exit %d, %d bytes, stderr %q", shell, code, len(out), errOut)
+		}
+	}
+	// A shell without a script, or none, is a usage error, not help and exit 0.
+	for _, args := range [][]string{{"completion", "tcsh"}, {"completion"}} {
+		if code, out, errOut := run(args...); code != exitUsage || out != "" || !strings.Contains(errOut, "bash, zsh, fish, powershell") {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q", args, code, out, errOut)
 		}
 	}
 	// What the shell scripts ask: flag names, and the values of an enumerated flag.
@@ -73,7 +96,7 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
-// Issue 16 item 11: `watchsan help check` printed cobra's stub (only -h) while `watchsan check
+// `watchsan help check` printed cobra's stub (only -h) while `watchsan check
 // --help` printed the real help, on stderr. Both print the real help, on stdout.
 func TestHelpCheck(t *testing.T) {
 	code, help, errOut := run("help", "check")

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// Issue 11 item 5: the production binary links none of the demo's real-cluster mode, the
+// the production binary links none of the demo's real-cluster mode, the
 // in-memory apiserver, the fault layers or the test harness (they are cmd/watchsan-demo's).
 // Nor does it link any k8s.io/api group or client-go's clientset (k8s.io/client-go/kubernetes
 // and its scheme): they registered every API group's types and doubled the binary (42.9 MB

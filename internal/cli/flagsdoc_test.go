@@ -9,7 +9,7 @@ import (
 	"github.com/spf13/pflag"
 )
 
-// Issue 11 item 6: docs/flags.md is what the code registers; a flag added, removed or changed
+// docs/flags.md is what the code registers; a flag added, removed or changed
 // without `make docs` fails here.
 func TestFlagsReferenceUpToDate(t *testing.T) {
 	var b bytes.Buffer

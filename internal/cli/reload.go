@@ -15,7 +15,7 @@ import (
 )
 
 // reloader applies the configuration again, live, on SIGHUP and when the --config file
-// changes (issue 9): the flags and the file are loaded, validated and completed as at the
+// changes: the flags and the file are loaded, validated and completed as at the
 // start, and the server applies what can change live (the upstream set). An invalid new
 // configuration is logged and ignored: the old one stays.
 type reloader struct {
@@ -39,7 +39,7 @@ func newReloader(args []string, c *config.Completed, apply func(*config.Complete
 
 // run reloads until ctx ends, then ignores SIGHUP, saying so, until stopped is closed (the
 // server has shut down): its default action would end the process at once, cutting the open
-// watches that shutdown is ending cleanly (issue 16: exit 129 mid-stream).
+// watches that shutdown is ending cleanly (exit 129 mid-stream).
 func (r *reloader) run(ctx context.Context, stopped <-chan struct{}) {
 	defer r.ignoreUntil(stopped)
 	var tick <-chan time.Time

@@ -16,7 +16,7 @@ import (
 	"github.com/watchsan/watchsan/internal/testutil"
 )
 
-// Issue 9 item 4: a change of the --config file, or SIGHUP, applies the configuration again
+// a change of the --config file, or SIGHUP, applies the configuration again
 // (loaded, validated and completed as at the start); an invalid one is logged and not applied.
 func TestReloadOnFileChangeAndSIGHUP(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "watchsan.yaml")
@@ -79,7 +79,7 @@ func TestReloadOnFileChangeAndSIGHUP(t *testing.T) {
 	}
 }
 
-// Issue 16 item 6: SIGHUP after shutdown began killed watchsan at once (exit 129, its watches
+// SIGHUP after shutdown began killed watchsan at once (exit 129, its watches
 // cut mid-stream), the reloader having stopped catching it. It is now logged and ignored
 // until the server has stopped; nothing is reloaded.
 func TestSIGHUPDuringShutdownIgnored(t *testing.T) {

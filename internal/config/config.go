@@ -17,6 +17,10 @@ import (
 type Config struct {
 	// ConfigFile is --config: a YAML file with the same keys as the flags.
 	ConfigFile string
+	// FileLines says where in the --config file each flag it set is ("FILE: line N"), for the
+	// flags the command line did not set again: Validate puts it before a problem with that
+	// flag's value. nil (the zero value): problems name the flag alone.
+	FileLines map[string]string
 
 	// Listen is the main listener's address (plain HTTP unless TLS files are given).
 	Listen      string
@@ -44,7 +48,7 @@ type Config struct {
 	// they are plain http:// or not the kubeconfig's server (off: refused at start).
 	AllowCredentialsToUpstream []string
 
-	// The lending guard (issue #8): what a request that would get the lent identity must
+	// The lending guard: what a request that would get the lent identity must
 	// satisfy. Each is a comma-separated list of regular expressions, as kubectl proxy's.
 	AcceptHosts   string
 	RejectPaths   string
@@ -55,7 +59,7 @@ type Config struct {
 	// (--requestheader-*). A name ending in "*" is a prefix.
 	StripIdentityHeaders string
 
-	// Verified client identity in frontend mode (issue 8; identity.go). ClientCAFile verifies
+	// Verified client identity in frontend mode (identity.go). ClientCAFile verifies
 	// client certificates on the TLS listener ("": none are asked for). IdentityForwarding is
 	// how a verified certificate's user and groups go upstream: "" (off: nothing is asserted,
 	// and --client-ca-file is refused), "impersonate" (Impersonate-User/-Group on the
@@ -103,14 +107,14 @@ type Config struct {
 	HTTP2StreamWindow     int
 	HTTP2ConnectionWindow int
 
-	// Watch sanitizing (issue #3).
+	// Watch sanitizing.
 	FixMode             string
 	FixExemptResources  []string
 	MaxFrameSize        int
 	DeleteMemoryEntries int
 	DeleteMemoryTTL     time.Duration
 
-	// Resilient watches (issue #4).
+	// Resilient watches.
 	WatchResumeTimeout time.Duration
 	WatchStallTimeout  time.Duration
 	WatchWriteTimeout  time.Duration
@@ -119,7 +123,7 @@ type Config struct {
 	WatchMaxLifetime time.Duration
 	DisableResume    bool
 	RetryBudget      time.Duration
-	// Absorbing a 410 at a watch's resume point (issue 19): on by default; the budgets bound
+	// Absorbing a 410 at a watch's resume point: on by default; the budgets bound
 	// the states watches keep for it, per watch and in all, in bytes.
 	WatchAbsorbGone       bool
 	WatchAbsorbStateBytes int
@@ -128,7 +132,7 @@ type Config struct {
 	// first, to hold a complete state (off by default: one more list per such watch).
 	WatchAbsorbCompleteByList bool
 
-	// Shared watch feeds (issue 15 item 2).
+	// Shared watch feeds.
 	ShareWatches               bool
 	ShareRingBytes             int
 	ShareRingEvents            int
@@ -149,12 +153,14 @@ type Config struct {
 	ShutdownDelay   time.Duration
 	ShutdownTimeout time.Duration
 	LogLevel        string
-	LogFormat       string
+	// LogFormat is json (one object per line) or console (for people); "" (the zero value and
+	// the default): console when stderr is a terminal, json otherwise (logging.ResolveFormat).
+	LogFormat string
 	// AccessLog writes one "request" line per main-listener request (logger watchsan.access);
 	// false (the zero value): none. Default writes them.
 	AccessLog bool
 
-	// HA frontend: failure detection, balancing, moving watches, membership (issue 9; ha.go).
+	// HA frontend: failure detection, balancing, moving watches, membership (ha.go).
 	HA
 }
 
@@ -194,7 +200,7 @@ func Default() Config {
 		WatchAbsorbTotalBytes: watch.DefaultAbsorbTotalBytes,
 		ShutdownTimeout:       30 * time.Second,
 		LogLevel:              "info",
-		LogFormat:             "json",
+		LogFormat:             "",
 		AccessLog:             true,
 		HA:                    defaultHA(),
 

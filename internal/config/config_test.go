@@ -119,7 +119,7 @@ func TestIsLoopback(t *testing.T) {
 	}
 }
 
-// Issue 11 item 4: each bad value is reported once, with what to give instead; a refused value
+// each bad value is reported once, with what to give instead; a refused value
 // does not also come back from Validate as the zero value the parser left.
 func TestBadValueReportedOnceWithHint(t *testing.T) {
 	c, err := Load([]string{"--dial-timeout", "5", "--max-connections=many", "--watch-drain-rate=fast", "--enable-pprof=maybe"})
@@ -173,9 +173,32 @@ func TestUnknownFlagDidYouMean(t *testing.T) {
 	if err := os.WriteFile(f, []byte("dial-timeout: 5\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	want := "--config " + f + `: key "dial-timeout": "5": not a duration: use one such as 5s, 500ms or 1m30s`
+	want := "--config " + f + `: line 1: key "dial-timeout": "5": not a duration: use one such as 5s, 500ms or 1m30s`
 	if _, err := Load([]string{"--config", f}); err == nil || err.Error() != want {
 		t.Errorf("config file value: got %v, want %s", err, want)
+	}
+}
+
+// A value the file gave that Validate refuses names the file and the line, as a value that
+// does not parse does; the same value given on the command line (which wins) names the flag.
+func TestValidateNamesTheFileAndLine(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(f, []byte("# watchsan\nmax-frame-size: 5\nwatch-stall-timeout: 100ms\nlog-format: xml\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load([]string{"--config", f, "--watch-stall-timeout=200ms"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := c.Validate()
+	for _, want := range []string{
+		"--config " + f + ": line 2: --max-frame-size 5: want 1024 to 1073741824 bytes",
+		"--config " + f + ": line 4: --log-format \"xml\"",
+		"\n--watch-stall-timeout 200ms: use at least 1s",
+	} {
+		if got == nil || !strings.Contains("\n"+got.Error(), want) {
+			t.Errorf("Validate: %v\nlacks %q", got, want)
+		}
 	}
 }
 
@@ -193,7 +216,7 @@ func TestVerbosityMapsOntoLogLevel(t *testing.T) {
 		{[]string{"-v=0"}, "info"},
 		{[]string{"--log-level=warn", "-v", "1"}, "debug"},
 		{[]string{"-v", "1", "--log-level=error"}, "error"},
-		// Issue 16: -v alone said "flag --v needs a value".
+		// -v alone said "flag --v needs a value".
 		{[]string{"-v"}, "debug"},
 		{[]string{"-v", "--listen=127.0.0.1:1"}, "debug"},
 		{[]string{"--v"}, "debug"},
@@ -214,7 +237,7 @@ func TestVerbosityMapsOntoLogLevel(t *testing.T) {
 // With no --upstream and no kubeconfig, the error says where watchsan looked and what to pass,
 // not client-go's hint about KUBERNETES_MASTER.
 func TestMissingUpstreamSaysWhereItLooked(t *testing.T) {
-	// Issue 16: an empty --kubeconfig file got client-go's "no configuration has been provided,
+	// an empty --kubeconfig file got client-go's "no configuration has been provided,
 	// try setting KUBERNETES_MASTER environment variable".
 	empty := filepath.Join(t.TempDir(), "empty")
 	if err := os.WriteFile(empty, nil, 0o600); err != nil {
@@ -266,9 +289,26 @@ func TestFixExemptResourceSpellings(t *testing.T) {
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "--fix-exempt-resource \"apps/deployments/scale\": want a resource") {
 		t.Errorf("got %v", err)
 	}
+	// A name no Kubernetes serves in a group no CRD can add to is a typo: refused, with the
+	// nearest name. Any other group's resource may be a CRD's and passes.
+	c.FixExemptResources = []string{"podz", "deployment.apps", "widgets.example.com", "leases.coordination.k8s.io"}
+	c.ShareExcludeResources = []string{"secret"}
+	err = c.Validate()
+	for _, want := range []string{
+		`--fix-exempt-resource "podz": "podz" is not a resource of the core API group; did you mean pods?`,
+		`--fix-exempt-resource "deployment.apps": "deployment" is not a resource of the API group apps; did you mean deployments.apps?`,
+		`--share-exclude-resource "secret": "secret" is not a resource of the core API group; did you mean secrets?`,
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate: %v\nlacks %q", err, want)
+		}
+	}
+	if err != nil && (strings.Contains(err.Error(), "widgets") || strings.Contains(err.Error(), "leases")) {
+		t.Errorf("a group's resource that may be a CRD's was refused: %v", err)
+	}
 }
 
-// TestAttackFileMeansWhatItSays (issue 16 item 4): a two-item YAML list for reject-paths kept
+// TestAttackFileMeansWhatItSays: a two-item YAML list for reject-paths kept
 // only its last item (exec answered 200 with the lent identity); garbage and duplicate keys
 // were read without a word. A list for a comma-separated flag is now joined; any other list,
 // a mapping, duplicate keys or a file that is not a YAML mapping is a problem naming the key.
@@ -314,7 +354,7 @@ func TestAttackFileMeansWhatItSays(t *testing.T) {
 	}
 }
 
-// The sharing flags: on by default (issue 15 item 7), --share-watches=false turns it off, bounds checked, and a subscriber's buffer holds at least
+// The sharing flags: on by default, --share-watches=false turns it off, bounds checked, and a subscriber's buffer holds at least
 // one event of the largest size.
 func TestShareFlags(t *testing.T) {
 	c, err := Load(nil)

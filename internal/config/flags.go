@@ -164,11 +164,12 @@ func FlagSet(c *Config) *pflag.FlagSet {
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "after the shutdown delay, how long shutdown waits for requests to finish")
 	group("Logging")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "debug, info, warn or error")
-	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "json or console")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "console or json; default: console when stderr is a terminal, else json")
 	fs.BoolVar(&c.AccessLog, "access-log", c.AccessLog, "log one line per request on the main listener (with its request id, which watch lines carry too); false: none")
 	fs.VarP(verbosity{&c.LogLevel}, "v", "v", "log verbosity, klog's convention: 0 is --log-level=info, 1 or more is --log-level=debug; -v alone is 1 (the later of -v and --log-level wins)")
 	c.HA.flags(fs, group)
 	group("")
+	annotateShortUsage(fs)
 	return fs
 }
 
@@ -242,6 +243,14 @@ func Load(args []string) (Config, error) {
 	}
 	fs := FlagSet(&c)
 	errs = append(errs, parseAll(fs, args)...)
+	fs.VisitAll(func(f *pflag.Flag) { // the command line wins, so a problem is its own
+		if f.Changed {
+			delete(c.FileLines, f.Name)
+			if _, ok := f.Value.(verbosity); ok {
+				delete(c.FileLines, "log-level")
+			}
+		}
+	})
 	for _, e := range errs {
 		if errors.Is(e, ErrHelp) {
 			return c, ErrHelp
@@ -255,7 +264,7 @@ func Load(args []string) (Config, error) {
 // scalar; or a list, which sets a repeatable flag once per element, and is joined with commas
 // for a flag that takes a comma-separated list (CommaListAnnotation); any other list, or a
 // mapping, is refused, naming the key: a value the file meant can never be dropped or half
-// used (issue 16: a two-item reject-paths list kept only its last item).
+// used (a two-item reject-paths list kept only its last item).
 func loadFile(path string, c *Config) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -304,14 +313,27 @@ func loadFile(path string, c *Config) error {
 			errs = append(errs, fmt.Errorf("--config %s: key %q: line %d: %w", path, k, vn.Line, err))
 			continue
 		}
+		set := false
 		for _, v := range vals {
 			if err := setFlag(f, v); err != nil {
 				var ve *ValueError
 				if errors.As(err, &ve) {
-					ve.File = path
+					ve.File, ve.Line = path, vn.Line
 				}
 				errs = append(errs, err)
+				continue
 			}
+			set = true
+		}
+		if set {
+			if c.FileLines == nil {
+				c.FileLines = map[string]string{}
+			}
+			name := f.Name
+			if _, ok := f.Value.(verbosity); ok {
+				name = "log-level" // what -v sets, and what a problem names
+			}
+			c.FileLines[name] = fmt.Sprintf("%s: line %d", path, kn.Line)
 		}
 	}
 	return errors.Join(errs...)
@@ -397,6 +419,8 @@ type ValueError struct {
 	Err error
 	// File is the --config file the value came from; "": the command line.
 	File string
+	// Line is the line of File the value is on; 0 with no File.
+	Line int
 }
 
 func (e *ValueError) Error() string {
@@ -405,7 +429,7 @@ func (e *ValueError) Error() string {
 		problem = e.Err.Error()
 	}
 	if e.File != "" {
-		return fmt.Sprintf("--config %s: key %q: %q: %s", e.File, e.Flag, e.Value, problem)
+		return fmt.Sprintf("--config %s: line %d: key %q: %q: %s", e.File, e.Line, e.Flag, e.Value, problem)
 	}
 	return fmt.Sprintf("--%s %q: %s", e.Flag, e.Value, problem)
 }
@@ -434,6 +458,13 @@ func setFlag(f *pflag.Flag, val string) error {
 	}
 	f.Changed = true
 	return nil
+}
+
+// ParseFlags parses args into fs as Load parses watchsan's own flags, for a subcommand's flag
+// set (`watchsan check`): every problem at once, each naming its flag, with a hint for a bad
+// value and a suggestion for a mistyped name. -h or --help returns just ErrHelp.
+func ParseFlags(fs *pflag.FlagSet, args []string) []error {
+	return parseAll(fs, args)
 }
 
 // parseAll applies every flag in args with pflag's conventions (--name value, --name=value,

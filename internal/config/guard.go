@@ -16,7 +16,7 @@ import (
 	"github.com/watchsan/watchsan/internal/watch"
 )
 
-// Defaults of the lending guard and the listener limits (issue #8).
+// Defaults of the lending guard and the listener limits.
 const (
 	// DefaultAcceptHosts is kubectl proxy's --accept-hosts: only a Host (and an Origin) that
 	// names this machine by its loopback name or address, so that a web page whose name was
@@ -99,7 +99,7 @@ type Guard struct {
 func regexList(s string) ([]*regexp.Regexp, error) { return compileList(s, "") }
 
 // denyList is regexList for a list of what is refused: "." matches a newline too (flag s), so
-// that a path with an encoded newline (%0A) in it cannot slip past a ".*" (issue 16; an
+// that a path with an encoded newline (%0A) in it cannot slip past a ".*" (an
 // apiserver rejects such names today, which is no reason for the guard to depend on it).
 func denyList(s string) ([]*regexp.Regexp, error) { return compileList(s, "(?s)") }
 

@@ -10,7 +10,7 @@ import (
 	"github.com/watchsan/watchsan/internal/upstream"
 )
 
-// HA is the configuration of watchsan as the HA frontend of several apiservers (issue 9):
+// HA is the configuration of watchsan as the HA frontend of several apiservers:
 // how fast a failing upstream is found, how watches are balanced and moved, the time-travel
 // guard, and where the set of upstreams comes from. Its flags are registered with the rest
 // (FlagSet), and it is validated with the rest (Validate).
@@ -152,6 +152,7 @@ func LiveChanges(old, new Config) (restartOnly []string) {
 	// What a reload applies.
 	o.Upstreams, n.Upstreams = nil, nil
 	o.ConfigFile, n.ConfigFile = "", ""
+	o.FileLines, n.FileLines = nil, nil
 	if fmt.Sprintf("%+v", o) != fmt.Sprintf("%+v", n) {
 		of, nf := FlagSet(&o), FlagSet(&n)
 		of.VisitAll(func(f *pflag.Flag) {

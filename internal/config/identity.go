@@ -7,7 +7,7 @@ import (
 	"github.com/watchsan/watchsan/internal/upstream"
 )
 
-// The --identity-forwarding values (issue 8, docs/design.md section 8).
+// The --identity-forwarding values (docs/design.md section 8).
 const (
 	IdentityImpersonate   = "impersonate"
 	IdentityRequestHeader = "requestheader"

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// --probe-kubeconfig (issue 20 item 5): its user is loaded; a file that is missing, names no
+// --probe-kubeconfig: its user is loaded; a file that is missing, names no
 // credentials, or would send them to a plain http:// upstream is refused at start.
 func TestProbeKubeconfig(t *testing.T) {
 	kc := writeKubeconfig(t, "https://10.0.0.9:6443", "")

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -68,7 +69,14 @@ func (c *Config) Validate() error {
 		values []string
 	}{{"fix-exempt-resource", c.FixExemptResources}, {"share-exclude-resource", c.ShareExcludeResources}} {
 		for _, r := range l.values {
-			if _, err := reqinfo.ParseGroupResource(r); err != nil {
+			gr, err := reqinfo.ParseGroupResource(r)
+			if err == nil {
+				err = reqinfo.CheckBuiltin(gr)
+				if err != nil {
+					err = fmt.Errorf("%q: %w", r, err)
+				}
+			}
+			if err != nil {
 				add("--%s %w", l.flag, err)
 			}
 		}
@@ -153,11 +161,34 @@ func (c *Config) Validate() error {
 	default:
 		add("--log-level %q: want debug, info, warn or error", c.LogLevel)
 	}
-	if c.LogFormat != "json" && c.LogFormat != "console" {
-		add("--log-format %q: want json or console", c.LogFormat)
+	switch c.LogFormat {
+	case "", "json", "console":
+	default:
+		add("--log-format %q: want console or json (empty: console on a terminal, else json)", c.LogFormat)
 	}
 	c.HA.validate(add)
-	return errors.Join(errs...)
+	return errors.Join(c.locate(errs)...)
+}
+
+// flagNamed is the flag a problem begins with ("--max-frame-size 5: ...").
+var flagNamed = regexp.MustCompile(`^--([a-z0-9-]+)`)
+
+// locate puts where the --config file set a flag before each problem that begins with that
+// flag, so a problem in a file names the file and line, not only a flag the user never typed.
+func (c *Config) locate(errs []error) []error {
+	if len(c.FileLines) == 0 {
+		return errs
+	}
+	out := make([]error, len(errs))
+	for i, err := range errs {
+		out[i] = err
+		if m := flagNamed.FindStringSubmatch(err.Error()); m != nil {
+			if where, ok := c.FileLines[m[1]]; ok {
+				out[i] = fmt.Errorf("--config %s: %w", where, err)
+			}
+		}
+	}
+	return out
 }
 
 func checkHostPort(addr string) error {
@@ -352,7 +383,7 @@ func (e *NoKubeconfigError) Error() string {
 // ~/.kube/config, else the pod's service account), with context and server (each "": the
 // kubeconfig's) in place of its own, for watchsan and `watchsan check` alike. Its failures say
 // what to do in watchsan's words: client-go's own for "nothing found" is about
-// KUBERNETES_MASTER, long obsolete (issue 16).
+// KUBERNETES_MASTER, long obsolete.
 func LoadKubeconfig(path, context, server string) (*rest.Config, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	if path != "" {

@@ -3,12 +3,29 @@
 package logging
 
 import (
+	"io"
+	"os"
+
 	"github.com/go-logr/logr"
 	"github.com/go-logr/zapr"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"golang.org/x/term"
 	"k8s.io/klog/v2"
 )
+
+// ResolveFormat is the log format to write to w: format when given ("json" or "console"); for
+// "" (--log-format's default), console when w is a terminal, where a person reads it, and json
+// otherwise (a file, a pipe, a container's log), where a program does.
+func ResolveFormat(format string, w io.Writer) string {
+	if format != "" {
+		return format
+	}
+	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		return "console"
+	}
+	return "json"
+}
 
 // EncoderConfig is the encoder configuration of every watchsan logger: ISO 8601 times and
 // durations as Go prints them ("1.5s", "250ms"), never as bare floats whose unit a reader has

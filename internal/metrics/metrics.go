@@ -4,7 +4,6 @@ package metrics
 
 import (
 	"runtime"
-	"runtime/debug"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,7 +48,7 @@ type Metrics struct {
 	WatchMovesFailed *prometheus.CounterVec // reason (upstream.MoveReason)
 	WatchFreshPoints prometheus.Counter
 
-	// Shared feeds (issue 15; internal/watch/share.go).
+	// Shared feeds (internal/watch/share.go).
 	SharedFeeds           prometheus.Gauge
 	SharedSubscribers     prometheus.Gauge
 	SharedJoins           prometheus.Counter
@@ -70,7 +69,7 @@ type Metrics struct {
 	// BuildInfo is 1 for the running build's version, revision and Go version (SetVersion).
 	BuildInfo *prometheus.GaugeVec // version, revision, goversion
 
-	// Per upstream (issue 9; upstream.go).
+	// Per upstream (upstream.go).
 	Upstream UpstreamMetrics
 
 	labels *boundedLabels
@@ -135,7 +134,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 		f(c)
 	}
 	m.Upstream.register(reg)
-	m.SetVersion("")
+	m.SetVersion("", "")
 	for _, d := range Directions { // every closed-set series from the start: alerts see 0, not "no data"
 		m.Bytes.WithLabelValues(d)
 	}
@@ -158,22 +157,15 @@ var (
 	BrakeBuckets = []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 7.5}
 )
 
-// SetVersion sets watchsan_build_info: version as given (the -ldflags version), or the main
-// module's version when empty; revision and Go version from the binary's build info.
-func (m *Metrics) SetVersion(version string) {
-	revision := "unknown"
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		if version == "" {
-			version = bi.Main.Version
-		}
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				revision = s.Value
-			}
-		}
-	}
+// SetVersion sets watchsan_build_info: version and revision as given (the command line's
+// reading of -ldflags and the build info), "unknown" where empty; the Go version is the
+// running one's.
+func (m *Metrics) SetVersion(version, revision string) {
 	if version == "" {
 		version = "unknown"
+	}
+	if revision == "" {
+		revision = "unknown"
 	}
 	m.BuildInfo.Reset()
 	m.BuildInfo.WithLabelValues(version, revision, runtime.Version()).Set(1)
@@ -198,7 +190,7 @@ var verbs = map[string]bool{
 
 // Verb bounds the verb label to a closed set: a verb the apiserver knows, else "other". A
 // client chooses the method, and a label taken from it as it came let 20000 random methods
-// grow /metrics to 71 MB (issue #8).
+// grow /metrics to 71 MB.
 func Verb(v string) string {
 	if verbs[v] {
 		return v
@@ -209,7 +201,7 @@ func Verb(v string) string {
 // Resource is r as a resource label, bounded (request paths come from clients): r if the
 // upstream has served it (Seen), or if it is one of the first MaxUnservedResources others
 // asked for; else "other". Junk, however much of it and however early (after a restart), can
-// only take the unserved places, never a served resource's (issue 16: with one first-come set,
+// only take the unserved places, never a served resource's (with one first-come set,
 // junk pushed real resources into "other").
 func (m *Metrics) Resource(r string) string { return m.labels.get(r) }
 

@@ -60,11 +60,12 @@ func TestSeriesExistBeforeUse(t *testing.T) {
 	if labels["goversion"] != runtime.Version() || labels["version"] == "" || labels["revision"] == "" {
 		t.Errorf("build_info labels %v", labels)
 	}
-	m.SetVersion("v1.2.3")
+	m.SetVersion("v1.2.3", "0123456789abcdef")
 	if n := len(mustFamily(t, m, "watchsan_build_info").GetMetric()); n != 1 {
 		t.Errorf("SetVersion left %d build_info series, want 1", n)
 	}
-	if got := mustFamily(t, m, "watchsan_build_info").GetMetric()[0].GetLabel(); got[2].GetName() != "version" || got[2].GetValue() != "v1.2.3" {
+	if got := mustFamily(t, m, "watchsan_build_info").GetMetric()[0].GetLabel(); got[2].GetName() != "version" || got[2].GetValue() != "v1.2.3" ||
+		got[1].GetName() != "revision" || got[1].GetValue() != "0123456789abcdef" {
 		t.Errorf("after SetVersion: %v", got)
 	}
 	if n := len(byName["watchsan_bytes_total"].GetMetric()); n != len(Directions) {

@@ -159,7 +159,7 @@ func TestManyParams(t *testing.T) {
 	}
 }
 
-// Issue 11 item 4: --fix-exempt-resource takes a resource as kubectl names it and matches
+// --fix-exempt-resource takes a resource as kubectl names it and matches
 // requests exactly, whatever the spelling.
 func TestParseGroupResource(t *testing.T) {
 	for in, want := range map[string]string{

@@ -76,7 +76,7 @@ func (r *recorder) Detach() func(written int64) {
 
 // statusClientClosed is the code a request is counted and logged under when its client went
 // away before any answer: nginx's 499 ("client closed request"), not the 200 net/http would
-// have sent (issue 16: a rapid-reset run counted 19,456 requests as 200, 8,126 of which had
+// have sent (a rapid-reset run counted 19,456 requests as 200, 8,126 of which had
 // reached the upstream and none of which was answered).
 const statusClientClosed = 499
 

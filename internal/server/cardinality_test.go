@@ -50,7 +50,7 @@ func TestAttackMetricsCardinality(t *testing.T) {
 	}
 }
 
-// TestAttackCancelledCountedAsTheirOwn (issue 16 item 9): requests the client cancelled before
+// TestAttackCancelledCountedAsTheirOwn: requests the client cancelled before
 // any answer were counted as code 200 (19,456 in a rapid-reset run, 8,126 of which had reached
 // the upstream). They are counted, and logged, as 499.
 func TestAttackCancelledCountedAsTheirOwn(t *testing.T) {
@@ -86,7 +86,7 @@ func TestAttackCancelledCountedAsTheirOwn(t *testing.T) {
 	}
 }
 
-// TestAttackResourceLabelsJunk (issue 16 item 9): the resource label took the first 500
+// TestAttackResourceLabelsJunk: the resource label took the first 500
 // distinct resources requested, so junk sent after a restart pushed real resources into
 // "other". Junk (answered 404) takes only the 100 places of resources never served; a
 // resource the upstream served keeps a label of its own.

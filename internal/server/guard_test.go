@@ -133,7 +133,7 @@ func TestAttackLendingGuard(t *testing.T) {
 	const ok = "Host: 127.0.0.1:8001\r\n"
 	_, port, _ := net.SplitHostPort(addr)
 	exec := "/api/v1/namespaces/default/pods/p/exec?command=sh"
-	// Issue 16: every hop removes the headers Connection names, so this request went upstream
+	// every hop removes the headers Connection names, so this request went upstream
 	// without the Authorization the guard had waved it through for, and got the lent identity.
 	junk := "Host: evil.example\r\nOrigin: http://evil.example\r\nAuthorization: Bearer junk\r\n"
 	ws := "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"

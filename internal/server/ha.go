@@ -1,6 +1,6 @@
 package server
 
-// watchsan as the HA frontend of several apiservers (issue 9): the pool's HA settings and
+// watchsan as the HA frontend of several apiservers: the pool's HA settings and
 // per-upstream metrics, the time-travel guard for lists, live reloads of the upstream set,
 // and upstream discovery from the default/kubernetes Service's EndpointSlices.
 

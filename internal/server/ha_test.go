@@ -75,7 +75,7 @@ func (u *listUpstream) last() url.Values {
 	return u.lists[len(u.lists)-1]
 }
 
-// Issue 9 item 5: a list at resourceVersion=0 goes upstream at the highest resourceVersion
+// a list at resourceVersion=0 goes upstream at the highest resourceVersion
 // watchsan has seen for the resource, with resourceVersionMatch=NotOlderThan; other lists, and
 // every list with the guard off, go as the client sent them. When no upstream can serve the
 // raised list (504 from all), the client gets the 504 and the mark is dropped.
@@ -154,7 +154,7 @@ func TestTimeTravelGuard(t *testing.T) {
 	}
 }
 
-// Issue 9 item 4: a reload changes the upstream set live; other changes are reported as
+// a reload changes the upstream set live; other changes are reported as
 // needing a restart and change nothing.
 func TestReloadChangesUpstreamsOnly(t *testing.T) {
 	// b answers a watch with an event at resourceVersion 10, then one at 5: a regression, which
@@ -228,7 +228,7 @@ func TestReloadChangesUpstreamsOnly(t *testing.T) {
 	}
 }
 
-// TestAttackDiscoveryForgedSlice (issue 16 item 9): discovery accepted any EndpointSlice
+// TestAttackDiscoveryForgedSlice: discovery accepted any EndpointSlice
 // labelled for the kubernetes Service, so whoever may create EndpointSlices in default could
 // add an upstream of their choice, which then got the requests (and the lent identity). Only
 // the apiservers' own slice counts: default/kubernetes, as their endpoint reconciler writes it

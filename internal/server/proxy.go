@@ -77,7 +77,7 @@ func (p *passThrough) serve(w http.ResponseWriter, r *http.Request, c *classifie
 // reads the rest of a request's body and closes it as soon as the response starts
 // (golang/go#40747), while the upstream transport may still be reading it to send it: its
 // next read fails, which ends the upstream request and cuts the response the client is
-// getting (issue 16: a third of 2,000 pass-through POSTs answered without their body read
+// getting (a third of 2,000 pass-through POSTs answered without their body read
 // came back with headers and no body). Full duplex leaves the body to the transport; but the
 // transport may still read it after the handler returned, when the server reads the
 // connection for the next request ("invalid concurrent Body.Read call"), so finish ends every

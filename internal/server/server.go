@@ -292,7 +292,7 @@ func (s *Server) AdminHandler() http.Handler {
 	}
 	// On loopback the admin listener is for this machine's programs, and a web page whose DNS
 	// name was rebound to 127.0.0.1 could read /metrics (and pprof) otherwise: the Host must
-	// name this machine as --accept-hosts says, as on the lending listener (issue 16).
+	// name this machine as --accept-hosts says, as on the lending listener.
 	accepted := s.cfg.Guard.AcceptHosts
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if req.Host == "" || !config.MatchAny(accepted, config.HostForMatch(req.Host)) {
@@ -366,7 +366,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 
 	// Readiness fails first; the listeners keep serving through the delay, so that a Service or
-	// load balancer that polls readyz stops sending before anything is refused (issue #7).
+	// load balancer that polls readyz stops sending before anything is refused.
 	s.stopping.Store(true)
 	s.log.Info("shutting down", zap.Duration("delay", s.cfg.ShutdownDelay), zap.Duration("timeout", s.cfg.ShutdownTimeout))
 	if runErr == nil && s.cfg.ShutdownDelay > 0 {

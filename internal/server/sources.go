@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 )
 
-// sourceLimiter bounds what one source may hold of the main listener (issue 16, frontend
+// sourceLimiter bounds what one source may hold of the main listener (frontend
 // mode), so that one client cannot lock the others out, as 1,000 connections sending their
 // headers slowly did by filling --max-connections for the 30 s header timeout:
 //   - at most maxConns connections at once: one more is closed as soon as it is accepted;

@@ -17,7 +17,7 @@ import (
 const tlsCheckInterval = time.Second
 
 // tlsFiles is the main listener's TLS material, read again from its files when they change,
-// without a restart (issue 8): a rotated serving certificate (cert-manager renews it, a
+// without a restart: a rotated serving certificate (cert-manager renews it, a
 // Secret volume swaps its files) is presented, and a rotated client CA verifies, from the next
 // handshake on. Nothing runs in the background: a handshake at least tlsCheckInterval after
 // the last look reads the (small) files and compares their bytes, so a change is seen

@@ -48,7 +48,7 @@ type AttempterOptions struct {
 	Clock clock.Clock
 }
 
-// Attempter is the one loop that sends a request upstream (issue #7): the first attempt of
+// Attempter is the one loop that sends a request upstream: the first attempt of
 // every request and of every watch resume goes through Do. It picks a usable backend (another
 // one than the one that just failed, when there is one), retries what may be retried with
 // exponential backoff and jitter, honours Retry-After, and stops within a deadline. When no

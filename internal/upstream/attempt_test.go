@@ -177,7 +177,7 @@ func TestBudgetSpentReturnsLastAnswer(t *testing.T) {
 	}
 }
 
-// Issue #7: a client that leaves (or a shutdown) during the wait between attempts gets an
+// a client that leaves (or a shutdown) during the wait between attempts gets an
 // error back, never a nil response with a nil error (net/http then panicked).
 func TestCancelDuringWaitIsAnError(t *testing.T) {
 	var n atomic.Int32
@@ -198,7 +198,7 @@ func TestCancelDuringWaitIsAnError(t *testing.T) {
 	}
 }
 
-// Issue #7: with every backend down, a request is answered at once with ErrNoBackend, and
+// with every backend down, a request is answered at once with ErrNoBackend, and
 // dials nothing (only the health checker dials a down backend).
 func TestNoUsableBackendFailsFastWithoutDialling(t *testing.T) {
 	var dials atomic.Int32
@@ -260,7 +260,7 @@ func TestWaitsForABackendHealthyAMomentAgo(t *testing.T) {
 	resp.Body.Close()
 }
 
-// Issue #7: a health checker with manners. An upstream that refuses connections costs about
+// a health checker with manners. An upstream that refuses connections costs about
 // one dial per interval (not a hot loop), the backend starts unknown (not ready), and the
 // transition is logged once.
 func TestHealthCheckerManners(t *testing.T) {

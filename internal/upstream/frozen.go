@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// Nothing waits on a frozen backend (issue 20 item 3, docs/design.md section 10.8). A short
+// Nothing waits on a frozen backend (docs/design.md section 10.8). A short
 // request whose attempt is still waiting for its response headers when its backend is
 // declared unhealthy (no PING answered: frozen, or gone) is cut at once: retried on another
 // backend when repeating it is safe, else answered 503 with Retry-After (ErrFrozen).

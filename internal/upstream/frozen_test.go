@@ -13,7 +13,7 @@ import (
 	"github.com/watchsan/watchsan/internal/testutil"
 )
 
-// Issue 20 item 3: a request waiting on a backend that is declared unhealthy is cut at once:
+// a request waiting on a backend that is declared unhealthy is cut at once:
 // a GET, an unread body and a PUT or PATCH with a resourceVersion precondition go to another
 // backend; a create is answered ErrFrozen (the client's 503), and never sent again.
 func TestFrozenBackendCutsWaitingRequests(t *testing.T) {

@@ -37,7 +37,7 @@ func moveReason(ctx context.Context) (MoveReason, bool) {
 
 func unlimited() *bucket { return &bucket{rate: -1} }
 
-// Issue 9 item 2: short requests go to the backend with the fewest outstanding requests,
+// short requests go to the backend with the fewest outstanding requests,
 // watches to the one with the fewest open watches; preferred backends first.
 func TestPickLeastLoaded(t *testing.T) {
 	p := newPool(t, PoolOptions{}, "http://a", "http://b", "http://c")
@@ -126,7 +126,7 @@ func TestAttemptsCountTowardLoad(t *testing.T) {
 	}
 }
 
-// Issue 9 item 3: an unhealthy backend's watches all move at once (when another backend is
+// an unhealthy backend's watches all move at once (when another backend is
 // usable), a degraded one's movable watches at the drain rate; nothing moves while no other
 // backend can take them.
 func TestDrain(t *testing.T) {
@@ -168,7 +168,7 @@ func TestDrain(t *testing.T) {
 	}
 }
 
-// Issue 9 item 3: after a recovery, movable watches move onto the emptier healthy backend,
+// after a recovery, movable watches move onto the emptier healthy backend,
 // until the counts differ by at most one, at the rebalance rate; watches in their initial
 // phase stay.
 func TestRebalanceEvensOut(t *testing.T) {
@@ -213,7 +213,7 @@ func TestRebalanceEvensOut(t *testing.T) {
 	}
 }
 
-// Issue 9 item 1: a watch that does not deliver, within the lag timeout, an event a watch of
+// a watch that does not deliver, within the lag timeout, an event a watch of
 // the same scope on another backend delivered is moved and its backend counted lagging; a
 // watch that keeps up (even a little late), or a quiet scope, is left alone.
 func TestLagDetection(t *testing.T) {
@@ -256,7 +256,7 @@ func TestLagDetection(t *testing.T) {
 	}
 }
 
-// Issue 16 item 2: a watch behind its peers while it is busy writing to its client (a client
+// a watch behind its peers while it is busy writing to its client (a client
 // that stopped reading) is behind because of its client: it is not moved, and its backend is
 // not counted lagging, however long it stays so. Once it waits for its upstream again, its lag
 // clock starts from then.
@@ -286,7 +286,7 @@ func TestLagNotCountedWhileBusyOnClient(t *testing.T) {
 	}
 }
 
-// Issue 9 item 4: a live membership change adds backends (tried once probed) and removes
+// a live membership change adds backends (tried once probed) and removes
 // others, whose watches move at the drain rate; a drained removed backend is forgotten.
 func TestSetUpstreams(t *testing.T) {
 	var forgotten, added []string
@@ -403,7 +403,7 @@ func (f *freezer) serve(t *testing.T, c net.Conn, n int64) {
 	go pipe(c, up, true)
 }
 
-// Issue 9 item 1: a frozen backend (nothing answers, not even the TLS handshake) is found
+// a frozen backend (nothing answers, not even the TLS handshake) is found
 // unhealthy within a health interval and one and a half ping timeouts (docs/design.md
 // section 10.9); one that answers pings while its
 // /readyz is slower than the probe timeout (etcd slow) is degraded, never unhealthy.
@@ -463,7 +463,7 @@ func TestPingTellsFrozenFromSlow(t *testing.T) {
 	testutil.Eventually(t, 5*time.Second, "healthy after the thaw", func() bool { return b.State() == Healthy })
 }
 
-// Issue 9 item 5: a list sent at watchsan's high-water mark that a lagging backend answers
+// a list sent at watchsan's high-water mark that a lagging backend answers
 // with 504 is tried on another backend, and the lagging one is held back.
 func TestTooLargeTriedElsewhere(t *testing.T) {
 	behind := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

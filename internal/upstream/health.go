@@ -9,7 +9,7 @@ import (
 	"go.uber.org/zap"
 )
 
-// How a backend is judged (issue 9: found in seconds, without false alarms). Two questions,
+// How a backend is judged (found in seconds, without false alarms). Two questions,
 // asked every HealthInterval:
 //   - Does the process answer at all? An HTTP/2 PING on a connection of the health checker's
 //     own (ping.go), answered by the server's connection reader: a frozen (SIGSTOP) or dead

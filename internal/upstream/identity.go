@@ -11,7 +11,7 @@ import (
 )
 
 // IdentityMode is how watchsan asserts the identity of a client it verified by certificate
-// (--identity-forwarding, issue 8). The zero value asserts nothing.
+// (--identity-forwarding). The zero value asserts nothing.
 type IdentityMode int
 
 const (
@@ -73,7 +73,7 @@ func ClientIdentity(cs *tls.ConnectionState) (Identity, bool) {
 // Credentials is whose credentials one request goes upstream with. It is decided once per
 // request, by Decide, on the request as the client sent it, before anything removes a header,
 // and it travels to the transport as a value (Plan.Credentials, Backend.Send), which routes by
-// it alone: nothing downstream looks at the request's headers to decide again. (Issue 16: the
+// it alone: nothing downstream looks at the request's headers to decide again. (the
 // guard let a request with `Authorization: junk` and `Connection: Authorization` pass, as the
 // client's own; the hop-by-hop removal then deleted the header, and the transport, deciding
 // again on what was left, lent watchsan's identity to it.) The zero value sends a request with

@@ -145,7 +145,7 @@ func (l *Lease) Waiting(now int64) { l.waiting.Store(now) }
 // Busy tells the lease that its watch is not waiting for its upstream: it has bytes to deliver,
 // and delivering them may block on its client for as long as the client's write deadline
 // allows. Until the next Waiting, neither a silence nor a lag of the watch is its upstream's:
-// a client that stops reading must not make a healthy upstream look hung or behind (issue 16).
+// a client that stops reading must not make a healthy upstream look hung or behind.
 func (l *Lease) Busy() { l.waiting.Store(0) }
 
 // WaitingSince returns since when the watch has been waiting for its upstream, or false (and

@@ -167,7 +167,7 @@ func (p *Pool) findLag(bs []*Backend, now time.Time) {
 			}
 			if _, waiting := l.WaitingSince(); !waiting {
 				// Busy writing to its client: behind because of the client, not the backend. The
-				// clock starts again when it waits for its upstream (issue 16: 100 watches that
+				// clock starts again when it waits for its upstream (100 watches that
 				// did not read made a backend streaming at full speed look lagging).
 				l.behind.Store(0)
 				continue

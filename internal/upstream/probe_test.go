@@ -76,7 +76,7 @@ func runPool(t *testing.T, s *readyzServer, to TransportOptions, states *[]State
 	return p
 }
 
-// Issue 20 item 5 / cause 3: anonymous probes, which the apiserver answers with Connection:
+// Anonymous probes, which the apiserver answers with Connection:
 // close, go over connections of their own; the client requests' connection stays open.
 func TestProbesDoNotCloseTheClientsConnection(t *testing.T) {
 	s := newReadyzServer(t, 200)
@@ -103,7 +103,7 @@ func TestProbesDoNotCloseTheClientsConnection(t *testing.T) {
 	}
 }
 
-// Issue 20 item 5 / cause 4: a /readyz answered 403 to a probe with an identity is no
+// A /readyz answered 403 to a probe with an identity is no
 // readiness: the backend is degraded, never healthy, until /readyz passes.
 func TestReadyz403WithAnIdentityIsNotReady(t *testing.T) {
 	s := newReadyzServer(t, 403)

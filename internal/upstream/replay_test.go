@@ -98,7 +98,7 @@ func pipe(c net.Conn, to string) {
 	io.Copy(c, u)
 }
 
-// Issue 20 item 5: a POST whose stream the upstream did not process (above a GOAWAY's last
+// a POST whose stream the upstream did not process (above a GOAWAY's last
 // stream ID) is replayed by the transport on a new connection, body and all: the Attempter
 // gives it GetBody. Before, the client got a 502 ("http2: Transport: cannot retry ... after
 // Request.Body was written").

@@ -21,7 +21,7 @@ func TestTooOldFloor(t *testing.T) {
 	}
 }
 
-// Issue 20 item 1: a watch's resume point goes to a backend known unable to serve it only
+// a watch's resume point goes to a backend known unable to serve it only
 // when no usable backend may; floors only rise and are per resource.
 func TestPickServesTheResumePoint(t *testing.T) {
 	p, err := NewPool([]*url.URL{{Scheme: "http", Host: "a"}, {Scheme: "http", Host: "b"}}, PoolOptions{})
@@ -58,7 +58,7 @@ func TestPickServesTheResumePoint(t *testing.T) {
 	}
 }
 
-// Issue 20 item 1: a lease with a move handler is asked, not cut; a failed move holds it
+// a lease with a move handler is asked, not cut; a failed move holds it
 // for the time its owner says, on the Pool's clock, and the mover does not ask again
 // meanwhile.
 func TestMoveHandlerAskedAndHeld(t *testing.T) {

@@ -52,8 +52,8 @@ type TransportOptions struct {
 	// certificate watchsan presents is trusted as a front proxy's (--requestheader-*), which a
 	// client must not choose.
 	StripHeaders, StripPrefixes []string
-	// Identity asserts the identity of a client with a verified certificate upstream (issue 8;
-	// identity.go); IdentityOff (the zero value): never. IdentityImpersonate needs
+	// Identity asserts the identity of a client with a verified certificate upstream
+	// (identity.go); IdentityOff (the zero value): never. IdentityImpersonate needs
 	// Credentials with an identity, IdentityRequestHeader needs FrontProxyCert.
 	Identity IdentityMode
 	// FrontProxyCert is the client certificate presented, and the only credential sent, on
@@ -78,7 +78,7 @@ const (
 )
 
 // Defaults of the upstream HTTP/2 receive windows (Go's are 4 MiB per stream and 1 GiB per
-// connection: 100 watches whose clients stopped reading held 431 MiB, issue 16).
+// connection: 100 watches whose clients stopped reading held 431 MiB).
 const (
 	// DefaultHTTP2StreamWindow is kube-apiserver's own receive window per stream (256 KiB, the
 	// 99th percentile of an object's size): a watch event or a list page of usual objects

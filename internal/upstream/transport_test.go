@@ -248,7 +248,7 @@ func sendDecided(b *Backend, req *http.Request) (*http.Response, error) {
 }
 
 // TestAttackDecidedOnce: the transport sends with the credentials decided on the client's
-// request, whatever became of its headers on the way. Before issue 16 it decided again on the
+// request, whatever became of its headers on the way. It once decided again on the
 // request it was handed: one whose Authorization a hop-by-hop removal (Connection:
 // Authorization) had deleted went upstream with watchsan's lent token and certificate.
 func TestAttackDecidedOnce(t *testing.T) {

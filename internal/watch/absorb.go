@@ -20,7 +20,7 @@ import (
 	"github.com/watchsan/watchsan/internal/upstream"
 )
 
-// Absorbing a 410 at the resume point (issue 19, docs/design.md section 12). A feed whose
+// Absorbing a 410 at the resume point (docs/design.md section 12). A feed whose
 // state is complete (state.go) answers an expired resume point with a list of its scope and
 // the difference between it and its state, sent to its subscribers through the normal
 // delivery path: first a DELETED for every object gone (or replaced: another uid), carrying

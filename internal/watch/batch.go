@@ -39,7 +39,7 @@ var batchPool = sync.Pool{New: func() any { b := make([]byte, 0, batchSize+chunk
 // What one flush sends the client (the events of one upstream read, at most a batch and any
 // frames too big for one) gets timeout (Config.WriteTimeout) to get through: a client that
 // stops reading fills its connection's buffers, and then the write blocks. Without a deadline
-// it would block for good, the watch holding its upstream stream open (issue 16: 100 watches
+// it would block for good, the watch holding its upstream stream open (100 watches
 // that never read held 431 MiB, and passed for stalled upstreams). With one, the write fails,
 // the watch ends (EndSlowClient) and its upstream watch is closed. The deadline is set at the
 // first write after a flush and cleared when the flush is done: it bounds writing, never the

@@ -17,7 +17,7 @@ import (
 	"k8s.io/utils/clock"
 )
 
-// Detached shared watches (issue 15 item 6, docs/design.md section 11, docs/bench/NOTES.md
+// Detached shared watches (docs/design.md section 11, docs/bench/NOTES.md
 // "Where the 27.7 KiB go"). A shared feed's subscriber on HTTP/1.1 holds no upstream stream,
 // yet while its handler holds the request, net/http keeps the connection's 4 KiB reader and
 // writer, the response's 2 KiB chunking buffer and the parked handler's goroutine stack: two

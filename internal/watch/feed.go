@@ -32,7 +32,7 @@ import (
 // only through sink.
 
 // sink is what a feed delivers to. Its contract, which a fan-out to several subscribers
-// (issue 15 item 2) must keep too:
+// must keep too:
 //   - The feed calls its methods from one goroutine at a time, the one that receives (run,
 //     receive), never concurrently; a move's goroutine calls none. A sink needs no lock for
 //     them.
@@ -214,7 +214,7 @@ func (f *feed) next(src *source) (*source, EndReason) {
 	}
 	// Why: a resume that delivers nothing is a failure, whatever its status line said: an
 	// upstream that ends every watch at once would otherwise be asked again at once,
-	// forever (issue #7: 15,209 requests in 10 s from one client watch). A move is no
+	// forever (15,209 requests in 10 s from one client watch). A move is no
 	// failure: watchsan ended the attempt itself. Nor is a stall: the upstream accepted the
 	// attempt and it stayed open, silent, for the whole stall timeout, which is at most one
 	// request per stall timeout, and exactly what an apiserver sends a caught-up watch of a
@@ -579,7 +579,7 @@ func (f *feed) classify(attemptCtx context.Context, err error) attemptEnd {
 // even if the upstream answers probes: the hop between may be what hangs. Resuming is
 // lossless, so a false alarm costs one request. Time the watch spends busy on its client
 // (the lease is not waiting) is nobody's silence: the client's write deadline bounds it
-// (issue 16: a client that stopped reading got a healthy upstream counted as stalled and
+// (a client that stopped reading got a healthy upstream counted as stalled and
 // reported as failing). It is a timer, not a goroutine: the lease is checked lazily when it
 // fires (a busy watch never touches the timer), and it runs only until stop is called or the
 // attempt ends.

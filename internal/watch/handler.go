@@ -76,7 +76,7 @@ type Config struct {
 	// to the client is never the upstream's silence or lag. 0: DefaultWriteTimeout.
 	WriteTimeout time.Duration
 
-	// Absorbing a 410 at a resume point (absorb.go, issue 19, docs/design.md section 12): a
+	// Absorbing a 410 at a resume point (absorb.go, docs/design.md section 12): a
 	// feed whose state is complete answers it with a list and the difference, and no 410
 	// reaches its client. DisableAbsorb turns it off (no state is kept). AbsorbStateBytes
 	// bounds one feed's state, AbsorbTotalBytes all of them (bytes of objects and their
@@ -93,7 +93,7 @@ type Config struct {
 	// re-watch from its last resourceVersion (state.go); 0: DefaultAbsorbParkTime.
 	AbsorbParkTime time.Duration
 
-	// Shared feeds (share.go, issue 15 items 2 and 3). Share serves identical watches of the
+	// Shared feeds (share.go). Share serves identical watches of the
 	// lent identity from one upstream watch, and those of clients with their own credentials
 	// that an access review allowed (access.go) from another; the bounds' zero values are their
 	// defaults.
@@ -348,7 +348,7 @@ func parseBool(s string) bool {
 // scopeOf identifies a watch for the rewritten-delete memory: what it selects (selects,
 // params.scope), and who the upstream takes it for (cred's Principal: the lent identity, a
 // verified certificate's identity or a token, as digests, never the credentials), so one
-// client's remembered deletes never suppress a delete another client has not seen. Issue 16: a
+// client's remembered deletes never suppress a delete another client has not seen. Found in review: a
 // digest of the Authorization header alone put every certificate client, and every lent or
 // anonymous one, in one scope, and after alice's watch had a regressed delete rewritten, bob,
 // watching from that resourceVersion, never saw the delete.

@@ -14,7 +14,7 @@ import (
 	"github.com/watchsan/watchsan/internal/stream"
 )
 
-// The watch-list handoff (issue 15, docs/design.md section 11). A watch-list
+// The watch-list handoff (docs/design.md section 11). A watch-list
 // (sendInitialEvents=true, client-go's default informers) that may share (shareRule said only
 // "watch-list") starts on a private feed: its initial events are a snapshot no ring holds.
 // Once its initial-events-end bookmark at B has been delivered (and flushed) to the client,

@@ -50,7 +50,7 @@ func (x *shareFixture) create(ns, name string) error {
 	return x.send(http.MethodPost, "/api/v1/namespaces/"+ns+"/configmaps", body, http.StatusCreated)
 }
 
-// Issue 15: N watch-lists of the same watch (client-go informers) end on one upstream watch:
+// N watch-lists of the same watch (client-go informers) end on one upstream watch:
 // each starts on its own, and at its initial-events-end bookmark moves onto the shared feed of
 // the plain watch, its own upstream watch closed. Each gets exactly what a direct watch-list
 // gets: the initial events, the bookmark, then every later event once, in order.

@@ -161,7 +161,7 @@ func waitGot(t *testing.T, ch <-chan got, gs *[]got, want string) {
 
 const gone = `{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too old resource version: 11 (20)","reason":"Expired","code":410}}` + "\n"
 
-// Issue 20 item 1: a move whose target cannot serve the resume point (a real apiserver's
+// a move whose target cannot serve the resume point (a real apiserver's
 // watch cache answers 200 and an ERROR 410 at once) leaves the watch where it was: the client
 // sees no ERROR and no break, the old upstream goes on serving it, and the pool learns the
 // target's floor from the 410's "(N)".
@@ -222,7 +222,7 @@ func TestMoveRefusedByTargetKeepsWatch(t *testing.T) {
 	}
 }
 
-// Issue 20 item 1: a target that accepts the resume point (its first frame is no ERROR) takes
+// a target that accepts the resume point (its first frame is no ERROR) takes
 // the watch over, and only then is the old attempt ended; what the old one delivered while
 // the target was being opened comes again from the target and is not written twice, in
 // Observe mode too (where fix repairs nothing).
@@ -282,7 +282,7 @@ func testMoveAccepted(t *testing.T, cfg Config) {
 	}
 }
 
-// Issue 20 item 1: a resume that meets "too old resource version" on one backend while
+// a resume that meets "too old resource version" on one backend while
 // another can still serve the resume point goes there; the client never sees the 410.
 func TestGoneOnOneBackendResumesOnAnother(t *testing.T) {
 	a := &upstreamScript{}
@@ -324,7 +324,7 @@ func TestGoneOnOneBackendResumesOnAnother(t *testing.T) {
 	}
 }
 
-// Issue 20 item 2: a quiet watch whose resume point the only target cannot serve (its 410
+// a quiet watch whose resume point the only target cannot serve (its 410
 // names a newer floor) gets a fresh one from its own backend: after a consistent list, a
 // same-scope watch from the resume point whose first frame is a bookmark at 25 proves that
 // nothing happened in (11, 25]; the move then opens the target from 25, and the client gets
@@ -400,7 +400,7 @@ func (u *upstreamScript) watches() int {
 	return n
 }
 
-// Issue 20 item 4: an apiserver in its shutdown delay (readyz failing, still serving) is
+// an apiserver in its shutdown delay (readyz failing, still serving) is
 // degraded, and its watches move make-before-break: the target accepts first, then the old
 // attempt ends, and the client sees one unbroken stream.
 func TestDegradedBackendDrainsMakeBeforeBreak(t *testing.T) {

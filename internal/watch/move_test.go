@@ -17,7 +17,7 @@ import (
 	"github.com/watchsan/watchsan/internal/upstream"
 )
 
-// Issue 9 item 3: when the pool moves a watch (here: its upstream is removed), the session
+// when the pool moves a watch (here: its upstream is removed), the session
 // resumes it on another upstream from its resume point, at once (a move is no failure: no
 // backoff), and the client sees one unbroken stream; the break is counted per upstream.
 func TestMovedWatchResumesElsewhereSeamlessly(t *testing.T) {

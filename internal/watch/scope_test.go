@@ -19,7 +19,7 @@ import (
 	"github.com/watchsan/watchsan/internal/upstream"
 )
 
-// Issue 16 item 8: the delete memory is scoped by who the upstream takes a watch for, not by
+// the delete memory is scoped by who the upstream takes a watch for, not by
 // its Authorization header. alice and bob, each with a verified client certificate (no
 // Authorization: watchsan asserts their identities), watch the same configmaps. alice's watch
 // has a regressed DELETED rewritten (to 12), which is remembered for her; her re-watch from 12

@@ -21,7 +21,7 @@ import (
 	"github.com/watchsan/watchsan/internal/upstream"
 )
 
-// Shared feeds (issue 15 item 2, docs/design.md section 11). With Config.Share, a client watch
+// Shared feeds (docs/design.md section 11). With Config.Share, a client watch
 // that is the same watch as an open shared feed, and whose resourceVersion the feed's ring
 // covers, is served by that feed: one upstream watch for all its subscribers. The feed is a
 // feed (feed.go) like a private one, its sink a sharedFeed instead of a subscriber: the fix
@@ -384,7 +384,7 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, info *reqinfo.Info,
 	}
 	// The delete memory's scope is the opener's principal, whom the feed goes as upstream (for a
 	// reviewed feed not "reviewed": one reviewed client's remembered deletes must not suppress
-	// a delete another one's own feed replays to it, issue 16).
+	// a delete another one's own feed replays to it).
 	sf.policy = fix.Options{Scope: scopeOf(scope, cred), StartRV: rv, Mode: mode, Memory: h.deps.Memory}
 	// A subscriber with no response: the policy's decisions are counted as a private watch's.
 	sf.pol = newSubscriber(h, nil, tmpl, params{}, h.deps.Metrics.Resource(info.FullResource()), log)

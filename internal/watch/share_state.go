@@ -14,7 +14,7 @@ import (
 	"github.com/watchsan/watchsan/internal/upstream"
 )
 
-// A shared feed's state (issue 19, docs/design.md sections 11 and 12). A shared feed begins at
+// A shared feed's state (docs/design.md sections 11 and 12). A shared feed begins at
 // a resourceVersion, never with the initial state, so it holds a complete state only when it
 // is handed one that is complete at exactly the resourceVersion it starts from:
 //   - a watch-list's handoff that opens the feed from its bookmark's L moves the private

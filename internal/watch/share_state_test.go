@@ -162,7 +162,7 @@ func (x *gapFixture) waitStores(t *testing.T, what string, clients ...*client) {
 	}
 }
 
-// Issue 19 on a shared feed: two watch-lists hand off onto one feed (the first opens it with
+// Absorbing a 410 on a shared feed: two watch-lists hand off onto one feed (the first opens it with
 // its complete state, the second joins), a 410 at the feed's resume is absorbed once for both
 // (each gets the difference; each store equals a fresh list; nothing goes back), and after the
 // absorb the ring serves no join below the list's resourceVersion L (a watch from the last RV

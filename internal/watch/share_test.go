@@ -303,7 +303,7 @@ func sameEvents(t *testing.T, what string, got, want []string) {
 	}
 }
 
-// Issue 15 item 2: N identical watches of the lent identity are one upstream watch, and every
+// N identical watches of the lent identity are one upstream watch, and every
 // client gets, event for event, what a direct watch from the same resourceVersion gets; a
 // client joining later at a resourceVersion inside the ring gets exactly the events after it.
 func TestShareOneUpstreamWatch(t *testing.T) {
@@ -371,7 +371,7 @@ func TestShareOlderThanRingGoesPrivate(t *testing.T) {
 	}
 }
 
-// Issue 15 item 4: a subscriber that stops reading is ended once it is its buffer behind; the
+// a subscriber that stops reading is ended once it is its buffer behind; the
 // others get every event, never waiting for it.
 func TestShareSlowSubscriberEnded(t *testing.T) {
 	x := newShareFixture(t, Config{ShareSubscriberBytes: 8 << 20, WriteTimeout: 2 * time.Second})
@@ -451,7 +451,7 @@ func TestShareFeedEndsAfterLastSubscriber(t *testing.T) {
 	}
 }
 
-// Issue 15 item 5: a break of the feed's upstream costs one resume however many subscribers,
+// a break of the feed's upstream costs one resume however many subscribers,
 // and every subscriber's stream is gapless, as a direct watch's that never broke.
 func TestShareUpstreamBreakOneResume(t *testing.T) {
 	x := newShareFixture(t, Config{})

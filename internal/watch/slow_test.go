@@ -39,7 +39,7 @@ func streamForever(u *upstreamScript, gzip bool) func(w http.ResponseWriter, r *
 	}
 }
 
-// Issue 16 item 2: a client that stops reading, against an upstream streaming at full speed.
+// a client that stops reading, against an upstream streaming at full speed.
 // A write to it that does not complete within the write timeout ends its watch, counted as a
 // slow client, and closes the upstream watch (nothing is held for it any longer). The time the
 // watch spends blocked on its client is no silence of the upstream's: the stall timeout here is

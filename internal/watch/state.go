@@ -15,7 +15,7 @@ import (
 	"github.com/watchsan/watchsan/internal/upstream"
 )
 
-// A feed's state (issue 19, docs/design.md section 12): every object alive at the last
+// A feed's state (docs/design.md section 12): every object alive at the last
 // delivered resourceVersion, by namespace/name, with its uid, resourceVersion and the frame it
 // was last delivered in. It is what lets a feed answer a 410 at its resume point with the
 // difference between a fresh list and what its subscribers hold (absorb.go), instead of

@@ -528,7 +528,7 @@ func TestQuietWatchOutlivesTheResumeTimeout(t *testing.T) {
 	}
 }
 
-// Issue 9: a watch on which bookmarks were asked for and nothing arrived for the stall timeout
+// a watch on which bookmarks were asked for and nothing arrived for the stall timeout
 // is stalled even though its upstream answers probes (the hop between may be what hangs); it
 // is resumed, losslessly.
 func TestSilentUpstreamIsResumedThoughItAnswersProbes(t *testing.T) {
@@ -702,7 +702,7 @@ func TestErrorEventOnResumeEndsStream(t *testing.T) {
 	}
 }
 
-// An upstream that ends every watch at once (issue #7's resume storm: 15,209 requests in 10 s)
+// An upstream that ends every watch at once (a resume storm once measured: 15,209 requests in 10 s)
 // gets resumes paced by the reflector-like backoff, and the client's stream ends cleanly once
 // the resume timeout passes without progress. On a fake clock: every wait is the Attempter's
 // (the one place the backoff is stepped), and passes when the test steps it.
@@ -774,7 +774,7 @@ func TestNegativeTimeoutSecondsIsNotResumed(t *testing.T) {
 }
 
 // A throttled upstream (429 with Retry-After) and a client that leaves during the wait: the
-// handler returns quietly (issue #7: this panicked in net/http).
+// handler returns quietly (this panicked in net/http).
 func TestClientLeavesDuringRetryAfterWait(t *testing.T) {
 	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "5")

@@ -1,6 +1,6 @@
 package e2e
 
-// Absorbing a 410 forced by etcd compaction (issue 19, docs/design.md section 12): with the
+// Absorbing a 410 forced by etcd compaction (docs/design.md section 12): with the
 // watch cache off for configmaps (--watch-cache-sizes=configmaps#0) every watch of them is
 // served by etcd itself, so a resume point etcd compacted away is answered 410 by every
 // apiserver, not only by a restarted watch cache. What ends the watch matters:

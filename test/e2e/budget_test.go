@@ -1,6 +1,6 @@
 package e2e
 
-// Budget tests (issue 7, "never the thing that breaks the cluster"): what watchsan costs its
+// Budget tests ("never the thing that breaks the cluster"): what watchsan costs its
 // upstream and itself when things go wrong. Each test measures one cost over a window, logs the
 // number (the issue's before/after table comes from these lines, "budget:" prefixed) and fails
 // past a bound:
@@ -88,7 +88,7 @@ func (p *proxy) metricsText() string {
 	return string(b)
 }
 
-// dialsMetric names the counter of every TCP dial watchsan makes to an upstream (issue 7).
+// dialsMetric names the counter of every TCP dial watchsan makes to an upstream.
 const dialsMetric = "watchsan_upstream_dials_total"
 
 // dials returns watchsan's dials to its upstreams so far, and whether it exports the counter.
@@ -449,7 +449,7 @@ func TestBudgetUpstreamDownIdle(t *testing.T) {
 			t.Errorf("watchsan used %.1f%% of one core over %v with its upstream down and no client, want at most %.0f%%", cpu, window, maxCPU)
 		}
 		if !exported {
-			t.Fatalf("watchsan does not export %s (issue 7 adds it: every TCP dial to an upstream, by result)", dialsMetric)
+			t.Fatalf("watchsan does not export %s (every TCP dial to an upstream, by result)", dialsMetric)
 		}
 		if d1-d0 > maxDials {
 			t.Errorf("watchsan dialed its refusing upstream %v times in %v (health interval %v), want at most %v", d1-d0, window, budgetInterval, maxDials)
@@ -601,7 +601,7 @@ func TestBudgetTimeTo503(t *testing.T) {
 		u := "http://" + deadAddr(t)
 		p := budgetProxy(t, u)
 		// Not ready, and a probe has failed (not only "unknown"): today's upstream_up gauge, or
-		// issue 7's dial counter.
+		// the dial counter.
 		eventually(t, 10*time.Second, "watchsan to see its upstream refuse", func() bool {
 			text := p.metricsText()
 			return readyz(p) == 503 && (strings.Contains(text, `watchsan_upstream_up{upstream="`+u+`"} 0`) ||
@@ -725,7 +725,7 @@ func requireFlag(t *testing.T, name string) {
 	t.Helper()
 	out, _ := exec.Command(watchsanBin, "--help").CombinedOutput()
 	if !strings.Contains(string(out), "-"+name+" ") {
-		t.Fatalf("watchsan has no --%s flag (issue 7 adds it): `watchsan --help` does not list it", name)
+		t.Fatalf("watchsan has no --%s flag: `watchsan --help` does not list it", name)
 	}
 }
 

@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// TestCommandLine runs the built binary as a new user would (issue 11 item 4): every bad
+// TestCommandLine runs the built binary as a new user would: every bad
 // value once with a hint, did-you-mean, no upstream explained, help, version and completion.
 func TestCommandLine(t *testing.T) {
 	run := func(env []string, args ...string) (int, string, string) {
@@ -50,5 +50,20 @@ func TestCommandLine(t *testing.T) {
 	}
 	if code, _, errOut := run(nil, "verison"); code != 2 || !strings.Contains(errOut, `did you mean "version"?`) {
 		t.Errorf("verison: exit %d, stderr %q", code, errOut)
+	}
+	if code, out, errOut := run(nil, "completion", "tcsh"); code != 2 || out != "" || !strings.Contains(errOut, `completion "tcsh": not a shell`) {
+		t.Errorf("completion tcsh: exit %d, stdout %d bytes, stderr %q", code, len(out), errOut)
+	}
+	if code, out, errOut := run(nil, "--fix-exempt-resource", "podz", "--upstream=https://127.0.0.1:1"); code != 2 || out != "" || !strings.Contains(errOut, "did you mean pods?") {
+		t.Errorf("--fix-exempt-resource podz: exit %d, stderr %q", code, errOut)
+	}
+	// check: every flag problem at once, each named, before it reaches for a cluster.
+	code, _, errOut = run(nil, "check", "--bookmark-wait=2s", "--idle-wait=-1s", "--kubeconfig=/nonexistent")
+	want = "watchsan check: invalid flags:\n" +
+		"  - --bookmark-wait 2s: want 0 (skip) or at least 5s\n" +
+		"  - --idle-wait -1s: want 0 (skip) or positive\n" +
+		"Run 'watchsan check --help' for the flags.\n"
+	if code != 2 || errOut != want {
+		t.Errorf("check with bad flags: exit %d, stderr:\n%s\nwant:\n%s", code, errOut, want)
 	}
 }

@@ -1,6 +1,6 @@
 package e2e
 
-// Nothing waits on a frozen apiserver (issue 20 item 3, docs/design.md section 10.8): requests
+// Nothing waits on a frozen apiserver (docs/design.md section 10.8): requests
 // already sent to an apiserver when it froze (SIGSTOP) are answered within about the time
 // watchsan takes to find it unhealthy plus one attempt, not when the client gives up: reads
 // retried on the other apiserver, a create answered 503 with Retry-After, saying it may have

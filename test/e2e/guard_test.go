@@ -1,6 +1,6 @@
 package e2e
 
-// The attack suite of issue #8: each test is one attack on a watchsan that lends its identity,
+// The lending guard's attack suite: each test is one attack on a watchsan that lends its identity,
 // as measured before the guard, and fails if the guard that stops it is removed.
 
 import (
@@ -579,7 +579,7 @@ func frontClusterUnder(t *testing.T, wrap []string, extra ...string) (*cluster.C
 func TestUpgradeSPDYAndWebSocketToHTTP2Upstream(t *testing.T) {
 	up := newTLSUpstream(t, websocket.Handler(func(ws *websocket.Conn) { _, _ = io.Copy(ws, ws) }))
 	kc := up.kubeconfig(t, "", "lent-token", "", "")
-	// A controller that needs exec sets --reject-paths without it (README).
+	// A controller that needs exec sets --reject-paths without it (docs/security.md).
 	p := startProxy(t, "--kubeconfig="+kc, "--reject-paths=")
 	addr := strings.TrimPrefix(p.URL, "http://")
 

@@ -17,7 +17,7 @@ import (
 )
 
 const (
-	// quietWatches is how many quiet watches issue 20's cause 1 opens, each in a namespace of
+	// quietWatches is how many quiet watches the test opens, each in a namespace of
 	// its own where nothing changes.
 	quietWatches = 30
 	// quietAfter is how long after the killed apiserver's return the watches are counted.
@@ -27,13 +27,13 @@ const (
 	quietOnReturned = 6
 )
 
-// TestHAQuietWatchesMove is issue 20's cause 1, small: three apiservers behind watchsan
+// TestHAQuietWatchesMove is the HA scenario's quiet-watch case, small: three apiservers behind watchsan
 // (default settings), one killed; 30 watches opened through watchsan from an explicit
 // resourceVersion (as informers watch, with bookmarks allowed) on namespaces where nothing
 // changes, so they all sit on the two others; the killed apiserver restarted. A restarted
 // apiserver's watch cache begins after the resume point of a watch that has been quiet (the
 // apiservers' own lease updates move the resourceVersion on), so a watch moved onto it as it
-// is gets "too old resource version" there. Done (issue 20) when, 20 s after the return, all 30
+// is gets "too old resource version" there. Done when, 20 s after the return, all 30
 // clients are still watching and the returned apiserver holds at least 6 of them. On main
 // before the fixes (29a0a14), 28 of the 30 streams ended with that 410 (watchsan passes it on:
 // the client relists), 2 still watching, 0 on the returned apiserver, as in the issue. With
@@ -110,15 +110,15 @@ func TestHAQuietWatchesMove(t *testing.T) {
 		p.Metric("watchsan_watch_moves_failed_total", map[string]string{"reason": "rebalance"}),
 		p.Metric("watchsan_watch_fresh_resume_points_total", nil),
 		p.Metric("watchsan_watch_resumes_total", nil), resumeSummary(p))
-	// Asserted always (issue 20 items 1 and 2 landed: make-before-break moves, servable
+	// Asserted always (make-before-break moves, servable
 	// floors, fresh resume points; docs/design.md section 10); the scenario's own "Done when"
 	// conditions with WATCHSAN_ISSUE20_ASSERT=1 (the Makefile's default).
 	if q.watching != quietWatches {
-		t.Errorf("issue 20: %d of %d quiet watches still watching %v after the killed apiserver returned, want all (%v)",
+		t.Errorf("%d of %d quiet watches still watching %v after the killed apiserver returned, want all (%v)",
 			q.watching, quietWatches, quietAfter, q)
 	}
 	if q.onReturned < quietOnReturned {
-		t.Errorf("issue 20: the returned apiserver holds %d of the quiet watches %v after its return, want at least %d",
+		t.Errorf("the returned apiserver holds %d of the quiet watches %v after its return, want at least %d",
 			q.onReturned, quietAfter, quietOnReturned)
 	}
 }

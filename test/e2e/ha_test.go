@@ -1,6 +1,6 @@
 package e2e
 
-// watchsan as the HA frontend of three real apiservers sharing one etcd (issue 9), with its
+// watchsan as the HA frontend of three real apiservers sharing one etcd, with its
 // default detection settings: one apiserver after another is frozen (SIGSTOP), killed and
 // restarted, cut off etcd (its watch cache stops advancing while it keeps serving), and
 // removed from the configuration by a live reload and added back, while informers watch

@@ -1,6 +1,6 @@
 package e2e
 
-// The attack suite of issue 16: each test is one attack as it was measured against main
+// The hardening attack suite: each test is one attack as it was measured against main
 // before the fix, and fails when the fix that stops it is removed.
 
 import (

@@ -24,7 +24,7 @@ import (
 	"github.com/watchsan/watchsan/test/cluster"
 )
 
-// The attack suite of issue 8, item 6: watchsan as a frontend that verifies client
+// The identity-forwarding attack suite: watchsan as a frontend that verifies client
 // certificates and forwards their identity. Two users with different RBAC: alice (a
 // certificate with no group) may read configmaps in identityNSA, bound as a user; bob (group
 // identityGroupB) may read them in identityNSB, bound as a group.
@@ -267,7 +267,7 @@ func waitEvent(t *testing.T, w watch.Interface, name string) {
 // system:masters, X-Remote-User and X-Remote-Group, extras. She gains nothing: forged
 // X-Remote-* are dropped (the apiserver sees alice with her groups, and what she may not do
 // stays 403), and a request that asks to impersonate (kubectl --as) is refused with a Status
-// that says why (issue 16: it was dropped without a word, and whoami still said alice).
+// that says why (it was dropped without a word, and whoami still said alice).
 // (Removing the stripping in upstream.assertIdentity lets X-Remote-Group: system:masters
 // through in requestheader mode; removing the refusal in server.guard lets Impersonate-Group
 // through in impersonate mode: this test then fails.)

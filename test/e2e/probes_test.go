@@ -1,6 +1,6 @@
 package e2e
 
-// Health probes that cost clients nothing (issue 20 item 5, docs/design.md section 10): with
+// Health probes that cost clients nothing (docs/design.md section 10): with
 // --no-credentials the /readyz probes go anonymous, and an apiserver answers an anonymous
 // request on HTTP/2 with Connection: close (UnauthenticatedHTTP2DOSMitigation, on by default),
 // which closes the connection it came on. On the connection client requests share, that cut

@@ -1,6 +1,6 @@
 package e2e
 
-// Resilient watches (issue #4) against real kube-apiservers: an apiserver frozen with SIGSTOP
+// Resilient watches against real kube-apiservers: an apiserver frozen with SIGSTOP
 // (kubernetes#65012), killed and restarted, reset, refusing with 503, stalled, sending GOAWAY,
 // and rolled (SIGTERM with a shutdown delay, restart, the next one). Real client-go informers
 // watch through watchsan while a writer changes objects directly on an apiserver that is up;
@@ -33,7 +33,7 @@ import (
 // apiserver gets nothing until SIGCONT; watchsan with resume disabled makes its client
 // re-watch. Before each freeze the test reads where each watchsan's watches are (its
 // per-upstream open watches), so a freeze that breaks nothing cannot pass for one that was
-// survived (issue 9: balancing places watches on both apiservers).
+// survived (balancing places watches on both apiservers).
 func TestResilienceSIGSTOP(t *testing.T) {
 	c := newCluster(t, cluster.Options{APIServers: 2})
 	ns := resilienceNamespace(t, c, "sigstop")
@@ -165,8 +165,8 @@ func TestResilienceSIGSTOP(t *testing.T) {
 // informer's watch (a watch-list, in protobuf, the clientset's default) holds a complete
 // state, so watchsan absorbs it (docs/design.md section 12): the informer gets the difference
 // and never relists. A plain watch from a client's resourceVersion holds none, and watchsan
-// tells its client to relist, once, with a well-formed ERROR event: the one honest ending
-// (issue #4 item 4). Controls: direct to the first apiserver, and resume disabled.
+// tells its client to relist, once, with a well-formed ERROR event: the one honest ending.
+// Controls: direct to the first apiserver, and resume disabled.
 func TestResilienceKillRestart(t *testing.T) {
 	c := newCluster(t, cluster.Options{APIServers: 2})
 	ns := resilienceNamespace(t, c, "kill")
@@ -250,8 +250,8 @@ func TestResilienceKillRestart(t *testing.T) {
 // expiredOnResume checks how watchsan p ended a plain client's watch (raw, opened before the
 // kill) whose resume point the restarted apiserver no longer has: the apiserver answers the
 // resume with 200 and an ERROR 410 event (its watch cache's "too old resource version"); the
-// client must get that ERROR once, then a clean end, and watchsan must count the forced relist
-// (issue #4 items 4 and 7). Its watch, from a client's resourceVersion, holds no state to
+// client must get that ERROR once, then a clean end, and watchsan must count the forced relist.
+// Its watch, from a client's resourceVersion, holds no state to
 // absorb the 410 with (docs/design.md section 12); the informers watching through p, from a
 // watch-list, absorbed theirs and are not counted.
 func expiredOnResume(t *testing.T, raw *rawWatch, p *proxy) {
@@ -504,7 +504,7 @@ func TestResilienceFaultLayer(t *testing.T) {
 	// A watch that stops while its connection stays open and its apiserver answers every
 	// probe. watchsan asks for bookmarks on every upstream watch, and while its resource changes
 	// an apiserver sends one about every minute, so a watch that hears nothing for the stall
-	// timeout is resumed whatever the probes say (issue 9: the hop between may be what hangs;
+	// timeout is resumed whatever the probes say (the hop between may be what hangs;
 	// resuming is lossless), and the upstream stays healthy. Controls: straight to
 	// the layer the client hangs for good (client-go's pings are answered); with resume
 	// disabled the client re-watches.

@@ -1,6 +1,6 @@
 package e2e
 
-// End-to-end tests of the watch sanitizer (issue #3, item 5) against a real kube-apiserver:
+// End-to-end tests of the watch sanitizer against a real kube-apiserver:
 //
 //	real apiserver <- fault layer (internal/faults, in this process) <- watchsan (the binary)
 //	               <- client-go shared informer, its handlers counting every call

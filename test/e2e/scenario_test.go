@@ -1,6 +1,6 @@
 package e2e
 
-// The real-components scenario of issue 20 (item 6): kube-controller-manager, kube-scheduler
+// The real-components scenario: kube-controller-manager, kube-scheduler
 // and four hollow nodes (kubemark's kubelet with a fake runtime, tools/kube/hollownode), built
 // from the pinned modules, all talking to three apiservers on one etcd, each apiserver with an
 // audit log; once through watchsan's HA frontend (TLS, --no-credentials: every client sends its
@@ -27,12 +27,12 @@ package e2e
 //	make scenario                      # or:
 //	WATCHSAN_SCENARIO=1 go test ./test/e2e -run '^TestScenario$' -v -timeout 40m
 //
-// It prints the table of issue 20; WATCHSAN_SCENARIO_REPORT=path also writes it to a file. The
+// It prints its table; WATCHSAN_SCENARIO_REPORT=path also writes it to a file. The
 // issue's "Done when" assertions (no 502; no forced relist in the phases where two apiservers
 // could serve every resume point throughout; the controller manager's watch-lists during the
 // rolling restart at most direct's; every phase converged within 4 s) fail the test with
 // WATCHSAN_ISSUE20_ASSERT=1, as make scenario and make test set it by default
-// (ISSUE20_ASSERT ?= 1); without it they only log what they would fail (see issue20Check).
+// (ISSUE20_ASSERT ?= 1; the name is historical); without it they only log what they would fail (see issue20Check).
 
 import (
 	"context"
@@ -87,13 +87,13 @@ const (
 	schedulerUser = "system:kube-scheduler"
 )
 
-// issue20Asserts reports whether issue 20's "Done when" assertions fail the test
-// (WATCHSAN_ISSUE20_ASSERT=1, the Makefile's default since the fixes of issue 20 landed);
+// issue20Asserts reports whether the scenario's targets fail the test
+// (WATCHSAN_ISSUE20_ASSERT=1, the Makefile's default since the fixes landed);
 // without it the scenario measures and logs what the assertions would say
 // (TestHAQuietWatchesMove asserts its own always).
 func issue20Asserts() bool { return os.Getenv("WATCHSAN_ISSUE20_ASSERT") == "1" }
 
-// issue20Check is one of issue 20's "Done when" conditions: an error when it does not hold
+// issue20Check is one of the scenario's targets: an error when it does not hold
 // and issue20Asserts, a log line saying it would fail otherwise.
 func issue20Check(t *testing.T, ok bool, format string, args ...any) {
 	t.Helper()
@@ -101,10 +101,10 @@ func issue20Check(t *testing.T, ok bool, format string, args ...any) {
 		return
 	}
 	if issue20Asserts() {
-		t.Errorf("issue 20: "+format, args...)
+		t.Errorf(format, args...)
 		return
 	}
-	t.Logf("issue 20 (not asserted until WATCHSAN_ISSUE20_ASSERT=1): "+format, args...)
+	t.Logf("target (not asserted until WATCHSAN_ISSUE20_ASSERT=1): "+format, args...)
 }
 
 // Client kinds in the audit logs, by user agent.
@@ -161,7 +161,7 @@ func (r *scenarioRun) phase(name string) *scenarioPhase {
 }
 
 // TestScenario runs the scenario in every mode (watchsan, direct, haproxy when installed) and
-// prints issue 20's table. Only with WATCHSAN_SCENARIO set (make scenario): it takes minutes.
+// prints its table. Only with WATCHSAN_SCENARIO set (make scenario): it takes minutes.
 func TestScenario(t *testing.T) {
 	if os.Getenv("WATCHSAN_SCENARIO") == "" {
 		t.Skip("the real-components scenario runs with WATCHSAN_SCENARIO=1 (make scenario)")
@@ -211,7 +211,7 @@ func TestScenario(t *testing.T) {
 	if ws == nil {
 		return
 	}
-	// Issue 20's "Done when", through watchsan.
+	// The targets, through watchsan.
 	var n502 float64
 	for _, ph := range ws.phases {
 		n502 += ph.answered502
@@ -885,7 +885,7 @@ var scenarioPhaseTitles = []struct{ name, title string }{
 	{"rolling", "rolling restart of all three"},
 }
 
-// scenarioReport is issue 20's table, one column per mode, then every client's requests per
+// scenarioReport is the scenario's table, one column per mode, then every client's requests per
 // phase and mode.
 func scenarioReport(runs []*scenarioRun) string {
 	var b strings.Builder

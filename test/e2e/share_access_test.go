@@ -21,7 +21,7 @@ import (
 	"github.com/watchsan/watchsan/test/cluster"
 )
 
-// Issue 15 item 3 against the real apiserver: with --share-watches, clients bringing
+// Shared feeds' access reviews against the real apiserver: with --share-watches, clients bringing
 // ServiceAccount tokens of their own share one upstream watch once a SelfSubjectAccessReview
 // with their own token allowed it; a token without RBAC for the scope, and one allowed in
 // another namespace only, get the apiserver's own 403 (its message names their user), an

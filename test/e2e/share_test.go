@@ -13,7 +13,7 @@ import (
 	"github.com/watchsan/watchsan/test/cluster"
 )
 
-// TestShareFanOut is issue 15's fan-out measurement and its "Done when": 300 clients watch the
+// TestShareFanOut is the fan-out measurement and its targets: 300 clients watch the
 // same configmaps from the same resourceVersion, then 300 configmaps are written, in the same
 // run directly (each client its own TLS connection and ServiceAccount token), through watchsan
 // without sharing (own tokens), with --share-watches and each client's own token (admitted by a
@@ -107,7 +107,7 @@ func TestShareFanOut(t *testing.T) {
 	if direct <= 0 {
 		t.Fatalf("direct: the apiserver's CPU for the fan-out is %d ticks: the baseline (%v) swallowed it", direct, res.Baselines)
 	}
-	// The 0.25x of issue 15 is for watchsan as it runs in production. Built with -race (the
+	// The 0.25x target is for watchsan as it runs in production. Built with -race (the
 	// e2e default) its slower delivery stretches the window the apiserver's CPU is counted
 	// over: measured here, the medians of three runs were 0.16x to 0.27x with -race and 0.17x
 	// without, in the same hour on the same machine (direct 83 to 92 ticks). So with -race the

@@ -13,7 +13,7 @@ import (
 	"github.com/watchsan/watchsan/test/cluster"
 )
 
-// TestShareWatchListInformers (issue 15): 20 client-go v0.37 informers of one namespace's
+// TestShareWatchListInformers: 20 client-go v0.37 informers of one namespace's
 // configmaps, which use watch-list (sendInitialEvents=true), through watchsan with
 // --share-watches. Each syncs on an upstream watch of its own, then at its initial-events-end
 // bookmark hands off onto one shared feed, its own upstream watch closed: the apiserver ends

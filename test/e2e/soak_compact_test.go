@@ -1,6 +1,6 @@
 package e2e
 
-// The soak's forced compactions (issue 19: "the soak ... adds forced compactions to its
+// The soak's forced compactions ("the soak ... adds forced compactions to its
 // faults"). A compaction only forces a 410 on a watch served by etcd: the watch cache serves
 // a resume from its own window whatever etcd compacted, and a live etcd watch is not ended by
 // a compaction (TestAbsorbGoneCompaction shows both). So the soak's apiservers run with the

@@ -1,12 +1,12 @@
 package e2e
 
-// The soak (issue #7 item 8): three real apiservers on one etcd, a fault layer in front of each,
+// The soak: three real apiservers on one etcd, a fault layer in front of each,
 // watchsan in front of the layers, three real client-go informers through watchsan (JSON,
 // protobuf, CBOR), a writer changing configmaps directly on the apiservers without pause, and a
 // random schedule of faults, one at a time with recovery between, never all three apiservers
 // down: SIGSTOP then SIGCONT, SIGKILL then restart, a rolling SIGTERM restart of all three,
 // the layer's resets, 503 storms and immediate ends, and forced compactions of etcd (every watch
-// cut, the resumes then answered 410: soak_compact_test.go, issue 19). Every second it samples watchsan's CPU,
+// cut, the resumes then answered 410: soak_compact_test.go). Every second it samples watchsan's CPU,
 // RSS and goroutines, the requests reaching the apiservers and what the clients did; at the end
 // it prints a table per 10 s and the totals, and fails on any event lost, duplicated or going
 // back in resourceVersion, on a store that differs from a fresh list, on an upstream request
@@ -19,8 +19,8 @@ package e2e
 // of faults: every kind once). The seed is printed first; the same seed gives the same
 // schedule (the timing of a real cluster still varies).
 //
-// WATCHSAN_SOAK_SHARE=1 (make soak SOAK_SHARE=1) is the soak of shared watch feeds (issue 15,
-// design.md section 11): watchsan lends an identity (a kubeconfig with the admin token; the
+// WATCHSAN_SOAK_SHARE=1 (make soak SOAK_SHARE=1) is the soak of shared watch feeds
+// (design.md section 11): watchsan lends an identity (a kubeconfig with the admin token; the
 // clients send none, as a sidecar's controller does) with --share-watches, and runs
 // soakSharePerCodec identical informers per codec whose re-watches time out after
 // soakShareRewatch, so their watches keep joining the feeds. The audit and the store
@@ -1167,7 +1167,7 @@ func TestSoakImmediateEndsEverywhere(t *testing.T) {
 	w.requireUndisturbed(t)
 	t.Logf("%s", w.counts())
 	if rate > soakMaxEndedWatchesPerSec {
-		// Resumes that deliver nothing back off (issue #7); before, watchsan reopened the watch
+		// Resumes that deliver nothing back off; before, watchsan reopened the watch
 		// about 650 times a second here.
 		t.Errorf("watchsan reopened the watch %.0f times a second while every upstream ended it at once (bound %d/s)",
 			rate, soakMaxEndedWatchesPerSec)

@@ -30,7 +30,7 @@ import (
 	"github.com/watchsan/watchsan/test/cluster/kubelet"
 )
 
-// TestUpgradeKubectlThroughRealAPIServer (issue 8, item 7): every upgrade request, WebSocket
+// TestUpgradeKubectlThroughRealAPIServer: every upgrade request, WebSocket
 // and SPDY, reaches the apiserver over HTTP/1.1 and works as it does directly. The real kubectl
 // runs exec (stdin, stdout, exit code), attach, port-forward (bytes both ways through a local
 // port) and cp (both directions) against a real apiserver, which proxies them to the harness's kubelet
@@ -71,7 +71,7 @@ func TestUpgradeKubectlThroughRealAPIServer(t *testing.T) {
 	if err := c.WriteKubeconfig(viaHop, hop.URL, c.AdminToken, c.CAFile); err != nil {
 		t.Fatal(err)
 	}
-	// Lending: a controller that execs sets --reject-paths without the exec entry (README).
+	// Lending: a controller that execs sets --reject-paths without the exec entry (docs/security.md).
 	lent := startProxy(t, "--kubeconfig="+viaHop, "--reject-paths=")
 	lentKC := filepath.Join(dir, "lent.kubeconfig")
 	if err := c.WriteKubeconfig(lentKC, lent.URL, "", ""); err != nil {

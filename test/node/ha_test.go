@@ -79,7 +79,7 @@ var haReplicas = []string{"a", "b"}
 // the test rolls a then b, waiting for a's rollout to complete first: at most one of the two
 // replicas is ever unavailable, what the overlay's maxUnavailable: 0 and its PDB promise the
 // clients. Besides the patches TestFrontendPod makes (hostNetwork, ports, probes on loopback).
-// Two replicas, as issue 17 asks; the overlay itself asks three, under the same PDB
+// Two replicas; the overlay itself asks three, under the same PDB
 // (maxUnavailable 1), so a third would add run time and no other case.
 func TestHAFrontendForReal(t *testing.T) {
 	nodetest.Skip(t)

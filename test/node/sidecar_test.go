@@ -1,5 +1,5 @@
 // Package node_test runs watchsan's deploy/ manifests on a real node (test/cluster/node): a
-// real kubelet starts, probes and stops the pods, from the image `make image` builds (issue 17).
+// real kubelet starts, probes and stops the pods, from the image `make image` builds.
 // `make test-node` runs it; it needs root, runc and the binaries of hack/cluster-bins.sh.
 package node_test
 

@@ -1,7 +1,7 @@
 package node_test
 
 // kubectl exec, attach, port-forward and cp to a pod a real kubelet and containerd run, through
-// the node-local watchsan from deploy/ (issue 17 item 5).
+// the node-local watchsan from deploy/.
 
 import (
 	"bufio"

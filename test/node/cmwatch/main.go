@@ -1,4 +1,4 @@
-// Command cmwatch is the node-local test's DaemonSet client (test/node, issue 17 item 3): an
+// Command cmwatch is the node-local test's DaemonSet client (test/node): an
 // ordinary client-go informer on the ConfigMaps of its namespace, with the in-cluster config
 // (its service account's token and CA; KUBERNETES_SERVICE_HOST/PORT name the node-local
 // watchsan), that prints one line per ConfigMap it sees added or changed:

@@ -1,0 +1,4 @@
+package reqinfo
+
+// BuiltinResources is builtinResources, for the external test against a real apiserver.
+var BuiltinResources = builtinResources
