@@ -68,6 +68,7 @@ var shortUsage = map[string]string{
 	"share-watches":                     "serve identical watches from one upstream watch, a shared feed",
 	"share-ring-bytes":                  "bytes of recent events a shared feed keeps for re-watching clients",
 	"share-ring-total-bytes":            "bytes all shared feeds' rings keep together; 0: auto",
+	"memory-budget-bytes":               "bytes everything that grows with load may hold together; 0: auto",
 	"share-ring-events":                 "events a shared feed keeps at most",
 	"share-subscriber-buffer-bytes":     "bytes a shared feed's client may fall behind before it is ended",
 	"share-exclude-resource":            "resource whose watches never share a feed (repeatable)",
