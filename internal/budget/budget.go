@@ -7,7 +7,9 @@
 // the high mark (seven eighths of the total) any account may take what its own bounds allow;
 // above it, an account that would hold more than its fair share (the total over the open
 // accounts) is refused, so the clients that hold the most are ended - as the apiserver ends a
-// watcher that cannot keep up - before the total is reached and before anyone else is.
+// watcher that cannot keep up - before the total is reached and before anyone else is: past
+// the high mark, every account over its fair share that has a way to end (OpenEnding) is asked
+// to (relieve).
 package budget
 
 import (
@@ -53,12 +55,13 @@ type Budget struct {
 	// refused counts refusals by kind: [k][0] at the total, [k][1] over a fair share.
 	refused [numKinds][2]atomic.Int64
 
-	// open are the accounts with an end to ask of (OpenEnding); evicting is set while one
-	// was asked to end and has not closed yet (one at a time: a scan per eviction, not per
-	// Take). evicted counts them.
+	// open are the accounts with an end to ask of (OpenEnding); evicting is set while relieve
+	// scans them, pending counts those asked to end that have not closed yet, evicted all
+	// those ever asked.
 	mu       sync.Mutex
 	open     map[*Account]struct{}
 	evicting atomic.Bool
+	pending  atomic.Int64 // asked to end, not closed yet
 	evicted  atomic.Int64
 
 	maxDesc, heldDesc, refusedDesc, accountsDesc, endedDesc *prometheus.Desc
@@ -155,8 +158,8 @@ func (b *Budget) Short() bool {
 func (b *Budget) Open() *Account { return b.OpenEnding(nil) }
 
 // OpenEnding opens a client's account with a way to end the client (nil: none): past the
-// high mark, the account holding the most beyond its fair share is asked to end (once, on a
-// goroutine of its own), so what it holds comes back before others are refused at the total;
+// high mark, every account holding more than its fair share is asked to end (once, on a
+// goroutine of its own), so what they hold comes back before others are refused at the total;
 // end must make the client close its account soon, and must not wait on anything of the
 // budget's.
 func (b *Budget) OpenEnding(end func()) *Account {
@@ -173,32 +176,33 @@ func (b *Budget) OpenEnding(end func()) *Account {
 	return a
 }
 
-// relieve asks the account holding the most beyond its fair share to end, unless one was
-// asked already and has not closed yet. Called past the high mark.
+// relieve asks every account holding more than its fair share to end, unless some asked
+// before have not closed yet (a scan per round of ends, not per Take). Called past the high
+// mark, and when an account within its share is refused at the total: the ones over their
+// share go, so that one within it is served next time. All at once, not the largest alone: a
+// round of one lets the others keep the budget full while clients within their share are
+// refused (20 watches each sent a 10 MB frame kept a reading client from its first 64 KiB).
 func (b *Budget) relieve() {
-	if !b.evicting.CompareAndSwap(false, true) {
+	if b.pending.Load() > 0 || !b.evicting.CompareAndSwap(false, true) {
 		return
 	}
+	defer b.evicting.Store(false)
 	fair := b.max / maxInt(b.accounts.Load(), 1)
-	var victim *Account
-	most := fair
+	var victims []*Account
 	b.mu.Lock()
 	for a := range b.open {
-		if n := a.heldNow(); n > most {
-			victim, most = a, n
+		if a.heldNow() > fair {
+			victims = append(victims, a)
+			delete(b.open, a) // asked once
+			a.ending.Store(true)
 		}
 	}
-	if victim != nil {
-		delete(b.open, victim) // asked once
-		victim.ending.Store(true)
-	}
+	b.pending.Add(int64(len(victims)))
 	b.mu.Unlock()
-	if victim == nil {
-		b.evicting.Store(false)
-		return
+	b.evicted.Add(int64(len(victims)))
+	for _, a := range victims {
+		go a.end()
 	}
-	b.evicted.Add(1)
-	go victim.end()
 }
 
 // Account is what one client holds of the budget. A nil *Account refuses nothing. Its methods
@@ -239,6 +243,7 @@ func (a *Account) Take(k Kind, n int64) bool {
 	case used > b.max:
 		b.used.Add(-n)
 		b.refused[k][0].Add(1)
+		b.relieveLater()
 		return false
 	case used > b.high && a.total+n > b.max/maxInt(b.accounts.Load(), 1):
 		b.used.Add(-n)
@@ -257,7 +262,7 @@ func (a *Account) Take(k Kind, n int64) bool {
 
 // relieveLater runs relieve off the caller's locks (an account's Take may hold its holder's).
 func (b *Budget) relieveLater() {
-	if !b.evicting.Load() {
+	if !b.evicting.Load() && b.pending.Load() == 0 {
 		go b.relieve()
 	}
 }
@@ -317,7 +322,7 @@ func (a *Account) Close() {
 		delete(a.b.open, a)
 		a.b.mu.Unlock()
 		if a.ending.Load() {
-			a.b.evicting.Store(false)
+			a.b.pending.Add(-1)
 		}
 	}
 }

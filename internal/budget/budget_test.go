@@ -160,9 +160,9 @@ func Example() {
 	// true
 }
 
-// Past the high mark the account holding the most beyond its fair share is asked to end, once,
-// and the next one only after it closed.
-func TestPastTheHighMarkTheLargestIsAskedToEnd(t *testing.T) {
+// Past the high mark the accounts over their fair share are asked to end, once, the others not,
+// and no more are asked before those closed.
+func TestPastTheHighMarkThoseOverTheirShareAreAskedToEnd(t *testing.T) {
 	b := New(16 << 20) // high mark 14 MiB
 	ended := make(chan string, 4)
 	big := b.OpenEnding(func() { ended <- "big" })

@@ -64,15 +64,20 @@ type Server struct {
 }
 
 // softMemoryLimit makes Go's collector keep the heap under the container's memory limit (a
-// tenth below it) unless GOMEMLIMIT says otherwise: with the default GOGC the heap may grow to
-// twice what is live before a collection, and a container killed at its limit ends every watch
-// at once. What is live is bounded by the memory budget, half the limit by default, so the
-// collector is not driven to run without end (docs/design.md section 15).
+// tenth below it), or without one under twice the memory budget, unless GOMEMLIMIT says
+// otherwise: with the default GOGC the heap may grow to twice what is live before a
+// collection (the garbage of a buffer doubled for a big frame included), and a container
+// killed at its limit ends every watch at once. What is live is bounded by the memory budget,
+// half the limit by default, so the collector is not driven to run without end; if it were,
+// Go caps its CPU at half (docs/design.md section 15).
 func (s *Server) softMemoryLimit() {
-	if s.cfg.MemoryLimit <= 0 || os.Getenv("GOMEMLIMIT") != "" {
+	if os.Getenv("GOMEMLIMIT") != "" {
 		return
 	}
-	limit := s.cfg.MemoryLimit / 10 * 9
+	limit := 2 * s.cfg.MemoryBudget
+	if s.cfg.MemoryLimit > 0 {
+		limit = s.cfg.MemoryLimit / 10 * 9
+	}
 	debug.SetMemoryLimit(limit)
 	s.log.Info("Go's soft memory limit set under the container's", zap.Int64("limit", limit), zap.Int64("container", s.cfg.MemoryLimit), zap.Int64("budget", s.cfg.MemoryBudget))
 }
