@@ -5,7 +5,7 @@
 //
 // A client (a watch, a shared subscriber, a feed) holds its bytes through an Account. Below
 // the high mark (seven eighths of the total) any account may take what its own bounds allow;
-// above it, an account that would hold more than its fair share (the total over the open
+// above it, an account that would hold more than its fair share (the high mark over the open
 // accounts) is refused, so the clients that hold the most are ended - as the apiserver ends a
 // watcher that cannot keep up - before the total is reached and before anyone else is: past
 // the high mark, every account over its fair share that has a way to end (OpenEnding) is asked
@@ -187,7 +187,7 @@ func (b *Budget) relieve() {
 		return
 	}
 	defer b.evicting.Store(false)
-	fair := b.max / maxInt(b.accounts.Load(), 1)
+	fair := b.fair()
 	var victims []*Account
 	b.mu.Lock()
 	for a := range b.open {
@@ -245,7 +245,7 @@ func (a *Account) Take(k Kind, n int64) bool {
 		b.refused[k][0].Add(1)
 		b.relieveLater()
 		return false
-	case used > b.high && a.total+n > b.max/maxInt(b.accounts.Load(), 1):
+	case used > b.high && a.total+n > b.fair():
 		b.used.Add(-n)
 		b.refused[k][1].Add(1)
 		return false
@@ -259,6 +259,11 @@ func (a *Account) Take(k Kind, n int64) bool {
 	}
 	return true
 }
+
+// fair is an account's fair share: the high mark over the accounts open. Of the high mark, not
+// the total: when every account holds its share, the eighth above the high mark is still there
+// for a client that just came (a watch's first 64 KiB), while relieve ends those now over it.
+func (b *Budget) fair() int64 { return b.high / maxInt(b.accounts.Load(), 1) }
 
 // relieveLater runs relieve off the caller's locks (an account's Take may hold its holder's).
 func (b *Budget) relieveLater() {

@@ -152,7 +152,7 @@ func Example() {
 	defer w1.Close()
 	defer w2.Close()
 	fmt.Println(w1.Take(Frames, 50<<20)) // below the high mark (56 MiB): granted
-	fmt.Println(w1.Take(Frames, 8<<20))  // past it, and over its share (32 MiB): refused
+	fmt.Println(w1.Take(Frames, 8<<20))  // past it, and over its share (28 MiB): refused
 	fmt.Println(w2.Take(Queues, 4<<20))  // past it, within its share: granted
 	// Output:
 	// true
