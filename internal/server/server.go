@@ -243,16 +243,7 @@ func (s *Server) AdminHandler() http.Handler {
 	r.Handle("/metrics", promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{}))
 	r.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	r.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	r.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		switch {
-		case s.stopping.Load():
-			http.Error(w, "shutting down", http.StatusServiceUnavailable)
-		case !s.pool.Ready():
-			http.Error(w, "no upstream answers", http.StatusServiceUnavailable)
-		default:
-			_, _ = w.Write([]byte("ok\n"))
-		}
-	})
+	r.HandleFunc("/readyz", s.serveReadyz)
 	// The open shared feeds (--share-watches): what each watches and delivers, how many
 	// clients it serves; never who they are. Never on the main listener, whose every path is
 	// the apiserver's.
