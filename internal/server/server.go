@@ -50,6 +50,9 @@ type Server struct {
 	// overflow answers the main listener's connections beyond --max-connections (set by
 	// listen; nil before).
 	overflow *refuser
+	// recent holds the last rewrites, resumes, moves, absorbs and forced relists for the
+	// status page (recent.go); set by New.
+	recent *recentEvents
 
 	stopping atomic.Bool
 	haState  // the HA frontend: reloads, discovery (ha.go)
@@ -64,7 +67,8 @@ type Server struct {
 // construction: the delete memory first (the metrics report its size), then the metrics, the
 // pool and its attempt loop, then the watch handler and the pass-through that use them.
 func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
-	s := &Server{cfg: cfg, log: log.Named("server"), accessLog: log.Named("access"), watchesDone: make(chan struct{})}
+	s := &Server{cfg: cfg, log: log.Named("server"), accessLog: log.Named("access"), watchesDone: make(chan struct{}),
+		recent: newRecentEvents(maxRecentEvents, nil)}
 	if !cfg.AccessLog {
 		s.accessLog = zap.NewNop()
 	}
@@ -165,7 +169,8 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		ShareMaxFeeds:        cfg.ShareMaxFeeds,
 		ShareReviewEntries:   cfg.ShareReviewCacheEntries,
 	}, watch.Deps{Attempts: attempts, Metrics: s.metrics, Memory: memory, Done: s.watchesDone, Logger: log, OnBreak: s.onBreak,
-		ServedLocally: s.localAPIs(log).Local})
+		ServedLocally: s.localAPIs(log).Local,
+		Note: func(kind string, b *upstream.Backend, path, detail string) { s.recent.add(kind, upstreamName(b), path, detail) }})
 	if err != nil {
 		return nil, err
 	}
@@ -248,6 +253,10 @@ func (s *Server) AdminHandler() http.Handler {
 	// clients it serves; never who they are. Never on the main listener, whose every path is
 	// the apiserver's.
 	r.HandleFunc("/debug/feeds", s.watch.ServeFeeds)
+	// What watchsan is doing now, for a browser (status.go); the probes' paths stay the only
+	// ones open off loopback.
+	r.HandleFunc("/status", s.serveStatus)
+	r.HandleFunc("/status.json", s.serveStatus)
 	if s.cfg.EnablePprof {
 		r.HandleFunc("/debug/pprof/", pprof.Index)
 		r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
