@@ -170,7 +170,9 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		ShareReviewEntries:   cfg.ShareReviewCacheEntries,
 	}, watch.Deps{Attempts: attempts, Metrics: s.metrics, Memory: memory, Done: s.watchesDone, Logger: log, OnBreak: s.onBreak,
 		ServedLocally: s.localAPIs(log).Local,
-		Note: func(kind string, b *upstream.Backend, path, detail string) { s.recent.add(kind, upstreamName(b), path, detail) }})
+		Note: func(kind string, b *upstream.Backend, path, detail string) {
+			s.recent.add(kind, upstreamName(b), path, detail)
+		}})
 	if err != nil {
 		return nil, err
 	}

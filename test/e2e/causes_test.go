@@ -168,4 +168,3 @@ func matching(p *proxy, msg, upstream string) []string {
 	}
 	return out
 }
-

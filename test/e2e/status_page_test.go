@@ -187,7 +187,9 @@ func TestStatusPageInBrowser(t *testing.T) {
 	defer cancelB()
 	bctx, cancelT := context.WithTimeout(bctx, 90*time.Second)
 	defer cancelT()
-	row := func(upstream string) chromedp.CSS { return chromedp.CSS(fmt.Sprintf(`#upstreams tr[data-upstream=%q]`, upstream)) }
+	row := func(upstream string) chromedp.CSS {
+		return chromedp.CSS(fmt.Sprintf(`#upstreams tr[data-upstream=%q]`, upstream))
+	}
 	if err := chromedp.Do(bctx, chromedp.Navigate(p.AdminURL+"/status"), chromedp.WaitVisible(chromedp.CSS(`#upstreams`))); err != nil {
 		t.Fatalf("browser: loading /status: %v", err)
 	}
