@@ -48,9 +48,9 @@ func chromium(t *testing.T) string {
 // TestStatusPageInBrowser: watchsan in front of three upstreams, a real apiserver (healthy),
 // a port nothing listens on (refused) and an endpoint whose certificate a CA watchsan does not
 // trust signed (the handshake fails before any request), with a client's watch open through
-// it. In headless Chromium the page shows each upstream's state and its cause, and a feed row
-// for the open watch with its resourceVersion and upstream; it refreshes itself and loads
-// nothing from elsewhere. The screenshot goes to docs/status-page.png with
+// it, which resumes across a restart of the apiserver. In headless Chromium the page shows
+// each upstream's state and its cause, a feed row for the open watch with its resourceVersion
+// and upstream, and the resume; it refreshes itself and loads nothing from elsewhere. The screenshot goes to docs/status-page.png with
 // -update-status-screenshot.
 func TestStatusPageInBrowser(t *testing.T) {
 	browser := chromium(t)
@@ -178,6 +178,33 @@ func TestStatusPageInBrowser(t *testing.T) {
 		return false
 	})
 
+	// A restart of the apiserver breaks the feed's upstream watch, which resumes: a recent
+	// event the page lists.
+	if err := a.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var recent struct {
+		Events []struct{ Kind, Upstream string } `json:"events"`
+	}
+	eventually(t, 90*time.Second, "/status.json to list the feed's resume and the apiserver healthy again", func() bool {
+		_, body := get(t, p.AdminURL+"/status.json")
+		if json.Unmarshal([]byte(body), &recent) != nil || !read() {
+			return false
+		}
+		resumed := false
+		for _, e := range recent.Events {
+			resumed = resumed || e.Kind == "resume" && e.Upstream == a.URL
+		}
+		healthy := false
+		for _, u := range st.Upstreams {
+			healthy = healthy || u.Name == a.URL && u.State == "healthy"
+		}
+		return resumed && healthy
+	})
+
 	// The browser.
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
 		chromedp.WindowSize(1400, 1000), chromedp.Flag("disable-gpu", true))
@@ -207,6 +234,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 	}
 	healthyRow, refusedRow, untrustedRow := text(row(a.URL)), text(row(refused)), text(row(untrusted))
 	feedRow, readiness := text(`#feeds tr[data-resource="configmaps"]`), text(`#readiness`)
+	eventRow := text(`#events tr[data-kind="resume"]`)
 	if failed != nil {
 		t.Fatalf("browser: %v", failed)
 	}
@@ -223,8 +251,8 @@ func TestStatusPageInBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatalf("browser: screenshot: %v", err)
 	}
-	t.Logf("status page %q: readiness %q\n healthy: %s\n refused: %s\n untrusted: %s\n feed: %s",
-		title, squash(readiness), squash(healthyRow), squash(refusedRow), squash(untrustedRow), squash(feedRow))
+	t.Logf("status page %q: readiness %q\n healthy: %s\n refused: %s\n untrusted: %s\n feed: %s\n event: %s",
+		title, squash(readiness), squash(healthyRow), squash(refusedRow), squash(untrustedRow), squash(feedRow), squash(eventRow))
 
 	check := func(what, text string, want ...string) {
 		t.Helper()
@@ -242,6 +270,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 	check("the untrusted upstream's row", untrustedRow, untrusted, "unhealthy", "tls", "x509: certificate signed by unknown authority")
 	check("the feed's row", feedRow, "configmaps", "namespace default", created.Metadata.ResourceVersion, a.URL, "json")
 	check("the readiness banner", readiness, "ready")
+	check("the resume's row", eventRow, "resume", a.URL)
 	if !refresh.Exists || refresh.Value == "" {
 		t.Error("the page does not refresh itself (no meta refresh)")
 	}
