@@ -273,13 +273,20 @@ func (p *Pool) healthySince() time.Time {
 	return time.Unix(0, last)
 }
 
-// describe names every backend with its state, since when, and why it is not healthy (its
-// Health), for an error message.
+// maxDescribed bounds the backends an error message names.
+const maxDescribed = 10
+
+// describe names the backends (at most maxDescribed, then how many more) with their state,
+// since when, and why they are not healthy (their Health), for an error message.
 func (p *Pool) describe() string {
 	bs := p.Backends()
-	parts := make([]string, len(bs))
+	parts := make([]string, 0, min(len(bs), maxDescribed+1))
 	for i, b := range bs {
-		parts[i] = b.String() + " " + b.Health().Describe()
+		if i == maxDescribed {
+			parts = append(parts, fmt.Sprintf("%d more", len(bs)-i))
+			break
+		}
+		parts = append(parts, b.String()+" "+b.Health().Describe())
 	}
 	return strings.Join(parts, "; ")
 }
