@@ -105,9 +105,12 @@ func TestErrorsNameTheirCause(t *testing.T) {
 			}
 			t.Logf("%s: client got %d %q", tc.name, resp.StatusCode, st.Message)
 			if tc.degraded {
-				// The apiserver's own 401 to the lent token, passed as it came.
-				if resp.StatusCode != 401 || st.Reason != metav1.StatusReasonUnauthorized {
-					t.Errorf("client got %d %+v, want the apiserver's 401", resp.StatusCode, st)
+				// The apiserver's own 401 to the lent token, passed as it came, with a Warning
+				// (kubectl and client-go print it) naming whose credentials were refused.
+				w := resp.Header.Get("Warning")
+				t.Logf("%s: client got Warning %s", tc.name, w)
+				if resp.StatusCode != 401 || st.Reason != metav1.StatusReasonUnauthorized || !strings.Contains(w, "refused the credentials watchsan lends (401)") {
+					t.Errorf("client got %d %+v Warning %q, want the apiserver's 401 with a Warning naming watchsan's lent credentials", resp.StatusCode, st, w)
 				}
 			} else if resp.StatusCode != 503 || !hasAll(st.Message) || !strings.Contains(st.Message, "every upstream apiserver is unavailable") {
 				t.Errorf("client got %d %q, want a 503 naming the cause %v", resp.StatusCode, st.Message, tc.want)
