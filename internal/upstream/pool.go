@@ -332,7 +332,11 @@ func (p *Pool) transitionLocked(b *Backend, s State, cause error, revive bool) {
 		if old == Degraded || old == Unhealthy {
 			b.laggingTill.Store(0) // its lag came with the trouble it recovered from
 		}
-		p.log.Info("upstream healthy", zap.Stringer("upstream", b), zap.Stringer("was", old))
+		var after zap.Field = zap.Skip()
+		if h := b.health.snap.Load(); h != nil && h.LastError != nil && old != Unknown {
+			after = zap.String("after", h.LastError.Error()) // what it was not healthy for
+		}
+		p.log.Info("upstream healthy", zap.Stringer("upstream", b), zap.Stringer("was", old), after)
 	case Degraded:
 		p.log.Warn("upstream degraded: it answers, but not ready; used only while no healthy upstream is left, its watches move",
 			zap.Stringer("upstream", b), zap.Stringer("was", old), kind, zap.Error(cause))

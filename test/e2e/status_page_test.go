@@ -205,6 +205,16 @@ func TestStatusPageInBrowser(t *testing.T) {
 		return resumed && healthy
 	})
 
+	// The log line of the recovery says what the apiserver was not healthy for.
+	recovered := false
+	for _, line := range matching(p, "upstream healthy", a.URL) {
+		var m map[string]any
+		recovered = recovered || json.Unmarshal([]byte(line), &m) == nil && m["after"] != nil && m["was"] != "unknown"
+	}
+	if !recovered {
+		t.Errorf("no 'upstream healthy' line for %s after the restart naming what it was not healthy for (field after)", a.URL)
+	}
+
 	// The browser.
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(browser), chromedp.NoSandbox,
 		chromedp.WindowSize(1400, 1000), chromedp.Flag("disable-gpu", true))
