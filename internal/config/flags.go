@@ -85,7 +85,7 @@ func FlagSet(c *Config) *pflag.FlagSet {
 	fs.StringVar(&c.Listen, "listen", c.Listen, "main listener address (plain HTTP unless --tls-cert-file is given)")
 	fs.StringVar(&c.TLSCertFile, "tls-cert-file", c.TLSCertFile, "serve HTTPS (HTTP/2) on --listen with this certificate")
 	fs.StringVar(&c.TLSKeyFile, "tls-private-key-file", c.TLSKeyFile, "private key for --tls-cert-file")
-	fs.StringVar(&c.AdminListen, "admin-listen", c.AdminListen, "address for watchsan's own /metrics, /healthz, /readyz, /debug/feeds")
+	fs.StringVar(&c.AdminListen, "admin-listen", c.AdminListen, "address for watchsan's own /metrics, /healthz, /readyz, /status (a page of what it is doing), /debug/feeds")
 	fs.BoolVar(&c.EnablePprof, "enable-pprof", c.EnablePprof, "serve /debug/pprof on the admin listener")
 	c.AdminAuthConfig.flags(fs)
 	group("Upstreams")

@@ -27,6 +27,7 @@ func TestAdminOpen(t *testing.T) {
 		{"/debug/feeds", false, false}, {"/debug/pprof/", false, false}, {"/debug/pprof/cmdline", false, false},
 		{"/healthz/../debug/feeds", false, false}, {"/readyz/", false, false}, {"//healthz", false, false},
 		{"/metrics/../debug/feeds", false, false}, {"/", false, false}, {"", false, false}, {"/HEALTHZ", false, false},
+		{"/status", false, false}, {"/status.json", false, false},
 	} {
 		if got := adminOpen(tc.path, tc.metricsChecked); got != tc.open {
 			t.Errorf("adminOpen(%q, metrics checked %v) = %v, want %v", tc.path, tc.metricsChecked, got, tc.open)

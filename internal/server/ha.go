@@ -47,6 +47,7 @@ func (s *Server) haPoolOptions(o *upstream.PoolOptions) {
 	o.RebalanceRate, o.DrainRate = cfg.PoolRates()
 	o.OnMove = func(b *upstream.Backend, r upstream.MoveReason) {
 		s.metrics.Upstream.Moves.WithLabelValues(b.String(), r.String()).Inc()
+		s.recent.add("move", b.String(), "", r.String())
 	}
 	o.OnDetect = func(b *upstream.Backend, what string, d time.Duration) {
 		s.metrics.Upstream.Detection.WithLabelValues(b.String(), what).Observe(d.Seconds())
@@ -108,6 +109,7 @@ func (s *Server) initUpstreamSeries(b *upstream.Backend) {
 // onBreak counts a watch that broke on b and is resumed.
 func (s *Server) onBreak(b *upstream.Backend, r watch.ResumeReason) {
 	s.metrics.Upstream.Resumes.WithLabelValues(b.String(), r.String()).Inc()
+	s.recent.add("resume", b.String(), "", r.String())
 }
 
 // listGuard is the time-travel guard (kubernetes#59848): a list at resourceVersion=0 may be

@@ -51,6 +51,15 @@ func (p *passThrough) serve(w http.ResponseWriter, r *http.Request, c *classifie
 			pr.Out.Host = ""
 			upstream.SetForwarded(pr.Out, pr.In)
 		},
+		// The apiserver's 401 to the identity watchsan lends says only "Unauthorized"; the
+		// client is told whose credentials it refused (a Warning, which kubectl and client-go
+		// print), and the response is otherwise as it came.
+		ModifyResponse: func(resp *http.Response) error {
+			if resp.StatusCode == http.StatusUnauthorized && plan.Credentials.Lent() {
+				resp.Header.Add("Warning", lentRefusedWarning)
+			}
+			return nil
+		},
 		Transport:     p.attempts.Transport(plan),
 		FlushInterval: -1,
 		ErrorLog:      p.errLog,
@@ -72,6 +81,10 @@ func (p *passThrough) serve(w http.ResponseWriter, r *http.Request, c *classifie
 	}
 	rp.ServeHTTP(w, r)
 }
+
+// lentRefusedWarning is the Warning (RFC 9111 section 5.5 format, code 299) added to the
+// apiserver's 401 to a request that went with the identity watchsan lends.
+const lentRefusedWarning = `299 - "watchsan: the apiserver refused the credentials watchsan lends (401): their token may have expired or been revoked; watchsan's /readyz?verbose says more"`
 
 // duplexBody is the body of an HTTP/1 request served full duplex. The HTTP/1 server otherwise
 // reads the rest of a request's body and closes it as soon as the response starts

@@ -53,6 +53,9 @@ type Server struct {
 	// overflow answers the main listener's connections beyond --max-connections (set by
 	// listen; nil before).
 	overflow *refuser
+	// recent holds the last rewrites, resumes, moves, absorbs and forced relists for the
+	// status page (recent.go); set by New.
+	recent *recentEvents
 
 	stopping atomic.Bool
 	haState  // the HA frontend: reloads, discovery (ha.go)
@@ -86,7 +89,8 @@ func (s *Server) softMemoryLimit() {
 // construction: the delete memory first (the metrics report its size), then the metrics, the
 // pool and its attempt loop, then the watch handler and the pass-through that use them.
 func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
-	s := &Server{cfg: cfg, log: log.Named("server"), accessLog: log.Named("access"), watchesDone: make(chan struct{})}
+	s := &Server{cfg: cfg, log: log.Named("server"), accessLog: log.Named("access"), watchesDone: make(chan struct{}),
+		recent: newRecentEvents(maxRecentEvents, nil)}
 	if !cfg.AccessLog {
 		s.accessLog = zap.NewNop()
 	}
@@ -189,7 +193,10 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		ShareMaxFeeds:        cfg.ShareMaxFeeds,
 		ShareReviewEntries:   cfg.ShareReviewCacheEntries,
 	}, watch.Deps{Attempts: attempts, Metrics: s.metrics, Memory: memory, Done: s.watchesDone, Logger: log, OnBreak: s.onBreak,
-		ServedLocally: s.localAPIs(log).Local, Budget: mem})
+		ServedLocally: s.localAPIs(log).Local, Budget: mem,
+		Note: func(kind string, b *upstream.Backend, path, detail string) {
+			s.recent.add(kind, upstreamName(b), path, detail)
+		}})
 	if err != nil {
 		return nil, err
 	}
@@ -267,20 +274,15 @@ func (s *Server) AdminHandler() http.Handler {
 	r.Handle("/metrics", promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{}))
 	r.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	r.HandleFunc("/livez", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	r.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		switch {
-		case s.stopping.Load():
-			http.Error(w, "shutting down", http.StatusServiceUnavailable)
-		case !s.pool.Ready():
-			http.Error(w, "no upstream answers", http.StatusServiceUnavailable)
-		default:
-			_, _ = w.Write([]byte("ok\n"))
-		}
-	})
+	r.HandleFunc("/readyz", s.serveReadyz)
 	// The open shared feeds (--share-watches): what each watches and delivers, how many
 	// clients it serves; never who they are. Never on the main listener, whose every path is
 	// the apiserver's.
 	r.HandleFunc("/debug/feeds", s.watch.ServeFeeds)
+	// What watchsan is doing now, for a browser (status.go); the probes' paths stay the only
+	// ones open off loopback.
+	r.HandleFunc("/status", s.serveStatus)
+	r.HandleFunc("/status.json", s.serveStatus)
 	if s.cfg.EnablePprof {
 		r.HandleFunc("/debug/pprof/", pprof.Index)
 		r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

@@ -84,6 +84,9 @@ type Backend struct {
 	readyBusy  atomic.Bool
 	probedAt   atomic.Int64 // when the last /readyz probe started, Unix nanoseconds
 	pingFailed atomic.Bool  // a ping failed since the last one that passed
+	// health is what the health checker last found, its cause included (cause.go); written
+	// by Pool.verdict alone. Zero: nothing judged yet.
+	health healthRecord
 
 	inflight atomic.Int64 // short requests sent and not yet finished
 	waiting  waiters      // short requests' attempts waiting for response headers (frozen.go)

@@ -201,7 +201,11 @@ func (p *Pool) probe(ctx context.Context, b *Backend) {
 	if unauthorized {
 		// Section 10.6: an answer we may not read is no proof of readiness.
 		if b.t.probeIdentity || p.anonPassed.Load() {
-			err = fmt.Errorf("/readyz answered %d to %s: not ready until it is authorized (an apiserver answers so until its authorizer has synced)", code, b.t.probeAs())
+			why := "not ready until it is authorized (an apiserver answers so until its authorizer has synced)"
+			if code == 401 {
+				why = "the apiserver does not authenticate it"
+			}
+			err = classify(fmt.Errorf("/readyz answered %d to %s: %s", code, b.t.probeAs(), why), code)
 		}
 	} else if err == nil && !b.t.probeIdentity {
 		p.anonPassed.Store(true) // anonymous probes are authorized in this cluster
@@ -214,6 +218,9 @@ func (p *Pool) probe(ctx context.Context, b *Backend) {
 			p.log.Warn("upstream answers watchsan's anonymous /readyz with 401 or 403: it is alive, its readiness unknown; counted as ready without proof (a restarting apiserver answers so until it is ready): give watchsan an identity to probe with, --probe-kubeconfig",
 				zap.Stringer("upstream", b), zap.Int("code", code))
 		}
+	}
+	if err != nil {
+		err = classify(err, code)
 	}
 	switch {
 	case unauthorized && err == nil:
@@ -240,11 +247,11 @@ func (p *Pool) judge(b *Backend, cause error) {
 	if !b.pingable.Load() { // /readyz alone
 		switch ready {
 		case readyOK, readyUnverified:
-			p.setState(b, Healthy, nil)
+			p.verdict(b, Healthy, nil)
 		case readyNotReady:
-			p.setState(b, Degraded, cause)
+			p.verdict(b, Degraded, cause)
 		case readyNoAnswer:
-			p.setState(b, Unhealthy, cause)
+			p.verdict(b, Unhealthy, cause)
 		}
 		return
 	}
@@ -253,18 +260,54 @@ func (p *Pool) judge(b *Backend, cause error) {
 		if cause == nil {
 			cause = errors.New("no answer to HTTP/2 PING")
 		}
-		p.setState(b, Unhealthy, cause)
+		p.verdict(b, Unhealthy, cause)
 	case live == livenessUnknown:
 	case ready == readyOK || ready == readyUnverified:
-		p.setState(b, Healthy, nil)
+		p.verdict(b, Healthy, nil)
 	case ready == readyNotReady || ready == readyNoAnswer:
 		if cause == nil {
 			cause = errors.New("/readyz did not pass")
 		}
-		p.setState(b, Degraded, cause)
+		p.verdict(b, Degraded, cause)
 	case b.State() == Unhealthy:
-		p.setState(b, Degraded, errors.New("it answers pings; /readyz not answered yet"))
+		p.verdict(b, Degraded, errors.New("it answers pings; /readyz not answered yet"))
 	}
+}
+
+// verdict records a verdict of the health checker: the backend's state (setState) and, with
+// it, the cause classified (cause.go), kept in b's Health; a change of cause while the state
+// stays is logged once, as setState logs a change of state. The only writer of Health.
+func (p *Pool) verdict(b *Backend, s State, cause error) {
+	b.health.mu.Lock()
+	defer b.health.mu.Unlock()
+	var c *Cause
+	if cause != nil {
+		c = classify(cause, 0)
+		cause = c
+	}
+	var h Health
+	if old := b.health.snap.Load(); old != nil {
+		h = *old
+	}
+	was := b.State()
+	p.setState(b, s, cause)
+	now := time.Now()
+	st := b.State()
+	if st != was || h.StateSince.IsZero() {
+		h.StateSince = now
+	}
+	h.State = st
+	if c != nil {
+		if h.LastError == nil || h.LastError.Kind != c.Kind || was == Healthy {
+			if st == was && st != Healthy && h.LastError != nil {
+				p.log.Warn("upstream still "+st.String()+"; its cause changed", zap.Stringer("upstream", b),
+					zap.String("cause", string(c.Kind)), zap.String("was", string(h.LastError.Kind)), zap.Error(c))
+			}
+			h.ErrorSince = now
+		}
+		h.LastError, h.ErrorAt = c, now
+	}
+	b.health.snap.Store(&h)
 }
 
 // ReadinessUnverified reports whether b counts as ready without proof: its last /readyz

@@ -206,6 +206,16 @@ func (p *Pool) Ready() bool {
 	return false
 }
 
+// AnyHealthy reports whether some backend is healthy.
+func (p *Pool) AnyHealthy() bool {
+	for _, b := range p.Backends() {
+		if b.State() == Healthy {
+			return true
+		}
+	}
+	return false
+}
+
 // pick returns the usable backend with the least load of the kind (open watches for a watch,
 // outstanding requests otherwise): a preferred one if any, else a degraded or lagging one,
 // avoiding avoid when another choice exists; nil when none is usable. Ties go round-robin.
@@ -263,14 +273,22 @@ func (p *Pool) healthySince() time.Time {
 	return time.Unix(0, last)
 }
 
-// describe names every backend with its state, for an error message.
+// maxDescribed bounds the backends an error message names.
+const maxDescribed = 10
+
+// describe names the backends (at most maxDescribed, then how many more) with their state,
+// since when, and why they are not healthy (their Health), for an error message.
 func (p *Pool) describe() string {
 	bs := p.Backends()
-	parts := make([]string, len(bs))
+	parts := make([]string, 0, min(len(bs), maxDescribed+1))
 	for i, b := range bs {
-		parts[i] = b.String() + " " + b.State().String()
+		if i == maxDescribed {
+			parts = append(parts, fmt.Sprintf("%d more", len(bs)-i))
+			break
+		}
+		parts = append(parts, b.String()+" "+b.Health().Describe())
 	}
-	return strings.Join(parts, ", ")
+	return strings.Join(parts, "; ")
 }
 
 // changes returns a channel closed at the next health transition of any backend.
@@ -305,15 +323,23 @@ func (p *Pool) transitionLocked(b *Backend, s State, cause error, revive bool) {
 	if old == s {
 		return
 	}
+	var kind zap.Field = zap.Skip()
+	if c, ok := cause.(*Cause); ok {
+		kind = zap.String("cause", string(c.Kind))
+	}
 	switch s {
 	case Healthy:
 		if old == Degraded || old == Unhealthy {
 			b.laggingTill.Store(0) // its lag came with the trouble it recovered from
 		}
-		p.log.Info("upstream healthy", zap.Stringer("upstream", b), zap.Stringer("was", old))
+		var after zap.Field = zap.Skip()
+		if h := b.health.snap.Load(); h != nil && h.LastError != nil && old != Unknown {
+			after = zap.String("after", h.LastError.Error()) // what it was not healthy for
+		}
+		p.log.Info("upstream healthy", zap.Stringer("upstream", b), zap.Stringer("was", old), after)
 	case Degraded:
 		p.log.Warn("upstream degraded: it answers, but not ready; used only while no healthy upstream is left, its watches move",
-			zap.Stringer("upstream", b), zap.Stringer("was", old), zap.Error(cause))
+			zap.Stringer("upstream", b), zap.Stringer("was", old), kind, zap.Error(cause))
 	case Unknown:
 		p.log.Info("upstream added again", zap.Stringer("upstream", b))
 	case Removed:
@@ -328,7 +354,7 @@ func (p *Pool) transitionLocked(b *Backend, s State, cause error, revive bool) {
 		// to be retried elsewhere or answered 503.
 		cut := b.waiting.cutAll()
 		p.log.Warn("upstream unhealthy", zap.Stringer("upstream", b), zap.Stringer("was", old),
-			zap.Duration("silentFor", silent), zap.Int64("watches", b.OpenWatches()), zap.Int("requestsCut", cut), zap.Error(cause))
+			zap.Duration("silentFor", silent), zap.Int64("watches", b.OpenWatches()), zap.Int("requestsCut", cut), kind, zap.Error(cause))
 		if old != Unknown && silent > 0 && p.opts.OnDetect != nil {
 			p.opts.OnDetect(b, "unhealthy", silent)
 		}
@@ -353,7 +379,7 @@ func (p *Pool) kickMover() {
 // re-check at most per health interval.
 func (p *Pool) passiveFailure(b *Backend, err error) {
 	b.liveness.Store(livenessDead)
-	p.setState(b, Unhealthy, err)
+	p.verdict(b, Unhealthy, err)
 	p.recheck(b)
 }
 

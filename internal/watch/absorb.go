@@ -207,6 +207,8 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 	}
 	pc.events, pc.at = f.events, f.h.clk.Now()
 	m.GoneAbsorbed.WithLabelValues(absorbAbsorbed).Inc()
+	f.h.note("absorb", f.backend, f.client.URL.Path, fmt.Sprintf("from resourceVersion %d to %d: %d deleted, %d added, %d modified",
+		R, l.rv, counts[stream.Deleted], counts[stream.Added], counts[stream.Modified]))
 	f.log.Info("absorbed a 410 at the watch's resume point: its client got the difference with a fresh list, and the watch goes on from the list's resourceVersion",
 		zap.String("path", f.client.URL.Path), zap.Uint64("fromRV", R), zap.Uint64("listRV", l.rv), zap.String("message", msg),
 		zap.Int("deleted", counts[stream.Deleted]), zap.Int("added", counts[stream.Added]), zap.Int("modified", counts[stream.Modified]),

@@ -409,6 +409,7 @@ func (f *feed) endAfterError(ev *stream.Event) attemptEnd {
 	st, err := stream.DecodeStatus(f.format, ev)
 	if err == nil && st.Code == http.StatusGone {
 		f.h.deps.Metrics.RelistsForced.Inc()
+		f.h.note("relist", f.backend, f.client.URL.Path, "the upstream's 410 passed on, from resourceVersion "+f.sub.LastDelivered())
 		f.log.Info("upstream said the watch's resourceVersion is gone; the client relists",
 			zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()), zap.String("message", st.Message))
 		return attemptEnd{end: EndRelist}
@@ -732,6 +733,7 @@ func (f *feed) giveUp(end attemptEnd) EndReason {
 func (f *feed) forceRelist(st *metav1.Status) EndReason {
 	f.sub.relist(goneStatus(st, f.sub.LastDelivered()))
 	f.h.deps.Metrics.RelistsForced.Inc()
+	f.h.note("relist", f.backend, f.client.URL.Path, "resume point expired upstream, from resourceVersion "+f.sub.LastDelivered())
 	f.log.Info("resume point expired upstream; told the client to relist", zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()))
 	return EndRelist
 }

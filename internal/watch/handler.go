@@ -131,6 +131,11 @@ type Deps struct {
 	// OnBreak, if set, is told every upstream watch attempt that broke and is resumed, with
 	// its backend (still a member of the pool when told) and why (per-upstream metrics).
 	OnBreak func(b *upstream.Backend, r ResumeReason)
+	// Note, if set, is told what a watch did that the status page lists as it happens: kind
+	// "absorb" (a 410 absorbed), "relist" (a 410 sent to the client, which relists) or
+	// "rewrite" (a stream ended with events rewritten or dropped), with the backend (nil: not
+	// known), the client's path and a detail. It must not block.
+	Note func(kind string, b *upstream.Backend, path, detail string)
 	// Clock is every watch's clock: the client's deadline, the stall watchdog, how long a
 	// resume takes and when it gives up, a move's acceptance window and its fresh-resume-point
 	// probe. Give Attempts the same one (upstream.AttempterOptions.Clock), which waits out the
@@ -647,5 +652,12 @@ func (h *Handler) stopping() bool {
 		return true
 	default:
 		return false
+	}
+}
+
+// note tells Deps.Note, if set.
+func (h *Handler) note(kind string, b *upstream.Backend, path, detail string) {
+	if h.deps.Note != nil {
+		h.deps.Note(kind, b, path, detail)
 	}
 }

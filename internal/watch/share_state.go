@@ -199,6 +199,7 @@ func (sf *sharedFeed) absorbAdmit(st *metav1.Status) {
 		sf.relistMember(m, st)
 		sf.h.deps.Metrics.GoneAbsorbed.WithLabelValues(absorbListDenied).Inc()
 		sf.h.deps.Metrics.RelistsForced.Inc()
+		sf.h.note("relist", nil, sf.f.client.URL.Path, "a subscriber may not list the scope the feed absorbed")
 	}
 }
 

@@ -1,6 +1,7 @@
 package watch
 
 import (
+	"fmt"
 	"net/http"
 	"sync/atomic"
 
@@ -202,6 +203,7 @@ func (s *subscriber) logEnd(reason EndReason) {
 	if c.Rewritten == 0 && c.Dropped == 0 {
 		return
 	}
+	s.h.note("rewrite", nil, s.client.URL.Path, fmt.Sprintf("%d events, %d rewritten, %d dropped (%s)", c.Events, c.Rewritten, c.Dropped, s.h.cfg.Mode))
 	s.log.Warn("upstream watch regressed", zap.String("path", s.client.URL.Path), zap.Stringer("end", reason),
 		zap.Uint64("events", c.Events), zap.Uint64("rewritten", c.Rewritten), zap.Uint64("dropped", c.Dropped),
 		zap.Uint64("replayedDeletesDropped", c.Remembered), zap.Stringer("mode", s.h.cfg.Mode),

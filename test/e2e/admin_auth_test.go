@@ -157,6 +157,10 @@ func TestAdminAuthRealAPIServer(t *testing.T) {
 	}
 	code, body := get(aURL+"/debug/feeds", "")
 	refused("A /debug/feeds without a token", code, body, http.StatusUnauthorized, "bearer token")
+	for _, path := range []string{"/status", "/status.json", "/status?format=json"} { // the status page
+		code, body := get(aURL+path, "")
+		refused("A "+path+" without a token", code, body, http.StatusUnauthorized, "bearer token")
+	}
 	code, body = get(aURL+"/debug/feeds", garbage)
 	refused("A /debug/feeds with a garbage token", code, body, http.StatusUnauthorized, "did not authenticate")
 	// RBAC reaches the apiserver's authorizer through its informers: the first grant is waited for.
@@ -182,6 +186,10 @@ func TestAdminAuthRealAPIServer(t *testing.T) {
 	refused("A /debug/feeds for a ServiceAccount without RBAC", code, body, http.StatusForbidden, user("no-rbac"), `"/debug/feeds"`)
 	code, body = get(aURL+"/debug/feeds", tokens["metrics-reader"])
 	refused("A /debug/feeds for one granted /metrics only", code, body, http.StatusForbidden, user("metrics-reader"))
+	for _, path := range []string{"/status", "/status.json"} {
+		code, body = get(aURL+path, tokens["feeds-reader"])
+		refused("A "+path+" for one granted /debug/feeds only", code, body, http.StatusForbidden, user("feeds-reader"), `"`+path+`"`)
+	}
 	code, body = get(aURL+"/debug/pprof/cmdline", tokens["feeds-reader"])
 	refused("A pprof for one granted /debug/feeds only", code, body, http.StatusForbidden, user("feeds-reader"), `"/debug/pprof/cmdline"`)
 	if bytes.Contains(body, []byte(watchsanBin)) {
