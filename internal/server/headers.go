@@ -118,6 +118,9 @@ func headerListSize(r *http.Request) int64 {
 // net/http ties a request to its connection).
 func (s *Server) connContext(ctx context.Context, c net.Conn) context.Context {
 	ctx = context.WithValue(ctx, connHeadersKey{}, &connHeaders{})
+	if cc := countedOf(c); cc != nil {
+		ctx = context.WithValue(ctx, countedConnKey{}, cc)
+	}
 	if s.sources != nil {
 		ctx = sourceConnContext(ctx, c)
 	}

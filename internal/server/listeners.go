@@ -1,6 +1,7 @@
 package server
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log"
@@ -193,6 +194,34 @@ func (c *countedConn) Write(p []byte) (int, error) {
 		c.writeTimedOut()
 	}
 	return n, err
+}
+
+// countedConnKey holds a request's *countedConn in its context (connContext).
+type countedConnKey struct{}
+
+// countedOf finds the countedConn under c: ConnContext gets the connection as Accept gave it
+// to net/http (a TLS server's wrapped in its *tls.Conn), the per-source limiter's around it.
+func countedOf(c net.Conn) *countedConn {
+	for c != nil {
+		switch x := c.(type) {
+		case *countedConn:
+			return x
+		case *tls.Conn:
+			c = x.NetConn()
+		case *sourceConn:
+			c = x.Conn
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+// cutSlow says whether r's connection was closed because a write to it failed at its deadline
+// (watch.Deps.CutSlow): its client stopped reading.
+func cutSlow(r *http.Request) bool {
+	cc, _ := r.Context().Value(countedConnKey{}).(*countedConn)
+	return cc != nil && cc.timedOut.Load()
 }
 
 func (c *countedConn) Close() error {

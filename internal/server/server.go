@@ -193,7 +193,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		ShareMaxFeeds:        cfg.ShareMaxFeeds,
 		ShareReviewEntries:   cfg.ShareReviewCacheEntries,
 	}, watch.Deps{Attempts: attempts, Metrics: s.metrics, Memory: memory, Done: s.watchesDone, Logger: log, OnBreak: s.onBreak,
-		ServedLocally: s.localAPIs(log).Local, Budget: mem,
+		ServedLocally: s.localAPIs(log).Local, Budget: mem, CutSlow: cutSlow,
 		Note: func(kind string, b *upstream.Backend, path, detail string) {
 			s.recent.add(kind, upstreamName(b), path, detail)
 		}})

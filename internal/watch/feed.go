@@ -531,7 +531,7 @@ func (f *attemptBody) Read(p []byte) (int, error) {
 // stall), then the read error (clean EOF, a broken connection, garbage).
 func (f *feed) classify(attemptCtx context.Context, err error) attemptEnd {
 	if f.sub.gone() {
-		return attemptEnd{end: EndClientGone}
+		return attemptEnd{end: f.h.leftEnd(f.client)}
 	}
 	switch cause := context.Cause(attemptCtx); {
 	case errors.Is(cause, errShutdown):
@@ -751,7 +751,7 @@ func goneStatus(st *metav1.Status, rv string) *metav1.Status {
 func (f *feed) endFromContext() EndReason {
 	switch cause := context.Cause(f.ctx); {
 	case f.sub.gone():
-		return EndClientGone
+		return f.h.leftEnd(f.client)
 	case errors.Is(cause, errShutdown), f.h.stopping():
 		return EndShutdown
 	case errors.Is(cause, errClientDeadline):

@@ -149,6 +149,11 @@ type Deps struct {
 	// no group-version is known to be served locally, and reviewed clients share only with
 	// the same identity.
 	ServedLocally func(group, version string) bool
+	// CutSlow says whether the client's connection was closed because it took no byte for
+	// the write timeout (an HTTP/2 client that stopped reading is cut by the server's
+	// write-byte timeout, the connection as a whole, before any watch's own write fails): its
+	// watch ended as a slow client, not a gone one. Nil: never.
+	CutSlow func(r *http.Request) bool
 	// Budget is the process's memory budget: each watch and shared feed charges it for the
 	// frames it reads, each shared subscriber for its queue (package budget). Nil: nothing is
 	// charged, and only each buffer's own bound applies.
@@ -562,6 +567,16 @@ func ended(f *feed, sub *subscriber, reason EndReason) {
 			zap.Int("resumes", f.resumes), zap.String("lastRV", sub.LastDelivered()))
 	}
 	sub.logEnd(reason)
+}
+
+// leftEnd is how the stream of a client that left (its request's context ended, or a write
+// failed without its deadline) ends: as a slow client when its connection was cut for taking
+// no byte (Deps.CutSlow), else as gone.
+func (h *Handler) leftEnd(r *http.Request) EndReason {
+	if h.deps.CutSlow != nil && h.deps.CutSlow(r) {
+		return EndSlowClient
+	}
+	return EndClientGone
 }
 
 // release stops what open started for the watch's life: its deadline's timer, its place in

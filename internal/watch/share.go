@@ -975,18 +975,28 @@ func (sf *sharedFeed) serveAttached(w http.ResponseWriter, r *http.Request, m *m
 	}
 }
 
+// left is how the stream of the subscriber r that left ends (Handler.leftEnd); a slow one is
+// counted with the feed's policy, as one whose write failed at its deadline.
+func (sf *sharedFeed) left(r *http.Request) EndReason {
+	end := sf.h.leftEnd(r)
+	if end == EndSlowClient {
+		sf.pol.slowClient(slowEvents)
+	}
+	return end
+}
+
 // pump is serve's loop; it returns how the client's stream ended: atDeadline when deadline is
 // closed.
 func (sf *sharedFeed) pump(r *http.Request, m *member, out *batchWriter, deadline <-chan struct{}, atDeadline EndReason) EndReason {
 	if out.flushClient() != nil {
-		return EndClientGone
+		return sf.left(r)
 	}
 	left := out.leftChan(r)
 	for {
 		select {
 		case <-m.wake:
 		case <-left:
-			return EndClientGone
+			return sf.left(r)
 		case <-deadline:
 			return atDeadline
 		}
@@ -1008,7 +1018,7 @@ func (sf *sharedFeed) pump(r *http.Request, m *member, out *batchWriter, deadlin
 				sf.pol.slowClient(slowEvents)
 				return EndSlowClient
 			}
-			return EndClientGone
+			return sf.left(r)
 		}
 		switch {
 		case over:

@@ -144,7 +144,7 @@ func (s *subscriber) broken() (EndReason, error) {
 	case s.out.slow:
 		return EndSlowClient, s.out.err
 	}
-	return EndClientGone, s.out.err
+	return s.h.leftEnd(s.client), s.out.err
 }
 
 // gone says whether the client went away (sink).

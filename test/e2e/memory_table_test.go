@@ -829,7 +829,11 @@ func TestMemoryTablePinnedHTTP2(t *testing.T) {
 	flags := memFlags(t)
 	up := newMemUpstream(t, 32<<10, 100)
 	certFile, keyFile := servingPair(t)
-	p := startProxy(t, append(flags, "--kubeconfig="+lentKubeconfigFor(t, up.Server), "--tls-cert-file="+certFile, "--tls-private-key-file="+keyFile)...)
+	// The streams' own write timeout past the connection's write-byte timeout (30 s): the
+	// connection is cut before any stream's write fails at its deadline, and the streams must
+	// still be counted as slow clients.
+	p := startProxy(t, append(flags, "--kubeconfig="+lentKubeconfigFor(t, up.Server), "--tls-cert-file="+certFile, "--tls-private-key-file="+keyFile,
+		"--watch-write-timeout=60s")...)
 	addr := strings.TrimPrefix(p.URL, "http://")
 	base := "https://" + addr
 	m := startMem(t, "pinned-http2", p)
@@ -909,6 +913,13 @@ func TestMemoryTablePinnedHTTP2(t *testing.T) {
 	m.report(served, took, note)
 	if closedIn < 0 {
 		t.Errorf("an HTTP/2 connection whose client stopped reading still held %v after %v", conns(), bound)
+	}
+	// Cut for taking no byte, its streams were slow clients, not gone ones: the server closed
+	// the connection as a whole (its write-byte timeout) before any stream's write failed.
+	if closedIn >= 0 {
+		eventually(t, 10*time.Second, "the pinned streams counted as slow clients", func() bool {
+			return p.Metric("watchsan_watch_stream_ends_total", map[string]string{"reason": "slow-client"}) >= streams
+		})
 	}
 }
 
