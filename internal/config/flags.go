@@ -10,6 +10,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/watchsan/watchsan/internal/reqinfo"
 )
 
 // stringList is a repeatable flag; the first use on the command line replaces what the file
@@ -552,7 +554,7 @@ func suggest(fs *pflag.FlagSet, name string) *pflag.Flag {
 	var best, prefixed *pflag.Flag
 	bestDist, prefixes := len(name)+1, 0
 	fs.VisitAll(func(f *pflag.Flag) {
-		if d := levenshtein(name, f.Name); d < bestDist {
+		if d := reqinfo.EditDistance(name, f.Name); d < bestDist {
 			best, bestDist = f, d
 		}
 		if len(name) >= 3 && strings.HasPrefix(f.Name, name) {
@@ -571,25 +573,4 @@ func suggest(fs *pflag.FlagSet, name string) *pflag.Flag {
 		return prefixed
 	}
 	return nil
-}
-
-// levenshtein is the edit distance between a and b (insertions, deletions, substitutions).
-func levenshtein(a, b string) int {
-	prev := make([]int, len(b)+1)
-	cur := make([]int, len(b)+1)
-	for j := range prev {
-		prev[j] = j
-	}
-	for i := 1; i <= len(a); i++ {
-		cur[0] = i
-		for j := 1; j <= len(b); j++ {
-			cost := 1
-			if a[i-1] == b[j-1] {
-				cost = 0
-			}
-			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
-		}
-		prev, cur = cur, prev
-	}
-	return prev[len(b)]
 }

@@ -40,7 +40,7 @@ func CheckBuiltin(gr string) error {
 	msg := fmt.Sprintf("%q is not a resource of %s", resource, where)
 	best, bestDist := "", 3
 	for _, k := range known {
-		if d := editDistance(resource, k); d < bestDist {
+		if d := EditDistance(resource, k); d < bestDist {
 			best, bestDist = k, d
 		}
 	}
@@ -55,8 +55,9 @@ func CheckBuiltin(gr string) error {
 	return fmt.Errorf("%s", msg)
 }
 
-// editDistance is the Levenshtein distance between a and b.
-func editDistance(a, b string) int {
+// EditDistance is the Levenshtein distance between a and b (insertions, deletions,
+// substitutions): what "did you mean" suggestions rank by, here and for flags (config).
+func EditDistance(a, b string) int {
 	prev := make([]int, len(b)+1)
 	cur := make([]int, len(b)+1)
 	for j := range prev {
