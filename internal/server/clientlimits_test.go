@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
 
@@ -39,30 +38,6 @@ func endlessUpstream(t *testing.T) *httptest.Server {
 	return up
 }
 
-// stallingConn is a client's connection whose reads block, from stop on, until it is closed:
-// a client that stopped draining its socket.
-type stallingConn struct {
-	net.Conn
-	stop   <-chan struct{}
-	closed chan struct{}
-	once   sync.Once
-}
-
-func (c *stallingConn) Read(p []byte) (int, error) {
-	select {
-	case <-c.stop:
-		<-c.closed
-		return 0, net.ErrClosed
-	default:
-	}
-	return c.Conn.Read(p)
-}
-
-func (c *stallingConn) Close() error {
-	c.once.Do(func() { close(c.closed) })
-	return c.Conn.Close()
-}
-
 // stopReading opens streams GETs on one HTTP/2 connection (x/net's Transport over TLS) to
 // addr, reads the start of each response, then stops reading the connection. It returns when
 // the client reads no more.
@@ -79,7 +54,7 @@ func stopReading(t *testing.T, addr string, streams int) {
 			// The kernel holds little for it (above the loopback MSS: a window below it stalls the
 			// sender on its persist timer while the client still reads).
 			_ = raw.(*net.TCPConn).SetReadBuffer(256 << 10)
-			sc := &stallingConn{Conn: raw, stop: stop, closed: make(chan struct{})}
+			sc := wtestutil.NewStallingConn(raw, stop)
 			tc := tls.Client(sc, cfg)
 			if err := tc.HandshakeContext(ctx); err != nil {
 				raw.Close()

@@ -794,30 +794,6 @@ func TestMemoryTableAbandonedWatches(t *testing.T) {
 	m.report(answered == asked && worst < servedWithin, worst, note)
 }
 
-// stallConn is a client's connection whose reads block, from stop on, until it is closed: a
-// client that stopped draining its socket.
-type stallConn struct {
-	net.Conn
-	stop   <-chan struct{}
-	closed chan struct{}
-	once   sync.Once
-}
-
-func (c *stallConn) Read(p []byte) (int, error) {
-	select {
-	case <-c.stop:
-		<-c.closed
-		return 0, net.ErrClosed
-	default:
-	}
-	return c.Conn.Read(p)
-}
-
-func (c *stallConn) Close() error {
-	c.once.Do(func() { close(c.closed) })
-	return c.Conn.Close()
-}
-
 // TestMemoryTablePinnedHTTP2: an HTTP/2 client with 4 watches of a busy shared feed on one
 // connection (x/net's Transport over TLS) stops draining its socket. How long is its
 // connection still counted by watchsan (and its handlers held)? It is waited for 75 s: the
@@ -846,7 +822,7 @@ func TestMemoryTablePinnedHTTP2(t *testing.T) {
 				return nil, err
 			}
 			_ = raw.(*net.TCPConn).SetReadBuffer(256 << 10)
-			sc := &stallConn{Conn: raw, stop: stop, closed: make(chan struct{})}
+			sc := testutil.NewStallingConn(raw, stop)
 			tc := tls.Client(sc, cfg)
 			if err := tc.HandshakeContext(ctx); err != nil {
 				raw.Close()
