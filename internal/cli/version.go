@@ -59,8 +59,11 @@ func currentBuild() build {
 
 // String is the version line: "v0.0.0-20261207043000-c8607fb31f7a (revision c8607fb31f7a)".
 func (b build) String() string {
-	if b.Revision == "" {
+	switch {
+	case b.Revision == "" && b.Version == "(devel)":
 		return b.Version + " (no VCS revision recorded: built with -buildvcs=false, see `go env GOFLAGS`, or in a linked git worktree; `make build` stamps it)"
+	case b.Revision == "":
+		return b.Version // stamped by -ldflags without a revision: the image's release version
 	}
 	rev := b.Revision
 	if len(rev) > 12 {

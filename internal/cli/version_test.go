@@ -26,6 +26,10 @@ func TestVersionLine(t *testing.T) {
 	if got := (build{Version: "(devel)"}).String(); !strings.Contains(got, "no VCS revision recorded") {
 		t.Errorf("without a revision: %q", got)
 	}
+	// The image stamps its release version alone (the Dockerfile's -ldflags): printed as it is.
+	if got := (build{Version: "v9.8.7"}).String(); got != "v9.8.7" {
+		t.Errorf("a stamped version without a revision: %q", got)
+	}
 	if got := (build{Version: "v0.0.0-20261207043000-c8607fb31f7a", Revision: "c8607fb31f7a0ea5f307bb6e769357ac26f238d2", Modified: true}).String(); got != "v0.0.0-20261207043000-c8607fb31f7a (revision c8607fb31f7a, modified)" {
 		t.Errorf("from build info: %q", got)
 	}
