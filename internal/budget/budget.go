@@ -157,6 +157,18 @@ func (b *Budget) Short() bool {
 // Open opens a client's account. Close it when the client ends.
 func (b *Budget) Open() *Account { return b.OpenEnding(nil) }
 
+// OpenCommon opens the account of what serves many clients at once (a shared feed): refused
+// only at the total, never asked to end, and not one of the accounts a fair share divides the
+// high mark among. Its bytes are those of every client it serves; a share of one client's
+// would end them all (a feed's 64 KiB read buffer is over the share of each of 1,000
+// subscribers, whose queues are their own accounts).
+func (b *Budget) OpenCommon() *Account {
+	if b == nil {
+		return nil
+	}
+	return &Account{b: b, common: true}
+}
+
 // OpenEnding opens a client's account with a way to end the client (nil: none): past the
 // high mark, every account holding more than its fair share is asked to end (once, on a
 // goroutine of its own), so what they hold comes back before others are refused at the total;
@@ -209,6 +221,7 @@ func (b *Budget) relieve() {
 // are safe for concurrent use.
 type Account struct {
 	b      *Budget
+	common bool   // OpenCommon's
 	end    func() // OpenEnding's; nil: never asked
 	mu     sync.Mutex
 	held   [numKinds]int64
@@ -245,7 +258,7 @@ func (a *Account) Take(k Kind, n int64) bool {
 		b.refused[k][0].Add(1)
 		b.relieveLater()
 		return false
-	case used > b.high && a.total+n > b.fair():
+	case used > b.high && !a.common && a.total+n > b.fair():
 		b.used.Add(-n)
 		b.refused[k][1].Add(1)
 		return false
@@ -321,7 +334,9 @@ func (a *Account) Close() {
 	a.total = 0
 	a.published.Store(0)
 	a.mu.Unlock()
-	a.b.accounts.Add(-1)
+	if !a.common {
+		a.b.accounts.Add(-1)
+	}
 	if a.end != nil { // the budget's lock after the account's, never inside it
 		a.b.mu.Lock()
 		delete(a.b.open, a)

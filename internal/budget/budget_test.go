@@ -76,6 +76,35 @@ func TestCloseGivesBackWhatIsLeft(t *testing.T) {
 	}
 }
 
+// What serves many clients is refused at the total only, never for a share, never asked to
+// end, and divides no one's share.
+func TestCommonAccount(t *testing.T) {
+	b := New(16 << 20)
+	feed := b.OpenCommon()
+	ended := make(chan struct{}, 1)
+	client := b.OpenEnding(func() { ended <- struct{}{} })
+	if !client.Take(Queues, 1<<20) || !feed.Take(Frames, 14<<20) {
+		t.Fatal("refused below the total")
+	}
+	// 15 MiB: past the high mark; the client (1 MiB) is within its share of 14 MiB, the
+	// feed (14 MiB) over any, and neither is asked to end.
+	select {
+	case <-ended:
+		t.Fatal("the client within its share asked to end")
+	case <-time.After(100 * time.Millisecond):
+	}
+	if !feed.Take(Frames, 512<<10) {
+		t.Fatal("the feed refused its share past the high mark, under the total")
+	}
+	if feed.Take(Frames, 1<<20) {
+		t.Fatal("the feed took past the total")
+	}
+	feed.Close()
+	if n := b.accounts.Load(); n != 1 {
+		t.Fatalf("%d accounts divide the share, want the client's 1", n)
+	}
+}
+
 func TestChargeAndShort(t *testing.T) {
 	b := New(16 << 20)
 	b.Charge(Rings, 15<<20)

@@ -392,7 +392,9 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, info *reqinfo.Info,
 		h: h, client: tmpl, ctx: ctx, cancel: cancel, cred: cred, log: log, sub: sf,
 		backoff: upstream.ResumeBackoff, scope: scope, groupResource: info.GroupResource(),
 	}
-	sf.f.mem = h.deps.Budget.OpenEnding(func() { cancel(errOverBudget) })
+	// The feed's frames are every subscriber's: refused only at the total, never asked to end
+	// for holding more than one client's share (its subscribers' queues are theirs).
+	sf.f.mem = h.deps.Budget.OpenCommon()
 	if h.deps.Done != nil {
 		h.track(sf.f)
 	}
