@@ -285,6 +285,28 @@ func (b *Budget) relieveLater() {
 	}
 }
 
+// Force counts n bytes of kind k for the account whatever the budget says: for what refusing
+// would cost more than holding (a joining subscriber's backlog, which refused would become an
+// upstream watch of its own). Past the high mark the account may then be asked to end.
+func (a *Account) Force(k Kind, n int64) {
+	if a == nil || n <= 0 {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return
+	}
+	used := a.b.used.Add(n)
+	a.held[k] += n
+	a.total += n
+	a.published.Store(a.total)
+	a.b.held[k].Add(n)
+	if used > a.b.high {
+		a.b.relieveLater()
+	}
+}
+
 // Give returns n bytes of kind k the account took; after Close, nothing (Close gave back all).
 func (a *Account) Give(k Kind, n int64) {
 	if a == nil || n <= 0 {

@@ -105,6 +105,30 @@ func TestCommonAccount(t *testing.T) {
 	}
 }
 
+// Force counts past the total, and the account forced over its share is asked to end.
+func TestForce(t *testing.T) {
+	b := New(16 << 20)
+	ended := make(chan struct{}, 1)
+	a := b.OpenEnding(func() { ended <- struct{}{} })
+	other := b.Open()
+	a.Force(Queues, 20<<20)
+	if b.Used() != 20<<20 || a.Held() != 20<<20 {
+		t.Fatalf("forced 20 MiB: budget holds %d, the account %d", b.Used(), a.Held())
+	}
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the account forced past the total was not asked to end")
+	}
+	if other.Take(Queues, 1) {
+		t.Fatal("a take past the total granted")
+	}
+	a.Close()
+	if b.Used() != 0 {
+		t.Fatalf("%d bytes held after the forced account closed", b.Used())
+	}
+}
+
 func TestChargeAndShort(t *testing.T) {
 	b := New(16 << 20)
 	b.Charge(Rings, 15<<20)

@@ -504,11 +504,11 @@ func (sf *sharedFeed) addLocked(at uint64, bookmarks bool) (*member, string) {
 		if n += len(backlog) * entryCost; n > m.max {
 			return nil, privateBacklog
 		}
+		// Counted, never refused: a refused backlog would make the watch a private feed, an
+		// upstream watch of its own, when memory is short. Past the high mark the member may
+		// be asked to end (overBudget); its client re-watches, still costing no upstream watch.
 		m.mem = sf.h.deps.Budget.OpenEnding(m.overBudget)
-		if !m.mem.Take(budget.Queues, int64(len(backlog)*entryCost)) {
-			m.mem.Close()
-			return nil, privateBacklog
-		}
+		m.mem.Force(budget.Queues, int64(len(backlog)*entryCost))
 		for _, raw := range backlog {
 			m.q.push(raw)
 		}
