@@ -3,6 +3,7 @@
 package config
 
 import (
+	"github.com/watchsan/watchsan/internal/coalesce"
 	"time"
 
 	"github.com/watchsan/watchsan/internal/fix"
@@ -142,6 +143,13 @@ type Config struct {
 	ShareExcludeResources []string
 	ShareMaxFeeds         int
 
+	// Coalesced reads (package coalesce): CoalesceReads switches them on; the rest bound them
+	// (members per upstream read, keys with a read, bytes a member may lag).
+	CoalesceReads      bool
+	CoalesceMaxMembers int
+	CoalesceMaxGroups  int
+	CoalesceLagBytes   int
+
 	// ShutdownDelay is how long readiness fails before the listeners close at shutdown.
 	ShutdownDelay   time.Duration
 	ShutdownTimeout time.Duration
@@ -201,6 +209,10 @@ func Default() Config {
 		ShareSubscriberBufferBytes: watch.DefaultShareSubscriberBytes,
 		ShareReviewCacheEntries:    watch.DefaultShareReviewEntries,
 		ShareMaxFeeds:              watch.DefaultShareMaxFeeds,
+		CoalesceReads:              true,
+		CoalesceMaxMembers:         coalesce.DefaultMaxMembers,
+		CoalesceMaxGroups:          coalesce.DefaultMaxGroups,
+		CoalesceLagBytes:           coalesce.DefaultLagBytes,
 
 		ClientHTTP2WriteByteTimeout: DefaultClientHTTP2WriteByteTimeout,
 		ClientHTTP2PingInterval:     DefaultClientHTTP2PingInterval,

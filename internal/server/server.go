@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/watchsan/watchsan/internal/apistatus"
+	"github.com/watchsan/watchsan/internal/coalesce"
 	"github.com/watchsan/watchsan/internal/config"
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/localapi"
@@ -37,7 +38,9 @@ type Server struct {
 	pool      *upstream.Pool
 	watch     *watch.Handler
 	proxy     *passThrough
-	guard     *guard
+	// coalesce serves identical reads from one upstream read (--coalesce-reads); nil: off.
+	coalesce *coalesce.Coalescer
+	guard    *guard
 	// tls is the main listener's TLS material, reloaded when its files change; nil: plain HTTP.
 	tls *tlsFiles
 	// sources bounds what one source holds of the main listener; nil: no per-source limits.
@@ -202,6 +205,9 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	s.guard = &guard{cfg.Guard}
 	s.headers = newHeaderBudget(cfg.MaxHeaderBytesPerConnection, cfg.SourceHeaderBytes)
 	s.proxy = newPassThrough(attempts, log.Named("proxy"))
+	if cfg.CoalesceReads {
+		s.coalesce = s.newCoalescer()
+	}
 	return s, nil
 }
 

@@ -1,0 +1,175 @@
+// Package coalesce serves a storm of identical reads (many clients of one principal relisting
+// the same resource at once, or fetching the same discovery and OpenAPI documents) from as
+// few upstream reads as the apiserver's semantics allow, streaming each upstream answer to
+// every client it serves as it arrives (docs/design.md section 15).
+//
+// The rule is ReadIndex batching (Raft, section 6.4): a request joins only an upstream read
+// that has not begun yet. Per key there is at most one read on the wire and one pending; a
+// request that arrives while one is on the wire joins the pending one, which is sent as soon
+// as the one on the wire has been read to its end. Every answer a client gets therefore comes
+// from a read the apiserver received after the client's request arrived, with the same path,
+// query, headers and credentials: an answer the apiserver could have given that request
+// itself. So a write made before a client's read began is in its answer whenever the
+// apiserver would have put it there.
+package coalesce
+
+import (
+	"context"
+	"net/http"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/watchsan/watchsan/internal/upstream"
+)
+
+// Defaults of Config.
+const (
+	// DefaultMaxMembers bounds the clients one upstream read serves.
+	DefaultMaxMembers = 10000
+	// DefaultMaxGroups bounds the keys with a read on the wire or pending.
+	DefaultMaxGroups = 1000
+	// DefaultLagBytes is how far a client may be behind the fastest client of its read.
+	DefaultLagBytes = 16 << 20
+	// chunkSize is what one read of the upstream body asks for.
+	chunkSize = 32 << 10
+)
+
+// Config bounds a Coalescer. Every field's zero value is its default's.
+type Config struct {
+	// MaxMembers bounds the requests one upstream read serves; a request arriving when the
+	// pending read of its key has that many goes upstream on its own. 0: DefaultMaxMembers.
+	MaxMembers int
+	// MaxGroups bounds the keys with a read on the wire or pending; a request of a new key
+	// beyond it goes upstream on its own. 0: DefaultMaxGroups.
+	MaxGroups int
+	// LagBytes bounds how far a member may be behind the fastest member of its read: one
+	// further behind is ended (its response cut, so its client retries), and the upstream
+	// read is read no further ahead of the fastest than this. A read therefore buffers at
+	// most LagBytes and two chunks. 0: DefaultLagBytes.
+	LagBytes int64
+}
+
+// Send sends one upstream read: r is a request of its key's, with ctx as its context, cred
+// its credentials. It returns the response and what to call when done with it, or an error
+// before any response.
+type Send func(ctx context.Context, r *http.Request, cred upstream.Credentials) (*http.Response, func(), error)
+
+// Metrics are what a Coalescer counts; every field is required.
+type Metrics struct {
+	Coalesced     *prometheus.CounterVec   // kind: requests served by an upstream read another request began
+	UpstreamReads *prometheus.CounterVec   // kind: upstream reads sent
+	Members       *prometheus.HistogramVec // kind: requests one upstream read served
+	Lagging       *prometheus.CounterVec   // kind: members ended for lagging
+	Bypassed      *prometheus.CounterVec   // reason: requests that could have coalesced but went alone (BypassReasons)
+}
+
+// The values of the bypassed reason label.
+const (
+	bypassGroups  = "group-limit"  // MaxGroups keys had a read
+	bypassMembers = "member-limit" // the pending read had MaxMembers
+)
+
+// BypassReasons lists the bypassed reason label's values.
+var BypassReasons = []string{bypassGroups, bypassMembers}
+
+// Coalescer holds the reads on the wire and pending, per key. Safe for concurrent use.
+type Coalescer struct {
+	cfg  Config
+	send Send
+	m    Metrics
+	log  *zap.Logger
+
+	mu    sync.Mutex
+	slots map[Key]*slot
+}
+
+// slot is a key's read on the wire (sent) and the one pending (next; nil: none).
+type slot struct {
+	sent, next *flight
+}
+
+// New returns a Coalescer that sends its reads with send.
+func New(cfg Config, send Send, m Metrics, log *zap.Logger) *Coalescer {
+	if cfg.MaxMembers <= 0 {
+		cfg.MaxMembers = DefaultMaxMembers
+	}
+	if cfg.MaxGroups <= 0 {
+		cfg.MaxGroups = DefaultMaxGroups
+	}
+	if cfg.LagBytes <= 0 {
+		cfg.LagBytes = DefaultLagBytes
+	}
+	return &Coalescer{cfg: cfg, send: send, m: m, log: log, slots: map[Key]*slot{}}
+}
+
+// Serve serves r, of the given key and kind (Classify), going with cred, from an upstream read
+// that begins after r arrived, shared with the requests of the same key arriving before it
+// begins. It returns false, having written nothing, when a bound keeps r out: the caller then
+// serves r on its own.
+func (c *Coalescer) Serve(w http.ResponseWriter, r *http.Request, key Key, kind string, cred upstream.Credentials) bool {
+	f, m, lead := c.join(r, key, kind, cred)
+	if f == nil {
+		return false
+	}
+	if !lead {
+		c.m.Coalesced.WithLabelValues(kind).Inc()
+	}
+	f.serve(w, r, m)
+	return true
+}
+
+// join adds r to its key's pending read, making one (and sending it at once when none of the
+// key is on the wire); nil when a bound keeps it out.
+func (c *Coalescer) join(r *http.Request, key Key, kind string, cred upstream.Credentials) (*flight, *member, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.slots[key]
+	if s == nil {
+		if len(c.slots) >= c.cfg.MaxGroups {
+			c.m.Bypassed.WithLabelValues(bypassGroups).Inc()
+			return nil, nil, false
+		}
+		s = &slot{}
+		c.slots[key] = s
+	}
+	lead := false
+	if s.next == nil {
+		s.next, lead = newFlight(c, key, kind, r, cred), true
+	} else if s.next.count >= c.cfg.MaxMembers {
+		c.m.Bypassed.WithLabelValues(bypassMembers).Inc()
+		return nil, nil, false
+	}
+	f := s.next
+	m := f.add()
+	if s.sent == nil {
+		c.start(s)
+	}
+	return f, m, lead
+}
+
+// start puts s's pending read on the wire. c.mu is held.
+func (c *Coalescer) start(s *slot) {
+	f := s.next
+	s.sent, s.next = f, nil
+	c.m.UpstreamReads.WithLabelValues(f.kind).Inc()
+	go f.run() // ends when the upstream body is read to its end, fails, or every member left
+}
+
+// finished is told that f, on the wire, has been read to its end (or failed): the pending
+// read of its key, if any, goes on the wire now.
+func (c *Coalescer) finished(f *flight) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.slots[f.key]
+	if s == nil || s.sent != f {
+		return
+	}
+	s.sent = nil
+	if s.next != nil {
+		c.start(s)
+		return
+	}
+	delete(c.slots, f.key)
+}

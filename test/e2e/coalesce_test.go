@@ -1,0 +1,284 @@
+package e2e
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/watchsan/watchsan/internal/faults"
+	"github.com/watchsan/watchsan/test/cluster"
+)
+
+// coalesceUpstream puts a fault layer in front of the cluster's first apiserver, passing every
+// client's own credentials on; it returns the layer and its URL.
+func coalesceUpstream(t *testing.T, c *cluster.Cluster) (*faults.Layer, string) {
+	target, err := url.Parse(c.APIServers[0].URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(c.CAData) {
+		t.Fatal("cluster CA: no certificate")
+	}
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, ForceAttemptHTTP2: true}
+	rp := &httputil.ReverseProxy{
+		Rewrite:       func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+		Transport:     tr,
+		FlushInterval: -1,
+		ErrorLog:      log.New(io.Discard, "", 0),
+	}
+	layer := faults.New(rp, nil)
+	srv := httptest.NewServer(layer)
+	t.Cleanup(func() {
+		srv.Close()
+		tr.CloseIdleConnections()
+	})
+	return layer, srv.URL
+}
+
+// cmPage is as much of a ConfigMapList page as the storm tests read.
+type cmPage struct {
+	Metadata struct {
+		ResourceVersion string `json:"resourceVersion"`
+		Continue        string `json:"continue"`
+	} `json:"metadata"`
+	Items []struct {
+		Metadata struct {
+			Name string `json:"name"`
+		} `json:"metadata"`
+	} `json:"items"`
+}
+
+// syncResult is one client's paginated list: its names, the resourceVersion of its snapshot,
+// or the status and body of a refusal.
+type syncResult struct {
+	names map[string]bool
+	rv    string
+	code  int
+	body  string
+	ctype string
+	err   error
+}
+
+// listAll lists base page by page (limit per page) with token, as a reflector's pager does.
+func listAll(hc *http.Client, base, token string, limit int) syncResult {
+	res := syncResult{names: map[string]bool{}}
+	cont := ""
+	for page := 0; page < 1000; page++ {
+		u := fmt.Sprintf("%s?limit=%d", base, limit)
+		if cont != "" {
+			u += "&continue=" + url.QueryEscape(cont)
+		}
+		req, _ := http.NewRequest(http.MethodGet, u, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Accept", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			res.err = err
+			return res
+		}
+		res.code, res.ctype = resp.StatusCode, resp.Header.Get("Content-Type")
+		if resp.StatusCode != http.StatusOK {
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+			res.body = string(b)
+			return res
+		}
+		var p cmPage
+		err = json.NewDecoder(resp.Body).Decode(&p)
+		resp.Body.Close()
+		if err != nil {
+			res.err = fmt.Errorf("page %d: %w", page, err)
+			return res
+		}
+		if page == 0 {
+			res.rv = p.Metadata.ResourceVersion
+		} else if p.Metadata.ResourceVersion != res.rv {
+			res.err = fmt.Errorf("page %d at resourceVersion %s, the first at %s: not one snapshot", page, p.Metadata.ResourceVersion, res.rv)
+			return res
+		}
+		for _, it := range p.Items {
+			if res.names[it.Metadata.Name] {
+				res.err = fmt.Errorf("%s listed twice", it.Metadata.Name)
+				return res
+			}
+			res.names[it.Metadata.Name] = true
+		}
+		if cont = p.Metadata.Continue; cont == "" {
+			return res
+		}
+	}
+	res.err = fmt.Errorf("more than 1000 pages")
+	return res
+}
+
+// With --coalesce-reads (on by default), a storm of identical paginated lists of one principal
+// goes upstream as a few reads, and the ReadIndex rule holds against the real apiserver: the
+// first wave's read is held in flight (its answer, read by the apiserver at once, kept by a
+// fault layer) while a configmap is written and a second wave arrives; every client of the
+// second wave must see that configmap (a client joining the read already in flight would
+// not). A client of another identity without list rights gets the apiserver's own 403 during
+// the storm, and identical discovery GETs coalesce too.
+func TestCoalescedListStormRealAPIServer(t *testing.T) {
+	c := newCluster(t, cluster.Options{Users: []cluster.User{{Name: "storm-nobody"}}})
+	admin, err := kubernetes.NewForConfig(c.RESTConfig(0, c.AdminToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 4*time.Minute)
+	const ns, objects, limit = cluster.LimitedNamespace, 120, 50
+	data := map[string]string{"v": strings.Repeat("x", 2048)}
+	var wg sync.WaitGroup
+	errs := make(chan error, objects)
+	for w := 0; w < 6; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := w; i < objects; i += 6 {
+				if _, err := admin.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("storm-%03d", i)}, Data: data}, metav1.CreateOptions{}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+
+	layer, upstreamURL := coalesceUpstream(t, c)
+	p := startProxy(t, "--upstream="+upstreamURL, "--no-credentials", "--log-level=info")
+	waitUpstreamUp(t, p, upstreamURL)
+	base := p.URL + "/api/v1/namespaces/" + ns + "/configmaps"
+	hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: 200}}
+	listKind := map[string]string{"kind": "list"}
+	coalesced := func() float64 { return p.Metric("watchsan_coalesced_reads_total", listKind) }
+
+	gate := faults.NewGate()
+	if err := layer.Set(faults.Faults{HoldListAnswers: gate}); err != nil {
+		t.Fatal(err)
+	}
+	defer gate.Open()
+	before := layer.Stats().Requests
+	const wave = 30
+	results := make([]syncResult, 2*wave)
+	var clients sync.WaitGroup
+	run := func(from int) {
+		for i := from; i < from+wave; i++ {
+			clients.Add(1)
+			go func(i int) {
+				defer clients.Done()
+				results[i] = listAll(hc, base, c.UserToken, limit)
+			}(i)
+		}
+	}
+	var refused syncResult
+	clients.Add(1)
+	go func() { // another identity, same path, no rights: the apiserver's own 403
+		defer clients.Done()
+		refused = listAll(hc, base, c.Tokens["storm-nobody"], limit)
+	}()
+	run(0)
+	// Wave 1 is in: one read on the wire (held), the rest joined the one pending.
+	eventually(t, 30*time.Second, "wave 1 coalesced, its read held in flight", func() bool {
+		return layer.Stats().ListsHeld >= 2 && coalesced() >= wave-2
+	})
+	late, err := admin.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "storm-late"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mark := coalesced()
+	run(wave)
+	eventually(t, 30*time.Second, "wave 2 joined the pending read", func() bool { return coalesced() >= mark+wave })
+	gate.Open()
+	clients.Wait()
+
+	for i, r := range results {
+		if r.err != nil || r.code != http.StatusOK {
+			t.Fatalf("client %d: %v, %d %s", i, r.err, r.code, r.body)
+		}
+		if !strings.HasPrefix(r.ctype, "application/json") {
+			t.Errorf("client %d: Content-Type %q, want the apiserver's application/json", i, r.ctype)
+		}
+		n := 0
+		for name := range r.names {
+			if strings.HasPrefix(name, "storm-") && name != "storm-late" {
+				n++
+			}
+		}
+		if n != objects {
+			t.Errorf("client %d listed %d of the %d configmaps", i, n, objects)
+		}
+		if i >= wave && !r.names["storm-late"] {
+			t.Errorf("client %d of wave 2 began after storm-late was written (resourceVersion %s) and got a list at %s without it: a stale answer",
+				i, late.ResourceVersion, r.rv)
+		}
+	}
+	if refused.code != http.StatusForbidden || !strings.Contains(refused.body, "storm-nobody") || strings.Contains(refused.body, "storm-0") {
+		t.Errorf("the identity without rights got %d %.300s (%v), want the apiserver's 403 naming it and no configmap", refused.code, refused.body, refused.err)
+	}
+	pages := (objects + 1 + limit - 1) / limit
+	clientReads := 2 * wave * pages
+	upstream := layer.Stats().Requests - before
+	reads := p.Metric("watchsan_coalesce_upstream_reads_total", listKind)
+	t.Logf("%d client list requests, %v coalesced upstream reads, %d requests upstream in all", clientReads, reads, upstream)
+	if upstream > int64(clientReads/4) {
+		t.Errorf("%d requests reached the apiserver for %d client list requests: the storm was not coalesced", upstream, clientReads)
+	}
+	if lag := p.Metric("watchsan_coalesce_lagging_members_total", nil); lag != 0 {
+		t.Errorf("%v members ended for lagging, want 0", lag)
+	}
+
+	// Discovery: identical GETs of /apis (aggregated and not) by one principal coalesce.
+	if err := layer.Set(faults.Faults{}); err != nil {
+		t.Fatal(err)
+	}
+	discBefore := layer.Stats().Requests
+	bodies := make([]string, 40)
+	var disc sync.WaitGroup
+	for i := range bodies {
+		disc.Add(1)
+		go func(i int) {
+			defer disc.Done()
+			req, _ := http.NewRequest(http.MethodGet, p.URL+"/apis", nil)
+			req.Header.Set("Authorization", "Bearer "+c.UserToken)
+			req.Header.Set("Accept", "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json")
+			resp, err := hc.Do(req)
+			if err != nil {
+				bodies[i] = err.Error()
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			bodies[i] = resp.Header.Get("Content-Type") + "\n" + string(b)
+		}(i)
+	}
+	disc.Wait()
+	for i, b := range bodies {
+		if !strings.Contains(b, "apidiscovery.k8s.io") || !strings.Contains(b, "APIGroupDiscoveryList") {
+			t.Fatalf("discovery client %d got %.300s", i, b)
+		}
+	}
+	if got := layer.Stats().Requests - discBefore; got >= int64(len(bodies)) {
+		t.Errorf("%d discovery requests reached the apiserver for %d clients", got, len(bodies))
+	}
+	t.Logf("discovery: %d clients, %d upstream requests", len(bodies), layer.Stats().Requests-discBefore)
+	p.requireProxied(float64(clientReads), nil)
+}
