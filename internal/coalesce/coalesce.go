@@ -17,6 +17,7 @@ import (
 	"context"
 	"net/http"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -32,6 +33,8 @@ const (
 	DefaultMaxGroups = 1000
 	// DefaultLagBytes is how far a client may be behind the fastest client of its read.
 	DefaultLagBytes = 16 << 20
+	// DefaultTotalBytes bounds what every read buffers together.
+	DefaultTotalBytes = 256 << 20
 	// chunkSize is what one read of the upstream body asks for.
 	chunkSize = 32 << 10
 )
@@ -49,6 +52,11 @@ type Config struct {
 	// read is read no further ahead of the fastest than this. A read therefore buffers at
 	// most LagBytes and two chunks. 0: DefaultLagBytes.
 	LagBytes int64
+	// TotalBytes bounds what the reads buffer together: while they hold more, each read's
+	// lag bound is its fair share of it (TotalBytes over the reads being read, at least two
+	// chunks), so a read over its share ends its lagging members rather than growing. Every
+	// read buffers at most its bound and two chunks. 0: DefaultTotalBytes.
+	TotalBytes int64
 }
 
 // Send sends one upstream read: r is a request of its key's, with ctx as its context, cred
@@ -81,8 +89,20 @@ type Coalescer struct {
 	m    Metrics
 	log  *zap.Logger
 
+	// buffered is what every read holds together; reading counts the reads being read.
+	buffered, reading atomic.Int64
+
 	mu    sync.Mutex
 	slots map[Key]*slot
+}
+
+// lagBound is how far a member of a read may be behind its fastest member now: LagBytes, or
+// while the reads hold more than TotalBytes together, the read's fair share of it.
+func (c *Coalescer) lagBound() int64 {
+	if c.buffered.Load() <= c.cfg.TotalBytes {
+		return c.cfg.LagBytes
+	}
+	return min(c.cfg.LagBytes, max(2*chunkSize, c.cfg.TotalBytes/max(c.reading.Load(), 1)))
 }
 
 // slot is a key's read on the wire (sent) and the one pending (next; nil: none).
@@ -100,6 +120,9 @@ func New(cfg Config, send Send, m Metrics, log *zap.Logger) *Coalescer {
 	}
 	if cfg.LagBytes <= 0 {
 		cfg.LagBytes = DefaultLagBytes
+	}
+	if cfg.TotalBytes <= 0 {
+		cfg.TotalBytes = DefaultTotalBytes
 	}
 	return &Coalescer{cfg: cfg, send: send, m: m, log: log, slots: map[Key]*slot{}}
 }

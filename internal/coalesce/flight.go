@@ -84,6 +84,7 @@ func (f *flight) leave(m *member) {
 	if len(f.live) == 0 && f.cancel != nil {
 		f.cancel()
 	}
+	f.trim()
 	f.cond.Broadcast()
 }
 
@@ -114,11 +115,14 @@ func (f *flight) run() {
 	}
 	defer release()
 	defer resp.Body.Close()
-	lag := f.c.cfg.LagBytes
+	f.c.reading.Add(1)
+	defer f.c.reading.Add(-1)
 	for {
 		f.mu.Lock()
+		lag := f.c.lagBound()
 		for len(f.live) > 0 && f.end-f.fastest() >= lag {
 			f.cond.Wait()
+			lag = f.c.lagBound()
 		}
 		if len(f.live) == 0 {
 			f.finish(context.Canceled)
@@ -135,7 +139,8 @@ func (f *flight) run() {
 		if n > 0 {
 			f.chunks = append(f.chunks, buf[:n:n])
 			f.end += int64(n)
-			f.evictLagging(lag + 2*chunkSize)
+			f.c.buffered.Add(int64(n))
+			f.evictLagging(f.c.lagBound() + 2*chunkSize)
 		}
 		if rerr != nil {
 			if errors.Is(rerr, io.EOF) {
@@ -172,18 +177,27 @@ func (f *flight) fastest() int64 {
 // evictLagging ends the live members more than bound behind what has been read, and drops the
 // chunks no live member needs any more. f.mu is held.
 func (f *flight) evictLagging(bound int64) {
-	slowest := f.end
 	for m := range f.live {
 		if f.end-m.pos > bound {
 			m.lagging = true
 			delete(f.live, m)
 			f.c.m.Lagging.WithLabelValues(f.kind).Inc()
-			continue
 		}
+	}
+	f.trim()
+}
+
+// trim drops the chunks before the slowest live member's position (all of them when none is
+// left). f.mu is held.
+func (f *flight) trim() {
+	slowest := f.end
+	for m := range f.live {
 		slowest = min(slowest, m.pos)
 	}
 	for len(f.chunks) > 0 && f.base+int64(len(f.chunks[0])) <= slowest {
-		f.base += int64(len(f.chunks[0]))
+		n := int64(len(f.chunks[0]))
+		f.base += n
+		f.c.buffered.Add(-n)
 		f.chunks[0] = nil
 		f.chunks = f.chunks[1:]
 		f.dropped++
@@ -263,6 +277,7 @@ func (f *flight) serve(w http.ResponseWriter, r *http.Request, m *member) {
 			m.pos += int64(n)
 			if m.off += n; m.off == len(chunk) {
 				m.ci, m.off = m.ci+1, 0
+				f.trim() // this member may have been the slowest
 			}
 			f.cond.Broadcast() // the reader may be waiting for the fastest member
 			if werr != nil {

@@ -149,6 +149,7 @@ type Config struct {
 	CoalesceMaxMembers int
 	CoalesceMaxGroups  int
 	CoalesceLagBytes   int
+	CoalesceTotalBytes int64
 
 	// ShutdownDelay is how long readiness fails before the listeners close at shutdown.
 	ShutdownDelay   time.Duration
@@ -213,6 +214,7 @@ func Default() Config {
 		CoalesceMaxMembers:         coalesce.DefaultMaxMembers,
 		CoalesceMaxGroups:          coalesce.DefaultMaxGroups,
 		CoalesceLagBytes:           coalesce.DefaultLagBytes,
+		CoalesceTotalBytes:         coalesce.DefaultTotalBytes,
 
 		ClientHTTP2WriteByteTimeout: DefaultClientHTTP2WriteByteTimeout,
 		ClientHTTP2PingInterval:     DefaultClientHTTP2PingInterval,

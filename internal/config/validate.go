@@ -139,6 +139,9 @@ func (c *Config) Validate() error {
 	if c.CoalesceLagBytes < 64<<10 || c.CoalesceLagBytes > 1<<30 {
 		add("--coalesce-lag-bytes %d: want 65536 to 1073741824", c.CoalesceLagBytes)
 	}
+	if c.CoalesceTotalBytes < int64(c.CoalesceLagBytes) || c.CoalesceTotalBytes > 64<<30 {
+		add("--coalesce-total-bytes %d: want --coalesce-lag-bytes (%d) to 68719476736", c.CoalesceTotalBytes, c.CoalesceLagBytes)
+	}
 	// Why: a joiner takes the events after its resourceVersion in one go; a buffer smaller
 	// than one event of the largest size would end every subscriber at its first big event.
 	if c.ShareSubscriberBufferBytes > 0 && c.ShareSubscriberBufferBytes < c.MaxFrameSize {

@@ -17,6 +17,7 @@ func (s *Server) newCoalescer() *coalesce.Coalescer {
 		s.metrics.CoalescedReads.WithLabelValues(k)
 		s.metrics.CoalesceUpstreamReads.WithLabelValues(k)
 		s.metrics.CoalesceLagging.WithLabelValues(k)
+		s.metrics.CoalesceMembers.WithLabelValues(k)
 	}
 	for _, r := range coalesce.BypassReasons {
 		s.metrics.CoalesceBypassed.WithLabelValues(r)
@@ -25,6 +26,7 @@ func (s *Server) newCoalescer() *coalesce.Coalescer {
 		MaxMembers: s.cfg.CoalesceMaxMembers,
 		MaxGroups:  s.cfg.CoalesceMaxGroups,
 		LagBytes:   int64(s.cfg.CoalesceLagBytes),
+		TotalBytes: s.cfg.CoalesceTotalBytes,
 	}, s.sendCoalesced, coalesce.Metrics{
 		Coalesced:     s.metrics.CoalescedReads,
 		UpstreamReads: s.metrics.CoalesceUpstreamReads,
