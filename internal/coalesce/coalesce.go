@@ -105,9 +105,11 @@ func (c *Coalescer) lagBound() int64 {
 	return min(c.cfg.LagBytes, max(2*chunkSize, c.cfg.TotalBytes/max(c.reading.Load(), 1)))
 }
 
-// slot is a key's read on the wire (sent) and the one pending (next; nil: none).
+// slot is a key's read on the wire (sent) and the one pending (next; nil: none); for a key whose
+// answer is fixed (Snapshot), last is its latest read while it still holds its whole answer for
+// members writing it (nil: none).
 type slot struct {
-	sent, next *flight
+	sent, next, last *flight
 }
 
 // New returns a Coalescer that sends its reads with send.
@@ -132,7 +134,7 @@ func New(cfg Config, send Send, m Metrics, log *zap.Logger) *Coalescer {
 // begins. It returns false, having written nothing, when a bound keeps r out: the caller then
 // serves r on its own.
 func (c *Coalescer) Serve(w http.ResponseWriter, r *http.Request, key Key, kind string, cred upstream.Credentials) bool {
-	f, m, lead := c.join(r, key, kind, cred)
+	f, m, lead := c.join(r, key, kind, cred, Snapshot(r))
 	if f == nil {
 		return false
 	}
@@ -145,10 +147,17 @@ func (c *Coalescer) Serve(w http.ResponseWriter, r *http.Request, key Key, kind 
 
 // join adds r to its key's pending read, making one (and sending it at once when none of the
 // key is on the wire); nil when a bound keeps it out.
-func (c *Coalescer) join(r *http.Request, key Key, kind string, cred upstream.Credentials) (*flight, *member, bool) {
+func (c *Coalescer) join(r *http.Request, key Key, kind string, cred upstream.Credentials, fixed bool) (*flight, *member, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.slots[key]
+	if fixed && s != nil { // the answer is the same whenever it is read: any read that still has all of it
+		for _, f := range []*flight{s.sent, s.last} {
+			if m := f.joinLate(c.cfg.MaxMembers); m != nil {
+				return f, m, false
+			}
+		}
+	}
 	if s == nil {
 		if len(c.slots) >= c.cfg.MaxGroups {
 			c.m.Bypassed.WithLabelValues(bypassGroups).Inc()
@@ -159,7 +168,7 @@ func (c *Coalescer) join(r *http.Request, key Key, kind string, cred upstream.Cr
 	}
 	lead := false
 	if s.next == nil {
-		s.next, lead = newFlight(c, key, kind, r, cred), true
+		s.next, lead = newFlight(c, key, kind, r, cred, fixed), true
 	} else if s.next.count >= c.cfg.MaxMembers {
 		c.m.Bypassed.WithLabelValues(bypassMembers).Inc()
 		return nil, nil, false
@@ -190,9 +199,28 @@ func (c *Coalescer) finished(f *flight) {
 		return
 	}
 	s.sent = nil
+	if f.fixed && f.holdsAll() {
+		s.last = f // forgotten once its last member leaves (forget) or the next read ends
+	}
 	if s.next != nil {
 		c.start(s)
 		return
 	}
-	delete(c.slots, f.key)
+	if s.last == nil {
+		delete(c.slots, f.key)
+	}
+}
+
+// forget is told that f's last member left: f is no longer its key's last read.
+func (c *Coalescer) forget(f *flight) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.slots[f.key]
+	if s == nil || s.last != f {
+		return
+	}
+	s.last = nil
+	if s.sent == nil && s.next == nil {
+		delete(c.slots, f.key)
+	}
 }

@@ -25,6 +25,9 @@ type flight struct {
 	kind string
 	req  *http.Request // the first member's request: the upstream read is a copy of it
 	cred upstream.Credentials
+	// fixed: the answer is the same whenever the apiserver reads it (Snapshot), so a request
+	// may join the read after it began, while it holds the whole answer (joinLate).
+	fixed bool
 
 	mu   sync.Mutex
 	cond *sync.Cond
@@ -57,8 +60,8 @@ type member struct {
 	lagging bool  // ended for lagging: its response is cut
 }
 
-func newFlight(c *Coalescer, key Key, kind string, r *http.Request, cred upstream.Credentials) *flight {
-	f := &flight{c: c, key: key, kind: kind, req: r, cred: cred, live: map[*member]struct{}{}}
+func newFlight(c *Coalescer, key Key, kind string, r *http.Request, cred upstream.Credentials, fixed bool) *flight {
+	f := &flight{c: c, key: key, kind: kind, req: r, cred: cred, fixed: fixed, live: map[*member]struct{}{}}
 	f.cond = sync.NewCond(&f.mu)
 	return f
 }
@@ -73,19 +76,52 @@ func (f *flight) add() *member {
 	return m
 }
 
-// leave ends m's membership; the last member to leave ends the upstream read.
-func (f *flight) leave(m *member) {
+// joinLate makes a member of f, a fixed read that began already, when f still holds its whole
+// answer (nothing dropped, nothing broken) and has members, and fewer than maxMembers; nil
+// otherwise (f nil included). The Coalescer's mu is held.
+func (f *flight) joinLate(maxMembers int) *member {
+	if f == nil {
+		return nil
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if !f.holdsAllLocked() || len(f.live) == 0 || f.count >= maxMembers {
+		return nil
+	}
+	m := &member{}
+	f.count++
+	f.live[m] = struct{}{}
+	return m
+}
+
+// holdsAll says whether f still holds its whole answer: nothing dropped, no broken body.
+func (f *flight) holdsAll() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.holdsAllLocked()
+}
+
+func (f *flight) holdsAllLocked() bool { return f.dropped == 0 && !(f.done && f.bodyErr != nil) }
+
+// leave ends m's membership; the last member to leave ends the upstream read, and a fixed
+// read stops being its key's last.
+func (f *flight) leave(m *member) {
+	f.mu.Lock()
 	if _, ok := f.live[m]; !ok {
+		f.mu.Unlock()
 		return
 	}
 	delete(f.live, m)
-	if len(f.live) == 0 && f.cancel != nil {
+	last := len(f.live) == 0
+	if last && f.cancel != nil {
 		f.cancel()
 	}
 	f.trim()
 	f.cond.Broadcast()
+	f.mu.Unlock()
+	if last && f.fixed {
+		f.c.forget(f) // after f.mu: the Coalescer's mu comes first (join)
+	}
 }
 
 // run sends the upstream read and reads its body into the chunks, never further ahead of the
@@ -188,8 +224,12 @@ func (f *flight) evictLagging(bound int64) {
 }
 
 // trim drops the chunks before the slowest live member's position (all of them when none is
-// left). f.mu is held.
+// left); a fixed read keeps all of its answer while it has members and it is within the lag
+// bound, for the requests that may still join it (joinLate). f.mu is held.
 func (f *flight) trim() {
+	if f.fixed && len(f.live) > 0 && f.end <= f.c.lagBound() {
+		return
+	}
 	slowest := f.end
 	for m := range f.live {
 		slowest = min(slowest, m.pos)

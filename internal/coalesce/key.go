@@ -84,22 +84,58 @@ func Classify(r *http.Request, info *reqinfo.Info, cred upstream.Credentials) (K
 			return Key{}, "", false
 		}
 	}
+	for k := range r.Header {
+		ck := http.CanonicalHeaderKey(k)
+		if !ignoredHeaders[ck] && !keyHeaders[ck] && !hasPrefix(ck, keyPrefixes) {
+			return Key{}, "", false // unrecognised: it may change the answer
+		}
+	}
+	return digest(r, kind, q, &cred), kind, true
+}
+
+// ReviewedKey is the key under which r, a list Classify found coalescable, may share an
+// upstream read with other principals' identical lists, once an access review with its own
+// credentials allowed each of them that list: its kind, path, query and answer-shaping headers,
+// none of its credentials. Only for lists of group-versions the apiserver serves itself (the
+// caller's to know), whose answer is the same for every identity allowed it; false for a
+// request that impersonates or asserts anything of its own (Impersonate-*, X-Remote-*), which
+// only ever shares with its own principal.
+func ReviewedKey(r *http.Request, kind string) (Key, bool) {
+	if kind != KindList {
+		return Key{}, false
+	}
+	for k := range r.Header {
+		if hasPrefix(http.CanonicalHeaderKey(k), keyPrefixes) {
+			return Key{}, false
+		}
+	}
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return Key{}, false
+	}
+	return digest(r, kind, q, nil), true
+}
+
+// digest is the key of r of kind with query q: of cred's principal and identity headers when
+// cred is given, of "reviewed" instead when not.
+func digest(r *http.Request, kind string, q url.Values, cred *upstream.Credentials) Key {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00%s\x00%s\x00", kind, r.URL.EscapedPath(), q.Encode())
-	fmt.Fprintf(h, "%s\x00%s\x00", cred.String(), cred.Principal())
-	if id, ok := cred.Asserted(); ok {
-		fmt.Fprintf(h, "%q\x00%q\x00", id.User, id.Groups)
+	if cred == nil {
+		fmt.Fprintf(h, "reviewed\x00")
+	} else {
+		fmt.Fprintf(h, "%s\x00%s\x00", cred.String(), cred.Principal())
+		if id, ok := cred.Asserted(); ok {
+			fmt.Fprintf(h, "%q\x00%q\x00", id.User, id.Groups)
+		}
 	}
 	names := make([]string, 0, len(r.Header))
 	for k := range r.Header {
 		ck := http.CanonicalHeaderKey(k)
-		switch {
-		case ignoredHeaders[ck]:
-		case keyHeaders[ck] || hasPrefix(ck, keyPrefixes):
-			names = append(names, k)
-		default:
-			return Key{}, "", false // unrecognised: it may change the answer
+		if ignoredHeaders[ck] || (cred == nil && (ck == "Authorization" || hasPrefix(ck, keyPrefixes))) {
+			continue
 		}
+		names = append(names, k)
 	}
 	sort.Strings(names)
 	for _, k := range names {
@@ -107,7 +143,16 @@ func Classify(r *http.Request, info *reqinfo.Info, cred upstream.Credentials) (K
 	}
 	var out Key
 	h.Sum(out[:0])
-	return out, kind, true
+	return out
+}
+
+// Snapshot says whether the answer to r, a read Classify found coalescable, is the same
+// whenever the apiserver reads it: a continue page, the next page of the snapshot its token
+// names (or 410 Expired once that revision is compacted, which stays so). Such a read may be
+// joined after it began (docs/design.md section 15).
+func Snapshot(r *http.Request) bool {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	return err == nil && q.Get("continue") != ""
 }
 
 // listReadable says whether a list's query asks for a state whose every answer a later read

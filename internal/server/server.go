@@ -40,6 +40,8 @@ type Server struct {
 	proxy     *passThrough
 	// coalesce serves identical reads from one upstream read (--coalesce-reads); nil: off.
 	coalesce *coalesce.Coalescer
+	// local says which group-versions the apiserver serves itself (localapi); set in New.
+	local *localapi.Catalog
 	guard    *guard
 	// tls is the main listener's TLS material, reloaded when its files change; nil: plain HTTP.
 	tls *tlsFiles
@@ -143,6 +145,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	if cfg.AdminAuth.On {
 		s.adminAuth = newAdminAuth(cfg.AdminAuth, attempts, log.Named("admin"))
 	}
+	s.local = s.localAPIs(log)
 	s.watch, err = watch.New(watch.Config{
 		Mode:          cfg.Fix,
 		Exempt:        cfg.FixExemptResources,
@@ -168,7 +171,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		ShareMaxFeeds:        cfg.ShareMaxFeeds,
 		ShareReviewEntries:   cfg.ShareReviewCacheEntries,
 	}, watch.Deps{Attempts: attempts, Metrics: s.metrics, Memory: memory, Done: s.watchesDone, Logger: log, OnBreak: s.onBreak,
-		ServedLocally: s.localAPIs(log).Local})
+		ServedLocally: s.local.Local})
 	if err != nil {
 		return nil, err
 	}

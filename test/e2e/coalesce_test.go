@@ -17,6 +17,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -127,21 +128,27 @@ func listAll(hc *http.Client, base, token string, limit int) syncResult {
 	return res
 }
 
-// With --coalesce-reads (on by default), a storm of identical paginated lists of one principal
-// goes upstream as a few reads, and the ReadIndex rule holds against the real apiserver: the
+// With --coalesce-reads (on by default), a storm of identical paginated lists of two identities
+// allowed to list (each admitted by an access review of its own) goes upstream as a few reads, and the ReadIndex rule holds against the real apiserver: the
 // first wave's read is held in flight (its answer, read by the apiserver at once, kept by a
 // fault layer) while a configmap is written and a second wave arrives; every client of the
 // second wave must see that configmap (a client joining the read already in flight would
 // not). A client of another identity without list rights gets the apiserver's own 403 during
 // the storm, and identical discovery GETs coalesce too.
 func TestCoalescedListStormRealAPIServer(t *testing.T) {
-	c := newCluster(t, cluster.Options{Users: []cluster.User{{Name: "storm-nobody"}}})
+	c := newCluster(t, cluster.Options{Users: []cluster.User{{Name: "storm-nobody"}, {Name: "storm-reader"}}})
 	admin, err := kubernetes.NewForConfig(c.RESTConfig(0, c.AdminToken))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := ctxT(t, 4*time.Minute)
 	const ns, objects, limit = cluster.LimitedNamespace, 120, 50
+	// A second identity with the limited user's rights: both identities' lists share reads.
+	if _, err := admin.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "storm-reader"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: cluster.LimitedRole},
+		Subjects: []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: "storm-reader"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	data := map[string]string{"v": strings.Repeat("x", 2048)}
 	var wg sync.WaitGroup
 	errs := make(chan error, objects)
@@ -185,9 +192,22 @@ func TestCoalescedListStormRealAPIServer(t *testing.T) {
 			clients.Add(1)
 			go func(i int) {
 				defer clients.Done()
-				results[i] = listAll(hc, base, c.UserToken, limit)
+				token := c.UserToken
+				if i%2 == 1 {
+					token = c.Tokens["storm-reader"]
+				}
+				results[i] = listAll(hc, base, token, limit)
 			}(i)
 		}
+	}
+	run(0)
+	// Wave 1 is in: one read on the wire (held), the rest joined the one pending, both
+	// identities (each allowed by a review of its own): one upstream list, not one each.
+	eventually(t, 30*time.Second, "wave 1 coalesced, its read held in flight", func() bool {
+		return layer.Stats().ListsHeld >= 1 && coalesced() >= wave-2
+	})
+	if got := p.Metric("watchsan_coalesce_upstream_reads_total", listKind); got != 1 {
+		t.Errorf("%v upstream lists for wave 1 of two identities allowed to list, want 1 (shared once reviewed)", got)
 	}
 	var refused syncResult
 	clients.Add(1)
@@ -195,11 +215,7 @@ func TestCoalescedListStormRealAPIServer(t *testing.T) {
 		defer clients.Done()
 		refused = listAll(hc, base, c.Tokens["storm-nobody"], limit)
 	}()
-	run(0)
-	// Wave 1 is in: one read on the wire (held), the rest joined the one pending.
-	eventually(t, 30*time.Second, "wave 1 coalesced, its read held in flight", func() bool {
-		return layer.Stats().ListsHeld >= 2 && coalesced() >= wave-2
-	})
+	eventually(t, 30*time.Second, "the identity without rights' own list sent", func() bool { return layer.Stats().ListsHeld >= 2 })
 	late, err := admin.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "storm-late"}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -238,9 +254,10 @@ func TestCoalescedListStormRealAPIServer(t *testing.T) {
 	clientReads := 2 * wave * pages
 	upstream := layer.Stats().Requests - before
 	reads := p.Metric("watchsan_coalesce_upstream_reads_total", listKind)
-	t.Logf("%d client list requests, %v coalesced upstream reads, %d requests upstream in all", clientReads, reads, upstream)
-	if upstream > int64(clientReads/4) {
-		t.Errorf("%d requests reached the apiserver for %d client list requests: the storm was not coalesced", upstream, clientReads)
+	reviews := p.Metric("watchsan_shared_feed_access_reviews_total", nil) - p.Metric("watchsan_shared_feed_access_reviews_total", map[string]string{"result": "coalesced"})
+	t.Logf("%d client list requests: %v upstream lists, %v access reviews, %d requests upstream in all", clientReads, reads, reviews, upstream)
+	if reads > float64(clientReads/6) || float64(upstream) > reads+reviews+2 {
+		t.Errorf("%v upstream lists (%d requests in all, %v reviews) for %d client list requests: the storm was not coalesced", reads, upstream, reviews, clientReads)
 	}
 	if lag := p.Metric("watchsan_coalesce_lagging_members_total", nil); lag != 0 {
 		t.Errorf("%v members ended for lagging, want 0", lag)
