@@ -129,7 +129,7 @@ func (c *stormClient) sync(ctx context.Context, rt http.RoundTripper, u, token s
 	start := time.Now()
 	defer func() { c.took = time.Since(start) }()
 	c.names = map[string]bool{}
-	cont := ""
+	cont, retries := "", 0
 	for page := 0; page < 10000; page++ {
 		q := fmt.Sprintf("%s?limit=%d", u, limit)
 		if cont != "" {
@@ -144,6 +144,15 @@ func (c *stormClient) sync(ctx context.Context, rt http.RoundTripper, u, token s
 		if err != nil {
 			c.err = err
 			return
+		}
+		// client-go's REST client repeats a 429 with Retry-After (up to 10 times): a storm
+		// past the apiserver's max-in-flight gets them.
+		if resp.StatusCode == http.StatusTooManyRequests && retries < 10 {
+			resp.Body.Close()
+			retries++
+			page--
+			sleepCtx(ctx, time.Second)
+			continue
 		}
 		if resp.StatusCode != http.StatusOK {
 			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))

@@ -10,7 +10,11 @@
 // from a read the apiserver received after the client's request arrived, with the same path,
 // query, headers and credentials: an answer the apiserver could have given that request
 // itself. So a write made before a client's read began is in its answer whenever the
-// apiserver would have put it there.
+// apiserver would have put it there. A continue page, whose answer its token fixes, may also
+// join a read that has begun while that read still holds its whole answer.
+//
+// Keys (Classify) include the principal; a list the caller had reviewed for its own
+// credentials may use ReviewedKey instead, shared across identities.
 package coalesce
 
 import (
@@ -94,6 +98,26 @@ type Coalescer struct {
 
 	mu    sync.Mutex
 	slots map[Key]*slot
+	// serving counts, per ReviewedKey, the requests being served that could share under it
+	// (Track); a key is in it only while some are.
+	serving map[Key]int
+}
+
+// Track says whether another request that could share under the reviewed key rk is being
+// served now (a storm: worth an access review to share across identities), and counts this
+// one until done is called. A lone request so costs no review.
+func (c *Coalescer) Track(rk Key) (busy bool, done func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	busy = c.serving[rk] > 0
+	c.serving[rk]++
+	return busy, func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.serving[rk]--; c.serving[rk] <= 0 {
+			delete(c.serving, rk)
+		}
+	}
 }
 
 // lagBound is how far a member of a read may be behind its fastest member now: LagBytes, or
@@ -126,7 +150,7 @@ func New(cfg Config, send Send, m Metrics, log *zap.Logger) *Coalescer {
 	if cfg.TotalBytes <= 0 {
 		cfg.TotalBytes = DefaultTotalBytes
 	}
-	return &Coalescer{cfg: cfg, send: send, m: m, log: log, slots: map[Key]*slot{}}
+	return &Coalescer{cfg: cfg, send: send, m: m, log: log, slots: map[Key]*slot{}, serving: map[Key]int{}}
 }
 
 // Serve serves r, of the given key and kind (Classify), going with cred, from an upstream read

@@ -52,19 +52,22 @@ func (s *Server) sendCoalesced(ctx context.Context, r *http.Request, cred upstre
 
 // serveCoalesced serves a read Classify found coalescable; when a bound keeps it out, as the
 // routes after this one would (the list route or the pass-through). A list with credentials of
-// its own (a token, an asserted certificate, an impersonation of the lent identity) of a
-// group-version the apiserver serves itself shares with every identity allowed it, once an
-// access review with its own credentials allowed it (docs/design.md section 15); otherwise, or
-// when the review says anything but allowed, only with its own principal, and the apiserver
-// answers its read.
+// its own (a token, an asserted certificate) of a group-version the apiserver serves itself,
+// arriving while another request of the same list is served (a storm), shares with every
+// identity allowed it, once an access review with its own credentials allowed it
+// (docs/design.md section 15); otherwise, or when the review says anything but allowed, only
+// with its own principal, and the apiserver answers its read.
 func (s *Server) serveCoalesced(w http.ResponseWriter, r *http.Request, c *classified) {
 	key := c.coalesceKey
-	if rk, ok := coalesce.ReviewedKey(r, c.coalesceKind); ok && !c.cred.Lent() && s.local.Local(c.info.APIGroup, c.info.APIVersion) &&
-		s.watch.ReviewList(r, &c.info, c.cred) {
-		key = rk
-	}
-	if r.Context().Err() != nil {
-		return // the client left during the review
+	if rk, ok := coalesce.ReviewedKey(r, c.coalesceKind); ok && !c.cred.Lent() {
+		busy, done := s.coalesce.Track(rk)
+		defer done()
+		if busy && s.local.Local(c.info.APIGroup, c.info.APIVersion) && s.watch.ReviewList(r, &c.info, c.cred) {
+			key = rk
+		}
+		if r.Context().Err() != nil {
+			return // the client left during the review
+		}
 	}
 	if s.coalesce.Serve(w, r, key, c.coalesceKind, c.cred) {
 		return

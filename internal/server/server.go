@@ -42,7 +42,7 @@ type Server struct {
 	coalesce *coalesce.Coalescer
 	// local says which group-versions the apiserver serves itself (localapi); set in New.
 	local *localapi.Catalog
-	guard    *guard
+	guard *guard
 	// tls is the main listener's TLS material, reloaded when its files change; nil: plain HTTP.
 	tls *tlsFiles
 	// sources bounds what one source holds of the main listener; nil: no per-source limits.

@@ -187,27 +187,40 @@ func TestCoalescedListStormRealAPIServer(t *testing.T) {
 	const wave = 30
 	results := make([]syncResult, 2*wave)
 	var clients sync.WaitGroup
+	launch := func(i int, token string) {
+		clients.Add(1)
+		go func() {
+			defer clients.Done()
+			results[i] = listAll(hc, base, token, limit)
+		}()
+	}
 	run := func(from int) {
 		for i := from; i < from+wave; i++ {
-			clients.Add(1)
-			go func(i int) {
-				defer clients.Done()
-				token := c.UserToken
-				if i%2 == 1 {
-					token = c.Tokens["storm-reader"]
-				}
-				results[i] = listAll(hc, base, token, limit)
-			}(i)
+			token := c.UserToken
+			if i%2 == 1 {
+				token = c.Tokens["storm-reader"]
+			}
+			launch(i, token)
 		}
 	}
-	run(0)
-	// Wave 1 is in: one read on the wire (held), the rest joined the one pending, both
-	// identities (each allowed by a review of its own): one upstream list, not one each.
-	eventually(t, 30*time.Second, "wave 1 coalesced, its read held in flight", func() bool {
-		return layer.Stats().ListsHeld >= 1 && coalesced() >= wave-2
-	})
-	if got := p.Metric("watchsan_coalesce_upstream_reads_total", listKind); got != 1 {
-		t.Errorf("%v upstream lists for wave 1 of two identities allowed to list, want 1 (shared once reviewed)", got)
+	// Wave 1: a first list of the limited user, alone (its own principal's read: a lone list
+	// costs no review), held in flight; a second one, which finds the first being served and
+	// so is reviewed and opens the read shared across identities, held too; then the other
+	// identity's 28, each reviewed, which join that shared read's pending one. Without sharing
+	// across identities they would send a third read.
+	launch(0, c.UserToken)
+	eventually(t, 30*time.Second, "the first list held in flight", func() bool { return layer.Stats().ListsHeld >= 1 })
+	launch(1, c.UserToken)
+	eventually(t, 30*time.Second, "the first shared read held in flight", func() bool { return layer.Stats().ListsHeld >= 2 })
+	for i := 2; i < wave; i++ {
+		launch(i, c.Tokens["storm-reader"])
+	}
+	eventually(t, 30*time.Second, "wave 1 coalesced", func() bool { return coalesced() >= wave-3 })
+	if got := p.Metric("watchsan_coalesce_upstream_reads_total", listKind); got != 2 {
+		t.Errorf("%v upstream lists for wave 1, want 2 (the first alone, the rest of both identities shared once reviewed)", got)
+	}
+	if got := p.Metric("watchsan_shared_feed_access_reviews_total", map[string]string{"result": "allowed"}); got < 1 {
+		t.Errorf("%v access reviews allowed, want at least one per identity", got)
 	}
 	var refused syncResult
 	clients.Add(1)
@@ -215,7 +228,7 @@ func TestCoalescedListStormRealAPIServer(t *testing.T) {
 		defer clients.Done()
 		refused = listAll(hc, base, c.Tokens["storm-nobody"], limit)
 	}()
-	eventually(t, 30*time.Second, "the identity without rights' own list sent", func() bool { return layer.Stats().ListsHeld >= 2 })
+	eventually(t, 30*time.Second, "the identity without rights' own list sent", func() bool { return layer.Stats().ListsHeld >= 3 })
 	late, err := admin.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "storm-late"}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -298,4 +311,79 @@ func TestCoalescedListStormRealAPIServer(t *testing.T) {
 	}
 	t.Logf("discovery: %d clients, %d upstream requests", len(bodies), layer.Stats().Requests-discBefore)
 	p.requireProxied(float64(clientReads), nil)
+}
+
+// A member of a coalesced read that stops reading is ended once it is --coalesce-lag-bytes
+// behind (its response cut: its client sees an error and retries, never a short answer), and
+// the member reading along gets the whole answer without waiting for it.
+func TestCoalescedReadLaggingMemberRealAPIServer(t *testing.T) {
+	c := newCluster(t, cluster.Options{})
+	admin, err := kubernetes.NewForConfig(c.RESTConfig(0, c.AdminToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 4*time.Minute)
+	const ns, objects = cluster.LimitedNamespace, 24
+	big := map[string]string{"v": strings.Repeat("y", 900<<10)} // 24 x 900 KiB: more than any socket buffers hold
+	for i := 0; i < objects; i++ {
+		if _, err := admin.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("big-%02d", i)}, Data: big}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	layer, upstreamURL := coalesceUpstream(t, c)
+	p := startProxy(t, "--upstream="+upstreamURL, "--no-credentials", "--log-level=info", "--coalesce-lag-bytes=65536")
+	waitUpstreamUp(t, p, upstreamURL)
+	gate := faults.NewGate()
+	if err := layer.Set(faults.Faults{HoldListAnswers: gate}); err != nil {
+		t.Fatal(err)
+	}
+	defer gate.Open()
+	u := p.URL + "/api/v1/namespaces/" + ns + "/configmaps"
+	get := func() (*http.Response, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+		req.Header.Set("Authorization", "Bearer "+c.UserToken)
+		req.Header.Set("Accept", "application/json")
+		req.Header.Set("Accept-Encoding", "identity")
+		return (&http.Transport{}).RoundTrip(req)
+	}
+	type answer struct {
+		resp *http.Response
+		err  error
+	}
+	// A first read, held in flight, so that the two clients below join the same pending one.
+	blockerc, slowc, fastc := make(chan answer, 1), make(chan answer, 1), make(chan answer, 1)
+	go func() { r, err := get(); blockerc <- answer{r, err} }()
+	eventually(t, 30*time.Second, "the first read held", func() bool { return layer.Stats().ListsHeld >= 1 })
+	go func() { r, err := get(); slowc <- answer{r, err} }()
+	go func() { r, err := get(); fastc <- answer{r, err} }()
+	eventually(t, 30*time.Second, "the two clients joined one pending read", func() bool {
+		return p.Metric("watchsan_coalesced_reads_total", map[string]string{"kind": "list"}) >= 1
+	})
+	gate.Open()
+	blocker := <-blockerc
+	if blocker.err != nil {
+		t.Fatal(blocker.err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, blocker.resp.Body); blocker.resp.Body.Close() }()
+	// The slow client reads nothing until the end; the fast one must get everything meanwhile.
+	fast := <-fastc
+	if fast.err != nil || fast.resp.StatusCode != http.StatusOK {
+		t.Fatalf("fast client: %v %v", fast.err, fast.resp)
+	}
+	var list cmPage
+	if err := json.NewDecoder(fast.resp.Body).Decode(&list); err != nil || len(list.Items) != objects {
+		t.Fatalf("fast client: %v, %d items, want %d", err, len(list.Items), objects)
+	}
+	fast.resp.Body.Close()
+	slow := <-slowc
+	if slow.err != nil || slow.resp.StatusCode != http.StatusOK {
+		t.Fatalf("slow client: %v %v", slow.err, slow.resp)
+	}
+	defer slow.resp.Body.Close()
+	eventually(t, 30*time.Second, "the slow member ended for lagging", func() bool {
+		return p.Metric("watchsan_coalesce_lagging_members_total", map[string]string{"kind": "list"}) >= 1
+	})
+	if n, err := io.Copy(io.Discard, slow.resp.Body); err == nil {
+		t.Errorf("the lagging client read %d bytes and a clean end: a short answer, want an error", n)
+	}
 }
