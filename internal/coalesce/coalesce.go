@@ -223,7 +223,7 @@ func (c *Coalescer) finished(f *flight) {
 		return
 	}
 	s.sent = nil
-	if f.fixed && f.holdsAll() {
+	if f.fixed && f.holdsAllServing() {
 		s.last = f // forgotten once its last member leaves (forget) or the next read ends
 	}
 	if s.next != nil {

@@ -94,11 +94,12 @@ func (f *flight) joinLate(maxMembers int) *member {
 	return m
 }
 
-// holdsAll says whether f still holds its whole answer: nothing dropped, no broken body.
-func (f *flight) holdsAll() bool {
+// holdsAllServing says whether f still holds its whole answer (nothing dropped, no broken
+// body) and has members: a member left to leave will tell the Coalescer to forget it.
+func (f *flight) holdsAllServing() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.holdsAllLocked()
+	return f.holdsAllLocked() && len(f.live) > 0
 }
 
 func (f *flight) holdsAllLocked() bool { return f.dropped == 0 && !(f.done && f.bodyErr != nil) }
