@@ -6,7 +6,8 @@
 // The rule is ReadIndex batching (Raft, section 6.4): a request joins only an upstream read
 // that has not begun yet. Per key there is at most one read on the wire and one pending; a
 // request that arrives while one is on the wire joins the pending one, which is sent as soon
-// as the one on the wire has been read to its end. Every answer a client gets therefore comes
+// as the one on the wire is answered (its status and headers: the apiserver has read the state
+// it answers with). Every answer a client gets therefore comes
 // from a read the apiserver received after the client's request arrived, with the same path,
 // query, headers and credentials: an answer the apiserver could have given that request
 // itself. So a write made before a client's read began is in its answer whenever the
@@ -22,9 +23,11 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"k8s.io/utils/clock"
 
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -39,6 +42,10 @@ const (
 	DefaultLagBytes = 16 << 20
 	// DefaultTotalBytes bounds what every read buffers together.
 	DefaultTotalBytes = 256 << 20
+	// keepFixed is how long a continue page's answer is kept after its last member left, for
+	// the clients of the same snapshot still coming (a wave's clients reach their next page
+	// seconds apart: docs/design.md section 15). The answer is the token's whenever it is read.
+	keepFixed = 5 * time.Second
 	// chunkSize is what one read of the upstream body asks for.
 	chunkSize = 32 << 10
 )
@@ -61,6 +68,8 @@ type Config struct {
 	// chunks), so a read over its share ends its lagging members rather than growing. Every
 	// read buffers at most its bound and two chunks. 0: DefaultTotalBytes.
 	TotalBytes int64
+	// Clock times how long a finished continue page is kept. Nil: the real clock.
+	Clock clock.WithDelayedExecution
 }
 
 // Send sends one upstream read: r is a request of its key's, with ctx as its context, cred
@@ -129,9 +138,9 @@ func (c *Coalescer) lagBound() int64 {
 	return min(c.cfg.LagBytes, max(2*chunkSize, c.cfg.TotalBytes/max(c.reading.Load(), 1)))
 }
 
-// slot is a key's read on the wire (sent) and the one pending (next; nil: none); for a key whose
-// answer is fixed (Snapshot), last is its latest read while it still holds its whole answer for
-// members writing it (nil: none).
+// slot is a key's read on the wire and not yet answered (sent) and the one pending (next; nil:
+// none); for a key whose answer is fixed (Snapshot), last is its latest answered read, joinable
+// while it holds its whole answer (nil: none).
 type slot struct {
 	sent, next, last *flight
 }
@@ -149,6 +158,9 @@ func New(cfg Config, send Send, m Metrics, log *zap.Logger) *Coalescer {
 	}
 	if cfg.TotalBytes <= 0 {
 		cfg.TotalBytes = DefaultTotalBytes
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
 	}
 	return &Coalescer{cfg: cfg, send: send, m: m, log: log, slots: map[Key]*slot{}, serving: map[Key]int{}}
 }
@@ -213,9 +225,12 @@ func (c *Coalescer) start(s *slot) {
 	go f.run() // ends when the upstream body is read to its end, fails, or every member left
 }
 
-// finished is told that f, on the wire, has been read to its end (or failed): the pending
-// read of its key, if any, goes on the wire now.
-func (c *Coalescer) finished(f *flight) {
+// answered is told that f, on the wire, has its answer's status and headers (or failed): the
+// apiserver has read the state it answers with, so the read is no longer in flight in the
+// ReadIndex sense, and the pending read of its key, if any, goes on the wire now. Waiting for
+// f's body to end instead would make the pending read's members wait for f's, since f is read
+// no faster than its fastest member (docs/design.md section 15).
+func (c *Coalescer) answered(f *flight, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.slots[f.key]
@@ -223,8 +238,8 @@ func (c *Coalescer) finished(f *flight) {
 		return
 	}
 	s.sent = nil
-	if f.fixed && f.holdsAllServing() {
-		s.last = f // forgotten once its last member leaves (forget) or the next read ends
+	if f.fixed && ok && f.holdsAllServing() {
+		s.last = f // joinable while it holds its whole answer; forgotten when it is done (forget)
 	}
 	if s.next != nil {
 		c.start(s)

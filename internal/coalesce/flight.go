@@ -50,6 +50,9 @@ type flight struct {
 	bodyErr error
 	// cancel ends the upstream read (set by run once sent).
 	cancel context.CancelFunc
+	// kept: a fixed read, read to its end, whose members all left, kept for keepFixed for
+	// later members (joinLate); expired once that passed and no member came.
+	kept, expired bool
 }
 
 // member is one request a flight serves; its fields are guarded by the flight's mu.
@@ -85,7 +88,7 @@ func (f *flight) joinLate(maxMembers int) *member {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if !f.holdsAllLocked() || len(f.live) == 0 || f.count >= maxMembers {
+	if !f.holdsAllLocked() || (len(f.live) == 0 && !(f.kept && !f.expired)) || f.count >= maxMembers {
 		return nil
 	}
 	m := &member{}
@@ -99,7 +102,7 @@ func (f *flight) joinLate(maxMembers int) *member {
 func (f *flight) holdsAllServing() bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.holdsAllLocked() && len(f.live) > 0
+	return f.holdsAllLocked() && (len(f.live) > 0 || (f.kept && !f.expired))
 }
 
 func (f *flight) holdsAllLocked() bool { return f.dropped == 0 && !(f.done && f.bodyErr != nil) }
@@ -114,15 +117,35 @@ func (f *flight) leave(m *member) {
 	}
 	delete(f.live, m)
 	last := len(f.live) == 0
-	if last && f.cancel != nil {
+	keep := last && f.fixed && f.done && f.bodyErr == nil && f.dropped == 0 && !f.expired &&
+		f.c.buffered.Load() <= f.c.cfg.TotalBytes
+	if last && f.cancel != nil && !f.done {
 		f.cancel()
 	}
+	f.kept = f.kept || keep
 	f.trim()
 	f.cond.Broadcast()
 	f.mu.Unlock()
-	if last && f.fixed {
+	switch {
+	case keep:
+		f.c.cfg.Clock.AfterFunc(keepFixed, f.expire) // ends after keepFixed
+	case last && f.fixed:
 		f.c.forget(f) // after f.mu: the Coalescer's mu comes first (join)
 	}
+}
+
+// expire ends the keeping of a fixed read whose members all left keepFixed ago, unless
+// members came meanwhile (the last of them keeps it again).
+func (f *flight) expire() {
+	f.mu.Lock()
+	if len(f.live) > 0 {
+		f.mu.Unlock()
+		return
+	}
+	f.expired = true
+	f.trim()
+	f.mu.Unlock()
+	f.c.forget(f)
 }
 
 // run sends the upstream read and reads its body into the chunks, never further ahead of the
@@ -134,9 +157,9 @@ func (f *flight) run() {
 	f.started, f.cancel = true, cancel
 	nobody := len(f.live) == 0
 	f.mu.Unlock()
-	defer f.c.finished(f) // the pending read of the key goes on the wire once this one is read
 	if nobody {
-		return // every member left before its turn
+		f.c.answered(f, false) // every member left before its turn
+		return
 	}
 	f.c.m.Members.WithLabelValues(f.kind).Observe(float64(f.count))
 	resp, release, err := f.c.send(ctx, f.upstreamRequest(ctx), f.cred)
@@ -147,6 +170,7 @@ func (f *flight) run() {
 	}
 	f.cond.Broadcast()
 	f.mu.Unlock()
+	f.c.answered(f, err == nil) // the pending read of the key goes on the wire now
 	if err != nil {
 		return
 	}
@@ -228,7 +252,7 @@ func (f *flight) evictLagging(bound int64) {
 // left); a fixed read keeps all of its answer while it has members and it is within the lag
 // bound, for the requests that may still join it (joinLate). f.mu is held.
 func (f *flight) trim() {
-	if f.fixed && len(f.live) > 0 && f.end <= f.c.lagBound() {
+	if f.fixed && !f.expired && (len(f.live) > 0 || f.kept) && f.end <= f.c.lagBound() {
 		return
 	}
 	slowest := f.end
