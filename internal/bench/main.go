@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -47,6 +48,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	phases := fs.String("phases", strings.Join(allPhases, ","), "what to measure, comma-separated; the sections of the others are kept from -out's results.json")
 	fanClients := fs.String("fanout-clients", "", "numbers of identical watches for the fan-out runs on a real kube-apiserver (default 10,100,1000)")
 	fanWrites := fs.Int("fanout-writes", 0, "configmaps written in each fan-out run (0: default)")
+	stormClients := fs.Int("storm-clients", 0, "clients a wave of the relist storm runs on a real kube-apiserver (0: default, 200)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -66,7 +68,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	cfg.Phases = map[string]bool{}
 	for _, p := range strings.Split(*phases, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case "throughput", "latency", "ttfe", "memory", "fanout":
+		case "throughput", "latency", "ttfe", "memory", "fanout", "storm":
 			cfg.Phases[p] = true
 		default:
 			fmt.Fprintf(stderr, "-phases: unknown phase %q\n", p)
@@ -74,7 +76,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if *reps > 0 {
-		cfg.Reps, cfg.LatencyReps, cfg.MemoryReps, cfg.FanOutReps = *reps, *reps, *reps, *reps
+		cfg.Reps, cfg.LatencyReps, cfg.MemoryReps, cfg.FanOutReps, cfg.StormReps = *reps, *reps, *reps, *reps, *reps
+	}
+	if *stormClients > 0 {
+		cfg.StormClients = *stormClients
 	}
 	if *events > 0 {
 		cfg.Events = *events
@@ -137,7 +142,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 }
 
 // allPhases are what -phases may name, in the order they run.
-var allPhases = []string{"throughput", "latency", "ttfe", "memory", "fanout"}
+var allPhases = []string{"throughput", "latency", "ttfe", "memory", "fanout", "storm"}
 
 // keepOthers fills res's sections of the phases this run did not measure from the results in
 // file, when there are any, so that one phase can be run again alone (-phases fanout) without
@@ -179,6 +184,13 @@ func keepOthers(file string, res *Results, ran map[string]bool) string {
 	keep("latency", len(old.Latency) > 0, func() { res.Latency = old.Latency })
 	keep("ttfe", len(old.TTFE) > 0, func() { res.TTFE = old.TTFE })
 	keep("memory", len(old.Memory) > 0, func() { res.Memory, res.MemoryEnv = old.Memory, old.MemoryEnv })
+	keep("storm", old.Storm != nil, func() {
+		res.Storm, res.StormAPIServer, res.StormEnv = old.Storm, old.StormAPIServer, old.StormEnv
+		if res.StormEnv == nil {
+			env := old.Env
+			res.StormEnv = &env
+		}
+	})
 	keep("fanout", len(old.FanOut) > 0, func() {
 		res.FanOut, res.FanOutAPIServer, res.FanOutEnv = old.FanOut, old.FanOutAPIServer, old.FanOutEnv
 		if res.FanOutEnv == nil {
@@ -203,14 +215,18 @@ func keepOthers(file string, res *Results, ran map[string]bool) string {
 			env := res.Env
 			res.FanOutEnv = &env
 		}
+		if ran["storm"] {
+			env := res.Env
+			res.StormEnv = &env
+		}
 		if ran["memory"] {
 			env := res.Env
 			res.MemoryEnv = &env
 		}
 		res.Env = old.Env
 	}
-	if len(kept) == 1 && kept[0] == "fanout" {
-		return "fanout" // the fan-out has paths of its own: no skipped path of its to keep
+	if !slices.ContainsFunc(kept, func(k string) bool { return k != "fanout" && k != "storm" }) {
+		return strings.Join(kept, ", ") // the fan-out and the storm have paths of their own: no skipped path of theirs to keep
 	}
 	for name, why := range old.Skipped {
 		if res.Skipped[name] == "" && !measured[name] {
@@ -284,6 +300,11 @@ func DefaultConfig() Config {
 		FanOutClients:     []int{10, 100, 1000},
 		FanOutWrites:      300,
 		FanOutReps:        3,
+		StormClients:      200,
+		StormObjects:      2000,
+		StormObjectBytes:  2048,
+		StormLimit:        500,
+		StormReps:         1,
 	}
 }
 
@@ -304,6 +325,7 @@ func ShortConfig() Config {
 	c.MemoryReps = 1
 	c.MemorySettle = 100 * time.Millisecond
 	c.FanOutClients, c.FanOutWrites, c.FanOutReps = []int{3}, 10, 1
+	c.StormClients, c.StormObjects, c.StormObjectBytes, c.StormLimit, c.StormReps = 4, 30, 256, 10, 1
 	return c
 }
 

@@ -380,6 +380,9 @@ func writeMarkdown(w io.Writer, r *Results) {
 	if len(r.FanOut) > 0 {
 		writeFanOut(p, r)
 	}
+	if r.Storm != nil && len(r.Storm.Samples) > 0 {
+		writeStorm(p, r)
+	}
 	if len(r.Skipped) > 0 {
 		p("## Skipped")
 		p("")

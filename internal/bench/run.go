@@ -65,7 +65,12 @@ type Config struct {
 	// FanOutReps repeats every fan-out run (a fresh watchsan each time); the median is reported.
 	FanOutReps int
 
-	// Phases selects what to measure: "throughput", "latency", "ttfe", "memory", "fanout"; nil: all.
+	// StormClients clients a wave sync StormObjects configmaps of StormObjectBytes each as
+	// lists of StormLimit a page, in two waves, on a real kube-apiserver (storm.go); StormReps
+	// repeats every mode (the median is reported).
+	StormClients, StormObjects, StormObjectBytes, StormLimit, StormReps int
+
+	// Phases selects what to measure: "throughput", "latency", "ttfe", "memory", "fanout", "storm"; nil: all.
 	Phases map[string]bool
 
 	Launcher Launcher `json:"-"`
@@ -103,6 +108,11 @@ type Results struct {
 	FanOutAPIServer string          `json:",omitempty"`
 	// FanOutEnv is what the fan-out was taken on, when (-phases) it ran apart from the rest.
 	FanOutEnv *Env `json:",omitempty"`
+	// Storm is the relist storm runs (storm.go) on a kube-apiserver of version StormAPIServer;
+	// StormEnv what they were taken on, when (-phases) they ran apart from the rest.
+	Storm          *StormResult `json:",omitempty"`
+	StormAPIServer string       `json:",omitempty"`
+	StormEnv       *Env         `json:",omitempty"`
 	// MemoryEnv is what the memory runs were taken on, when (-phases memory) they ran apart.
 	MemoryEnv *Env `json:",omitempty"`
 	// Skipped says why a path was not measured.
@@ -220,6 +230,9 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	}
 	if cfg.phase("fanout") && len(cfg.FanOutClients) > 0 {
 		r.fanout(ctx)
+	}
+	if cfg.phase("storm") && cfg.StormClients > 0 {
+		r.storm(ctx)
 	}
 
 	res.Env.LoadAfter = loadAvg()

@@ -3,6 +3,7 @@
 package config
 
 import (
+	"github.com/watchsan/watchsan/internal/coalesce"
 	"time"
 
 	"github.com/watchsan/watchsan/internal/fix"
@@ -149,6 +150,14 @@ type Config struct {
 	ShareExcludeResources []string
 	ShareMaxFeeds         int
 
+	// Coalesced reads (package coalesce): CoalesceReads switches them on; the rest bound them
+	// (members per upstream read, keys with a read, bytes a member may lag).
+	CoalesceReads      bool
+	CoalesceMaxMembers int
+	CoalesceMaxGroups  int
+	CoalesceLagBytes   int
+	CoalesceTotalBytes int64
+
 	// ShutdownDelay is how long readiness fails before the listeners close at shutdown.
 	ShutdownDelay   time.Duration
 	ShutdownTimeout time.Duration
@@ -210,6 +219,11 @@ func Default() Config {
 		ShareSubscriberBufferBytes: watch.DefaultShareSubscriberBytes,
 		ShareReviewCacheEntries:    watch.DefaultShareReviewEntries,
 		ShareMaxFeeds:              watch.DefaultShareMaxFeeds,
+		CoalesceReads:              true,
+		CoalesceMaxMembers:         coalesce.DefaultMaxMembers,
+		CoalesceMaxGroups:          coalesce.DefaultMaxGroups,
+		CoalesceLagBytes:           coalesce.DefaultLagBytes,
+		CoalesceTotalBytes:         coalesce.DefaultTotalBytes,
 
 		ClientHTTP2WriteByteTimeout: DefaultClientHTTP2WriteByteTimeout,
 		ClientHTTP2PingInterval:     DefaultClientHTTP2PingInterval,

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watchsan/watchsan/internal/coalesce"
 	"github.com/watchsan/watchsan/internal/watch"
 )
 
@@ -417,6 +418,33 @@ func TestShareExcludeAndMaxFeeds(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), want) {
 				t.Errorf("--share-max-feeds=%s: validate error %v lacks %q", max, err, want)
 			}
+		}
+	}
+}
+
+// The --coalesce-* bounds have their defaults, and every bad one is reported by one Validate;
+// --coalesce-reads=false turns coalescing off.
+func TestCoalesceFlags(t *testing.T) {
+	c, err := Load(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.CoalesceReads || c.CoalesceMaxMembers != coalesce.DefaultMaxMembers || c.CoalesceMaxGroups != coalesce.DefaultMaxGroups ||
+		c.CoalesceLagBytes != coalesce.DefaultLagBytes || c.CoalesceTotalBytes != coalesce.DefaultTotalBytes {
+		t.Errorf("defaults: %v %d %d %d %d", c.CoalesceReads, c.CoalesceMaxMembers, c.CoalesceMaxGroups, c.CoalesceLagBytes, c.CoalesceTotalBytes)
+	}
+	if c, err = Load([]string{"--coalesce-reads=false"}); err != nil || c.CoalesceReads {
+		t.Errorf("--coalesce-reads=false: %v, on %v", err, c.CoalesceReads)
+	}
+	c, err = Load([]string{"--coalesce-max-members=0", "--coalesce-max-groups=1000001", "--coalesce-lag-bytes=1000", "--coalesce-total-bytes=999"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Validate()
+	for _, want := range []string{"--coalesce-max-members 0: want 1 to 1000000", "--coalesce-max-groups 1000001: want 1 to 1000000",
+		"--coalesce-lag-bytes 1000: want 65536", "--coalesce-total-bytes 999: want --coalesce-lag-bytes (1000)"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("validate error %v lacks %q", err, want)
 		}
 	}
 }

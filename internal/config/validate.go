@@ -139,6 +139,20 @@ func (c *Config) Validate() error {
 	if c.ShareMaxFeeds < 1 || c.ShareMaxFeeds > 1000000 {
 		add("--share-max-feeds %d: want 1 to 1000000", c.ShareMaxFeeds)
 	}
+	if c.CoalesceMaxMembers < 1 || c.CoalesceMaxMembers > 1000000 {
+		add("--coalesce-max-members %d: want 1 to 1000000", c.CoalesceMaxMembers)
+	}
+	if c.CoalesceMaxGroups < 1 || c.CoalesceMaxGroups > 1000000 {
+		add("--coalesce-max-groups %d: want 1 to 1000000", c.CoalesceMaxGroups)
+	}
+	// Why at least 64 KiB: the reader reads 32 KiB chunks; a bound below two of them would end
+	// members that are merely one chunk behind.
+	if c.CoalesceLagBytes < 64<<10 || c.CoalesceLagBytes > 1<<30 {
+		add("--coalesce-lag-bytes %d: want 65536 to 1073741824", c.CoalesceLagBytes)
+	}
+	if c.CoalesceTotalBytes < int64(c.CoalesceLagBytes) || c.CoalesceTotalBytes > 64<<30 {
+		add("--coalesce-total-bytes %d: want --coalesce-lag-bytes (%d) to 68719476736", c.CoalesceTotalBytes, c.CoalesceLagBytes)
+	}
 	// Why: a joiner takes the events after its resourceVersion in one go; a buffer smaller
 	// than one event of the largest size would end every subscriber at its first big event.
 	if c.ShareSubscriberBufferBytes > 0 && c.ShareSubscriberBufferBytes < c.MaxFrameSize {

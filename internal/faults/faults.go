@@ -78,6 +78,13 @@ type Faults struct {
 	// proxy that does not know them does: the client never hears of progress on a quiet watch,
 	// and a watch-list informer never syncs (docs/design.md section 2).
 	DropBookmarks bool
+
+	// HoldListAnswers holds the answer of every list (a GET of a collection, not a watch): the
+	// apiserver is asked at once, so its read happens when the request arrives, and the
+	// answer, kept whole, reaches the client only once the gate is open (or the client
+	// left). A read that stays in flight while the test writes: what it answers is older than
+	// the write. Stats.ListsHeld counts the answers held. Nil: off.
+	HoldListAnswers *Gate
 }
 
 // Validate reports every problem with f at once, or nil.

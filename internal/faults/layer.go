@@ -98,6 +98,9 @@ func (l *Layer) Faults() Faults { return l.active.Load().Faults }
 func (l *Layer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	l.stats.requests.Add(1)
 	if !reqinfo.Parse(r).IsWatch() || r.Header.Get("Upgrade") != "" {
+		if hold := l.active.Load().HoldListAnswers; hold != nil && l.holdList(w, r, hold) {
+			return
+		}
 		l.next.ServeHTTP(w, r)
 		return
 	}

@@ -36,13 +36,15 @@ type Stats struct {
 	// UpstreamGarbage counts watch responses ended because the upstream stream was unreadable
 	// (malformed, truncated or oversized frames).
 	UpstreamGarbage int64
+	// ListsHeld counts list answers held (HoldListAnswers).
+	ListsHeld int64
 }
 
 type counters struct {
 	requests, endedImmediately                                     atomic.Int64
 	watches, refused503, goAways, deletesRewritten, deletesUnknown atomic.Int64
 	lookups, lookupsFailed, endedAfterDelete, resets, stalls       atomic.Int64
-	garbage, endedIdle, bookmarksDropped                           atomic.Int64
+	garbage, endedIdle, bookmarksDropped, listsHeld                atomic.Int64
 }
 
 // Stats returns the layer's counts since New.
@@ -63,6 +65,7 @@ func (l *Layer) Stats() Stats {
 		EndedImmediately: c.endedImmediately.Load(),
 		EndedIdle:        c.endedIdle.Load(),
 		BookmarksDropped: c.bookmarksDropped.Load(),
+		ListsHeld:        c.listsHeld.Load(),
 		UpstreamGarbage:  c.garbage.Load(),
 	}
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/watchsan/watchsan/internal/config"
 	"github.com/watchsan/watchsan/internal/metrics"
+	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/upstream"
 	"github.com/watchsan/watchsan/internal/watch"
 )
@@ -122,16 +123,26 @@ func (s *Server) onBreak(b *upstream.Backend, r watch.ResumeReason) {
 // not paged (the client's limit is dropped). When every upstream
 // answers 504 (an etcd restored from a backup starts below the mark), the mark is dropped.
 func (s *Server) listGuard(w http.ResponseWriter, r *http.Request, c *classified) {
-	plan := upstream.Plan{Credentials: c.cred}
-	info := c.info
+	r, plan, settle := s.raiseList(r, &c.info, upstream.Plan{Credentials: c.cred})
+	if settle == nil {
+		s.proxy.serve(w, r, c, plan)
+		return
+	}
+	s.proxy.serve(&onStatus{ResponseWriter: w, f: settle}, r, c, plan)
+}
+
+// raiseList is what listGuard sends for the list r (classified as info) with plan: r at the
+// high-water mark, its plan raised, and settle, to be called with the answer's status before
+// the client can read it (a client that retries at once after the 504 must find the mark
+// gone); or r and plan as they are, and a nil settle, when the guard does not apply.
+func (s *Server) raiseList(r *http.Request, info *reqinfo.Info, plan upstream.Plan) (*http.Request, upstream.Plan, func(code int)) {
 	q := r.URL.Query()
 	high, ok := uint64(0), false
 	if m := q.Get("resourceVersionMatch"); q.Get("resourceVersion") == "0" && (m == "" || m == "NotOlderThan") {
 		high, ok = s.pool.HighWater(info.GroupResource())
 	}
 	if !s.cfg.TimeTravelGuard || info.Verb != "list" || r.Method != http.MethodGet || !ok {
-		s.proxy.serve(w, r, c, plan)
-		return
+		return r, plan, nil
 	}
 	resource := info.GroupResource()
 	q.Set("resourceVersion", strconv.FormatUint(high, 10))
@@ -145,9 +156,7 @@ func (s *Server) listGuard(w http.ResponseWriter, r *http.Request, c *classified
 	r = r.WithContext(r.Context()) // a shallow copy: the client's request stays as it came
 	r.URL = &u
 	plan.RetryTooLarge = true
-	// The outcome is settled when the answer's status is known, before the client can read
-	// it: a client that retries at once after the 504 must find the mark gone.
-	hook := &onStatus{ResponseWriter: w, f: func(code int) {
+	return r, plan, func(code int) {
 		outcome := "sent"
 		if code == http.StatusGatewayTimeout {
 			outcome = "too-large"
@@ -156,8 +165,7 @@ func (s *Server) listGuard(w http.ResponseWriter, r *http.Request, c *classified
 				zap.String("resource", resource), zap.Uint64("resourceVersion", high))
 		}
 		s.metrics.Upstream.ListsRaised.WithLabelValues(outcome).Inc()
-	}}
-	s.proxy.serve(hook, r, c, plan)
+	}
 }
 
 // onStatus calls f once with the response's final status code, before that status is passed

@@ -11,6 +11,7 @@ import (
 	"github.com/gorilla/mux"
 
 	"github.com/watchsan/watchsan/internal/apistatus"
+	"github.com/watchsan/watchsan/internal/coalesce"
 	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -37,6 +38,9 @@ func (s *Server) classify(w http.ResponseWriter, r *http.Request, table *mux.Rou
 	headersDone(r) // the per-source limit of connections sending headers (sources.go)
 	c := &classified{info: reqinfo.Parse(r), cred: upstream.Decide(r.Header, r.TLS, s.cfg.Lend, s.cfg.Identity), id: requestID(r)}
 	c.ref = s.guard.refuse(r, c.cred)
+	if s.coalesce != nil && c.ref == nil && !c.info.IsWatch() {
+		c.coalesceKey, c.coalesceKind, c.coalescable = coalesce.Classify(r, &c.info, c.cred)
+	}
 	if c.ref == nil {
 		c.releaseHeaders, c.ref = s.headers.admit(r, c.cred.Anonymous())
 	}
@@ -70,6 +74,8 @@ func (rt route) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt(w, r, cla
 //	route         matches                                 policy
 //	refused       what the guard refuses (guard.go)       answered with its Status, counted; never sent upstream
 //	watch         a watch, as reqinfo classifies it        the watch pipeline: parsed, sanitized, resumed (internal/watch)
+//	coalesce      an identical read of one principal:     served from one upstream read begun after it arrived,
+//	              a list at RV "" or 0, discovery, OpenAPI shared with the identical reads arriving before it begins (coalesce.go)
 //	list          a GET list (time-travel guard on)        at resourceVersion=0: sent at the high-water mark (listGuard, ha.go)
 //	pass-through  everything else: verbs, discovery,      streamed as it is, upgrades (exec, attach, port-forward)
 //	              OpenAPI, upgrades                        spliced; retried before the response starts (upstream.Attempter)
@@ -86,6 +92,8 @@ func (s *Server) routes() *mux.Router {
 		Name("watch").Handler(route(func(w http.ResponseWriter, r *http.Request, c *classified) {
 		s.watch.Serve(w, r, &c.info, &c.cred, c.id)
 	}))
+	t.MatcherFunc(func(r *http.Request, _ *mux.RouteMatch) bool { return classifiedOf(r).coalescable }).
+		Name("coalesce").Handler(route(s.serveCoalesced))
 	t.MatcherFunc(func(r *http.Request, _ *mux.RouteMatch) bool {
 		return s.cfg.TimeTravelGuard && r.Method == http.MethodGet && classifiedOf(r).info.Verb == "list"
 	}).Name("list").Handler(route(s.listGuard))
@@ -108,6 +116,11 @@ type classified struct {
 	ref   *refusal // nil: not refused
 	id    string   // the request id (requestID)
 	route string   // the route that served it, for the access log
+	// coalescable: a read that may share an upstream read (coalesce.Classify), under
+	// coalesceKey, of coalesceKind; false (the zero value): it goes alone.
+	coalescable  bool
+	coalesceKey  coalesce.Key
+	coalesceKind string
 	// releaseHeaders gives its header bytes back to the budgets (headers.go) when it is done;
 	// never nil once classified.
 	releaseHeaders func()

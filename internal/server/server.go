@@ -23,6 +23,7 @@ import (
 
 	"github.com/watchsan/watchsan/internal/apistatus"
 	"github.com/watchsan/watchsan/internal/budget"
+	"github.com/watchsan/watchsan/internal/coalesce"
 	"github.com/watchsan/watchsan/internal/config"
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/localapi"
@@ -40,7 +41,11 @@ type Server struct {
 	pool      *upstream.Pool
 	watch     *watch.Handler
 	proxy     *passThrough
-	guard     *guard
+	// coalesce serves identical reads from one upstream read (--coalesce-reads); nil: off.
+	coalesce *coalesce.Coalescer
+	// local says which group-versions the apiserver serves itself (localapi); set in New.
+	local *localapi.Catalog
+	guard *guard
 	// tls is the main listener's TLS material, reloaded when its files change; nil: plain HTTP.
 	tls *tlsFiles
 	// sources bounds what one source holds of the main listener; nil: no per-source limits.
@@ -168,6 +173,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	if cfg.AdminAuth.On {
 		s.adminAuth = newAdminAuth(cfg.AdminAuth, attempts, log.Named("admin"))
 	}
+	s.local = s.localAPIs(log)
 	s.watch, err = watch.New(watch.Config{
 		Mode:          cfg.Fix,
 		Exempt:        cfg.FixExemptResources,
@@ -193,7 +199,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		ShareMaxFeeds:        cfg.ShareMaxFeeds,
 		ShareReviewEntries:   cfg.ShareReviewCacheEntries,
 	}, watch.Deps{Attempts: attempts, Metrics: s.metrics, Memory: memory, Done: s.watchesDone, Logger: log, OnBreak: s.onBreak,
-		ServedLocally: s.localAPIs(log).Local, Budget: mem, CutSlow: cutSlow,
+		ServedLocally: s.local.Local, Budget: mem, CutSlow: cutSlow,
 		Note: func(kind string, b *upstream.Backend, path, detail string) {
 			s.recent.add(kind, upstreamName(b), path, detail)
 		}})
@@ -233,6 +239,9 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	s.guard = &guard{cfg.Guard}
 	s.headers = newHeaderBudget(cfg.MaxHeaderBytesPerConnection, cfg.SourceHeaderBytes)
 	s.proxy = newPassThrough(attempts, log.Named("proxy"))
+	if cfg.CoalesceReads {
+		s.coalesce = s.newCoalescer()
+	}
 	return s, nil
 }
 

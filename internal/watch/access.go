@@ -367,3 +367,13 @@ func (h *Handler) sendReview(ctx context.Context, req *http.Request, cred upstre
 func (h *Handler) countReview(result string) {
 	h.deps.Metrics.SharedAccessReviews.WithLabelValues(result).Inc()
 }
+
+// ReviewList says whether the apiserver allows the client of the list r (classified as info,
+// going with cred) to list its scope: an access review with its own credentials, begun after r
+// arrived and coalesced with identical ones as a watch's are (package coalesce then lets it
+// share a list with the other identities allowed it, docs/design.md section 18). False for
+// credentials that are not reviewed (needsReview: the lent identity, anonymous), on any answer
+// but allowed, and when the client left before the answer.
+func (h *Handler) ReviewList(r *http.Request, info *reqinfo.Info, cred upstream.Credentials) bool {
+	return needsReview(cred) && h.reviewVerb(r.Context(), r, info, cred, credentialsKey(r, cred), "list") == ""
+}
