@@ -47,6 +47,7 @@ func (s *Server) sendCoalesced(ctx context.Context, r *http.Request, cred upstre
 	if settle != nil {
 		settle(at.Resp.StatusCode)
 	}
+	warnLentRefused(at.Resp, cred)
 	return at.Resp, func() { at.Cancel(nil) }, nil
 }
 

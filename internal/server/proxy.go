@@ -55,9 +55,7 @@ func (p *passThrough) serve(w http.ResponseWriter, r *http.Request, c *classifie
 		// client is told whose credentials it refused (a Warning, which kubectl and client-go
 		// print), and the response is otherwise as it came.
 		ModifyResponse: func(resp *http.Response) error {
-			if resp.StatusCode == http.StatusUnauthorized && plan.Credentials.Lent() {
-				resp.Header.Add("Warning", lentRefusedWarning)
-			}
+			warnLentRefused(resp, plan.Credentials)
 			return nil
 		},
 		Transport:     p.attempts.Transport(plan),
@@ -80,6 +78,14 @@ func (p *passThrough) serve(w http.ResponseWriter, r *http.Request, c *classifie
 		},
 	}
 	rp.ServeHTTP(w, r)
+}
+
+// warnLentRefused adds lentRefusedWarning to the apiserver's 401 to the identity watchsan
+// lends: the pass-through's and a coalesced read's answer.
+func warnLentRefused(resp *http.Response, cred upstream.Credentials) {
+	if resp.StatusCode == http.StatusUnauthorized && cred.Lent() {
+		resp.Header.Add("Warning", lentRefusedWarning)
+	}
 }
 
 // lentRefusedWarning is the Warning (RFC 9111 section 5.5 format, code 299) added to the
