@@ -319,7 +319,7 @@ func (f *flight) serve(w http.ResponseWriter, r *http.Request, m *member) {
 		apistatus.Write(w, apistatus.ForUpstreamError(upstream.Name(err), err))
 		return
 	}
-	copyHeader(w.Header(), header)
+	upstream.CopyEndToEnd(w.Header(), header)
 	w.WriteHeader(status)
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
@@ -364,25 +364,5 @@ func (f *flight) serve(w http.ResponseWriter, r *http.Request, m *member) {
 			return
 		}
 		f.cond.Wait()
-	}
-}
-
-// hopHeaders are connection-level headers never relayed (RFC 9110 7.6.1).
-var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
-
-// copyHeader copies the apiserver's response headers src into a member's dst but the
-// hop-by-hop ones. The values are src's, shared read-only.
-func copyHeader(dst, src http.Header) {
-	for k, vv := range src {
-		dst[k] = vv[:len(vv):len(vv)]
-	}
-	for _, k := range hopHeaders {
-		dst.Del(k)
-	}
-	for _, f := range src.Values("Connection") {
-		for _, k := range strings.Split(f, ",") {
-			dst.Del(strings.TrimSpace(k))
-		}
 	}
 }

@@ -276,7 +276,7 @@ func (h *Handler) reviewRequest(r *http.Request, ra *authorizationv1.ResourceAtt
 	})
 	out := (&http.Request{Method: http.MethodPost, URL: &url.URL{Path: reviewPath}, Header: make(http.Header, len(r.Header)+2),
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1}).WithContext(context.Background())
-	copyHeader(out.Header, r.Header)
+	upstream.CopyEndToEnd(out.Header, r.Header)
 	for _, k := range []string{"Accept-Encoding", "Content-Length", "Content-Encoding", "If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since"} {
 		out.Header.Del(k)
 	}

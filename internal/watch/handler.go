@@ -615,35 +615,13 @@ func identity(h http.Header) bool {
 	return ce == "" || ce == "identity"
 }
 
-// hopHeaders are connection-level headers never relayed (RFC 9110 7.6.1).
-var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
-
-// copyHeader copies src's headers into dst but the hop-by-hop ones. The values are src's,
-// shared, not copied (a watch's response holds its copy for the watch's life): nothing writes
-// a header's values in place, and each is capped at its length, so that an append to dst's
-// makes a slice of its own and never writes into src's.
-func copyHeader(dst, src http.Header) {
-	for k, vv := range src {
-		dst[k] = vv[:len(vv):len(vv)]
-	}
-	for _, k := range hopHeaders {
-		dst.Del(k)
-	}
-	for _, f := range src.Values("Connection") {
-		for _, k := range strings.Split(f, ",") {
-			dst.Del(strings.TrimSpace(k))
-		}
-	}
-}
-
 // relay copies a response as it is, flushing each read, and ends the attempt. Each write has
 // out's timeout; it reports whether the client did not take one within it.
 func relay(out *batchWriter, at upstream.Attempt) (slow bool) {
 	resp := at.Resp
 	defer at.Cancel(nil)
 	defer resp.Body.Close()
-	copyHeader(out.w.Header(), resp.Header)
+	upstream.CopyEndToEnd(out.w.Header(), resp.Header)
 	out.w.WriteHeader(resp.StatusCode)
 	buf := make([]byte, 32<<10)
 	for {

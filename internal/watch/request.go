@@ -44,7 +44,7 @@ func (f *feed) requestFrom(first bool, rv string) *http.Request {
 	out.Body = nil
 	out.ContentLength = 0
 	out.Header = make(http.Header, len(f.client.Header))
-	copyHeader(out.Header, f.client.Header)
+	upstream.CopyEndToEnd(out.Header, f.client.Header)
 	out.Header.Del("Accept-Encoding")
 	upstream.SetForwarded(out, f.client)
 	return out

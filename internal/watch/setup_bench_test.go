@@ -7,11 +7,13 @@ import (
 	"testing"
 
 	"k8s.io/utils/clock"
+
+	"github.com/watchsan/watchsan/internal/upstream"
 )
 
 // BenchmarkWatchSetup is the garbage a watch makes before its first event: the template of
 // each upstream attempt (requestFrom; the Attempter clones it again for the backend), and the
-// upstream's response headers copied into the client's response (copyHeader, in
+// upstream's response headers copied into the client's response (upstream.CopyEndToEnd, in
 // subscriber.start), which that response holds for the watch's life.
 func BenchmarkWatchSetup(b *testing.B) {
 	r := httptest.NewRequest(http.MethodGet, "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=1000&allowWatchBookmarks=true", nil)
@@ -41,7 +43,7 @@ func BenchmarkWatchSetup(b *testing.B) {
 		for b.Loop() {
 			h := make(http.Header, 8)
 			h["X-Request-Id"] = []string{"id"}
-			copyHeader(h, resp)
+			upstream.CopyEndToEnd(h, resp)
 		}
 	})
 }

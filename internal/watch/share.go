@@ -934,7 +934,7 @@ func (sf *sharedFeed) serve(w http.ResponseWriter, r *http.Request, m *member, p
 	if m == sf.opener {
 		hdr = sf.openerHeader
 	}
-	copyHeader(w.Header(), hdr)
+	upstream.CopyEndToEnd(w.Header(), hdr)
 	w.Header().Del("Content-Length")
 	detach := r.ProtoMajor == 1 && r.ProtoMinor >= 1 && !h.noDetach && !h.stopping()
 	if detach {

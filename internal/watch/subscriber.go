@@ -12,6 +12,7 @@ import (
 
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/stream"
+	"github.com/watchsan/watchsan/internal/upstream"
 )
 
 // subscriber is one client response fed by a feed: what the client asked for (its format, its
@@ -71,7 +72,7 @@ func newSubscriber(h *Handler, w http.ResponseWriter, r *http.Request, p params,
 // connection (own.go), and leave is called when the client leaves.
 func (s *subscriber) start(format stream.Format, hdr http.Header, fs *fix.Stream, leave func()) {
 	s.fix, s.format = fs, format
-	copyHeader(s.w.Header(), hdr)
+	upstream.CopyEndToEnd(s.w.Header(), hdr)
 	s.w.Header().Del("Content-Length")
 	own := s.h.mayOwn(s.client)
 	if own {
