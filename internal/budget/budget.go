@@ -15,6 +15,7 @@ package budget
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -62,6 +63,7 @@ type Budget struct {
 	open     map[*Account]struct{}
 	evicting atomic.Bool
 	pending  atomic.Int64 // asked to end, not closed yet
+	lastScan atomic.Int64 // when relieveLater last started a scan, unix nanoseconds
 	evicted  atomic.Int64
 
 	maxDesc, heldDesc, refusedDesc, accountsDesc, endedDesc *prometheus.Desc
@@ -279,11 +281,23 @@ func (a *Account) Take(k Kind, n int64) bool {
 func (b *Budget) fair() int64 { return b.high / maxInt(b.accounts.Load(), 1) }
 
 // relieveLater runs relieve off the caller's locks (an account's Take may hold its holder's).
+// At most one scan per relieveEvery: Takes past the high mark come from every subscriber's
+// queue on every event, and a scan is over every account; one that found no one to end would
+// otherwise be repeated at each of them.
 func (b *Budget) relieveLater() {
-	if !b.evicting.Load() && b.pending.Load() == 0 {
-		go b.relieve()
+	if b.evicting.Load() || b.pending.Load() > 0 {
+		return
 	}
+	now := time.Now().UnixNano()
+	last := b.lastScan.Load()
+	if now-last < int64(relieveEvery) || !b.lastScan.CompareAndSwap(last, now) {
+		return
+	}
+	go b.relieve()
 }
+
+// relieveEvery spaces relieve's scans.
+const relieveEvery = 50 * time.Millisecond
 
 // Force counts n bytes of kind k for the account whatever the budget says: for what refusing
 // would cost more than holding (a joining subscriber's backlog, which refused would become an
