@@ -7,7 +7,6 @@ package e2e
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
@@ -967,11 +966,9 @@ func newFaultedAPIServer(t *testing.T, c *cluster.Cluster, i int) *faultedAPISer
 	target, _ := url.Parse(c.APIServers[i].URL)
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(c.CAData)
-	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, ForceAttemptHTTP2: true}
-	t.Cleanup(tr.CloseIdleConnections)
 	rp := &httputil.ReverseProxy{
 		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(target); pr.Out.Host = target.Host },
-		Transport: tr,
+		Transport: faultLayerTransport(t, roots),
 		ErrorLog:  log.New(io.Discard, "", 0),
 	}
 	f := &faultedAPIServer{layer: faults.New(rp, nil)}
