@@ -40,10 +40,13 @@ const (
 	Rings
 	// States: watches' states kept to absorb a 410, and absorbs' lists.
 	States
+	// Reads: coalesced upstream reads' answers, buffered for their members (package
+	// coalesce), which give way while memory is Short by ending their lagging members.
+	Reads
 	numKinds
 )
 
-var kindNames = [numKinds]string{"queues", "frames", "writers", "rings", "states"}
+var kindNames = [numKinds]string{"queues", "frames", "writers", "rings", "states", "reads"}
 
 func (k Kind) String() string { return kindNames[k] }
 
@@ -77,9 +80,9 @@ func New(max int64) *Budget {
 		high: max - max/8,
 		open: map[*Account]struct{}{},
 		maxDesc: prometheus.NewDesc("watchsan_memory_budget_bytes",
-			"The memory budget's total (--memory-budget-bytes): what queues, frames being read, write buffers, rings and 410 states may hold together.", nil, nil),
+			"The memory budget's total (--memory-budget-bytes): what queues, frames being read, write buffers, rings, 410 states and coalesced reads may hold together.", nil, nil),
 		heldDesc: prometheus.NewDesc("watchsan_memory_budget_held_bytes",
-			"Bytes of the memory budget held, by holder (queues, frames, writers, rings, states).", []string{"holder"}, nil),
+			"Bytes of the memory budget held, by holder (queues, frames, writers, rings, states, reads).", []string{"holder"}, nil),
 		refusedDesc: prometheus.NewDesc("watchsan_memory_budget_refusals_total",
 			"Requests for memory the budget refused, by holder and why: total (the budget was full) or share (past the high mark, the client held more than its fair share). A refused watch or subscriber is ended; its client re-watches.", []string{"holder", "why"}, nil),
 		endedDesc: prometheus.NewDesc("watchsan_memory_budget_ended_total",

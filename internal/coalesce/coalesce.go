@@ -29,6 +29,7 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/utils/clock"
 
+	"github.com/watchsan/watchsan/internal/budget"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
 
@@ -70,6 +71,11 @@ type Config struct {
 	TotalBytes int64
 	// Clock times how long a finished continue page is kept. Nil: the real clock.
 	Clock clock.WithDelayedExecution
+	// Budget is the process's memory budget, which what the reads buffer is counted in
+	// (budget.Reads): while it is Short, every read's lag bound is two chunks, so its lagging
+	// members are ended (their clients retry) and no finished read is kept for late joiners
+	// (docs/design.md section 15). Nil: the reads are bounded by TotalBytes alone.
+	Budget *budget.Budget
 }
 
 // Send sends one upstream read: r is a request of its key's, with ctx as its context, cred
@@ -130,12 +136,29 @@ func (c *Coalescer) Track(rk Key) (busy bool, done func()) {
 }
 
 // lagBound is how far a member of a read may be behind its fastest member now: LagBytes, or
-// while the reads hold more than TotalBytes together, the read's fair share of it.
+// while the reads hold more than TotalBytes together, the read's fair share of it, or while
+// the memory budget is Short, two chunks.
 func (c *Coalescer) lagBound() int64 {
-	if c.buffered.Load() <= c.cfg.TotalBytes {
+	switch {
+	case c.cfg.Budget.Short():
+		return 2 * chunkSize
+	case c.buffered.Load() <= c.cfg.TotalBytes:
 		return c.cfg.LagBytes
 	}
 	return min(c.cfg.LagBytes, max(2*chunkSize, c.cfg.TotalBytes/max(c.reading.Load(), 1)))
+}
+
+// roomy says whether the reads may keep what no member reads now: within TotalBytes
+// together, and the budget not Short.
+func (c *Coalescer) roomy() bool {
+	return c.buffered.Load() <= c.cfg.TotalBytes && !c.cfg.Budget.Short()
+}
+
+// hold counts n bytes a read buffers (n < 0: gives them back), in the reads' total and in the
+// memory budget; the one place either changes.
+func (c *Coalescer) hold(n int64) {
+	c.buffered.Add(n)
+	c.cfg.Budget.Charge(budget.Reads, n)
 }
 
 // slot is a key's read on the wire and not yet answered (sent) and the one pending (next; nil:

@@ -118,7 +118,7 @@ func (f *flight) leave(m *member) {
 	delete(f.live, m)
 	last := len(f.live) == 0
 	keep := last && f.fixed && f.done && f.bodyErr == nil && f.dropped == 0 && !f.expired &&
-		f.c.buffered.Load() <= f.c.cfg.TotalBytes
+		f.c.roomy()
 	if last && f.cancel != nil && !f.done {
 		f.cancel()
 	}
@@ -200,7 +200,7 @@ func (f *flight) run() {
 		if n > 0 {
 			f.chunks = append(f.chunks, buf[:n:n])
 			f.end += int64(n)
-			f.c.buffered.Add(int64(n))
+			f.c.hold(int64(n))
 			f.evictLagging(f.c.lagBound() + 2*chunkSize)
 		}
 		if rerr != nil {
@@ -262,7 +262,7 @@ func (f *flight) trim() {
 	for len(f.chunks) > 0 && f.base+int64(len(f.chunks[0])) <= slowest {
 		n := int64(len(f.chunks[0]))
 		f.base += n
-		f.c.buffered.Add(-n)
+		f.c.hold(-n)
 		f.chunks[0] = nil
 		f.chunks = f.chunks[1:]
 		f.dropped++

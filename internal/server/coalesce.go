@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 
+	"github.com/watchsan/watchsan/internal/budget"
 	"github.com/watchsan/watchsan/internal/coalesce"
 	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/upstream"
@@ -12,7 +13,7 @@ import (
 // newCoalescer is the coalescer of identical reads (--coalesce-reads, package coalesce), whose
 // upstream reads go as the routes would send the request alone: a list at resourceVersion 0
 // raised by the time-travel guard (raiseList), every one through the Attempter.
-func (s *Server) newCoalescer() *coalesce.Coalescer {
+func (s *Server) newCoalescer(mem *budget.Budget) *coalesce.Coalescer {
 	for _, k := range coalesce.Kinds {
 		s.metrics.CoalescedReads.WithLabelValues(k)
 		s.metrics.CoalesceUpstreamReads.WithLabelValues(k)
@@ -27,6 +28,7 @@ func (s *Server) newCoalescer() *coalesce.Coalescer {
 		MaxGroups:  s.cfg.CoalesceMaxGroups,
 		LagBytes:   int64(s.cfg.CoalesceLagBytes),
 		TotalBytes: s.cfg.CoalesceTotalBytes,
+		Budget:     mem,
 	}, s.sendCoalesced, coalesce.Metrics{
 		Coalesced:     s.metrics.CoalescedReads,
 		UpstreamReads: s.metrics.CoalesceUpstreamReads,

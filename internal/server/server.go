@@ -240,7 +240,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	s.headers = newHeaderBudget(cfg.MaxHeaderBytesPerConnection, cfg.SourceHeaderBytes)
 	s.proxy = newPassThrough(attempts, log.Named("proxy"))
 	if cfg.CoalesceReads {
-		s.coalesce = s.newCoalescer()
+		s.coalesce = s.newCoalescer(mem)
 	}
 	return s, nil
 }
