@@ -12,6 +12,7 @@ import (
 
 	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/stream"
+	"github.com/watchsan/watchsan/internal/upstream"
 )
 
 // The watch-list handoff (docs/design.md section 11). A watch-list
@@ -28,6 +29,13 @@ import (
 // private attempt end (the feed's pump ends it, endHandedOff); the client's stream, the same
 // response, goes on with the member's frames. Whatever keeps it from moving, it stays
 // private for its life, as without the handoff.
+//
+// A client with credentials of its own moves as any reviewed watch joins (access.go): only once
+// an access review sent at the bookmark allowed it to watch the scope (the apiserver authorized
+// its watch-list when it began, which is older than the join), onto the feed of its own
+// principal, or of every reviewed client for a group-version the apiserver serves itself
+// (feedPrincipal), with its review's facts kept for an absorb's list review. That is what lets
+// a tier of watchsans share the informers' watches of clients that forward their own tokens.
 
 // The values of watchsan_shared_feed_handoffs_total's result label (HandoffResults).
 const (
@@ -55,11 +63,14 @@ const (
 	handoffEndedBefore = "ended-before"
 	// handoffFeedLimit: no feed of the plain watch is open, and --share-max-feeds are.
 	handoffFeedLimit = "feed-limit"
+	// handoffDenied: the client has credentials of its own and the access review at its
+	// bookmark did not allow it to watch the scope (or failed).
+	handoffDenied = "denied"
 )
 
 // HandoffResults lists watchsan_shared_feed_handoffs_total's results (to initialise series).
 var HandoffResults = []string{handoffJoined, handoffOpened, handoffBehind, handoffNotCovered,
-	handoffNotJoinable, handoffBacklog, handoffFeedFailed, handoffEndedBefore, handoffFeedLimit}
+	handoffNotJoinable, handoffBacklog, handoffFeedFailed, handoffEndedBefore, handoffFeedLimit, handoffDenied}
 
 // handoffWait bounds how long a handoff waits, the private stream not read meanwhile, for the
 // feed's first answer and for a feed behind the private stream to catch up; after it the
@@ -71,6 +82,9 @@ const handoffWait = 3 * time.Second
 type handoff struct {
 	info reqinfo.Info // the watch's, for the feed it may open
 	sub  *subscriber  // the private feed's
+	// access is what the client's access review is made with when its credentials need one
+	// (needsReview); nil for the lent identity, which asks no review.
+	access *memberAccess
 	// newest is the highest resourceVersion of an object event the private stream delivered:
 	// a feed that has not delivered it yet is behind.
 	newest uint64
@@ -85,7 +99,7 @@ type handoff struct {
 // or nil when it cannot hand off: it is no watch-list the apiserver takes
 // (sendInitialEvents=true with resourceVersionMatch=NotOlderThan), its resourceVersion is no
 // integer, or its timeoutSeconds is over.
-func handoffFor(r *http.Request, info *reqinfo.Info, p params) *handoff {
+func handoffFor(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, p params) *handoff {
 	if !p.sendInitialEvents || p.timeout < 0 ||
 		r.URL.Query().Get("resourceVersionMatch") != string(metav1.ResourceVersionMatchNotOlderThan) {
 		return nil
@@ -93,7 +107,11 @@ func handoffFor(r *http.Request, info *reqinfo.Info, p params) *handoff {
 	if _, ok := stream.ParseRV(p.rv); !ok && p.rv != "" && p.rv != "0" {
 		return nil
 	}
-	return &handoff{info: *info}
+	ho := &handoff{info: *info}
+	if needsReview(cred) {
+		ho.access = newMemberAccess(r, info, cred, credentialsKey(r, cred))
+	}
+	return ho
 }
 
 func (ho *handoff) count(h *Handler, result string) {
@@ -135,6 +153,17 @@ func (ho *handoff) try(f *feed) bool {
 		ho.count(h, handoffEndedBefore) // the feed's next read ends the stream with the error
 		return false
 	}
+	if a := ho.access; a != nil {
+		// A fresh review, as for every reviewed join; the private stream waits for it.
+		switch why := h.reviewVerb(f.ctx, a.req, &a.info, a.cred, a.ck, "watch"); why {
+		case "":
+		case reviewClientGone:
+			ho.count(h, handoffEndedBefore)
+			return false
+		default:
+			return ho.stay(f, handoffDenied, at)
+		}
+	}
 	sf, m := ho.feedFor(f, at)
 	if sf == nil {
 		return ho.stay(f, handoffFeedLimit, at)
@@ -165,7 +194,7 @@ func (ho *handoff) try(f *feed) bool {
 		return ho.moved(f, sf, m, handoffOpened, at)
 	}
 	for {
-		m, result, wait := sf.handoffJoin(at, ho.newest, sub.allowBookmarks)
+		m, result, wait := sf.handoffJoin(at, ho.newest, sub.allowBookmarks, ho.access)
 		switch {
 		case m != nil:
 			return ho.moved(f, sf, m, handoffJoined, at)
@@ -190,7 +219,9 @@ func (ho *handoff) try(f *feed) bool {
 func (ho *handoff) feedFor(f *feed, at uint64) (*sharedFeed, *member) {
 	h := f.h
 	r := plainRequest(f.client, at)
-	key := feedKey(r, f.cred, false) // the lent identity itself (handoffFor): its feeds are "lent"
+	// The lent identity's feeds are "lent"; a reviewed client's its principal's, or every
+	// reviewed client's where the apiserver serves the group-version itself.
+	key := feedKey(r, f.cred, ho.access != nil && h.servedLocally(&ho.info))
 	g := h.feeds
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -200,9 +231,19 @@ func (ho *handoff) feedFor(f *feed, at uint64) (*sharedFeed, *member) {
 	if len(g.feeds) >= h.cfg.ShareMaxFeeds {
 		return nil, nil
 	}
-	// The private feed's state, complete at at, goes with it (share_state.go); lent: no review.
+	// The private feed's state, complete at at, goes with it (share_state.go).
 	st, why := handoffState(f)
-	return h.openFeed(key, r, &ho.info, f.cred, nil, strconv.FormatUint(at, 10), at, ho.sub.allowBookmarks, st, why)
+	var ck *credKey
+	if ho.access != nil {
+		ck = &ho.access.ck
+	}
+	sf, m := h.openFeed(key, r, &ho.info, f.cred, ck, strconv.FormatUint(at, 10), at, ho.sub.allowBookmarks, st, why)
+	if ho.access != nil {
+		sf.mu.Lock()
+		m.access = ho.access // under the registry's lock too, as join sets it
+		sf.mu.Unlock()
+	}
+	return sf, m
 }
 
 func (ho *handoff) moved(f *feed, sf *sharedFeed, m *member, result string, at uint64) bool {
@@ -258,7 +299,10 @@ type rvWaiter struct {
 // member.skip at: the feed will deliver every event after its newest, and those up to at the
 // client's initial events hold. Else it says why not, and when the feed is only behind, what
 // to wait on (the caller unwaits it if it gives up).
-func (sf *sharedFeed) handoffJoin(at, newest uint64, bookmarks bool) (*member, string, chan struct{}) {
+//
+// acc is what the member's access review was made with (nil: the lent identity's), set under
+// the registry's lock as join sets it, so no absorb sees the member without it.
+func (sf *sharedFeed) handoffJoin(at, newest uint64, bookmarks bool, acc *memberAccess) (*member, string, chan struct{}) {
 	g := sf.h.feeds
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -289,6 +333,7 @@ func (sf *sharedFeed) handoffJoin(at, newest uint64, bookmarks bool) (*member, s
 	if at > sf.last {
 		m.skip = at
 	}
+	m.access = acc
 	sf.h.deps.Metrics.SharedJoins.Inc()
 	return m, "", nil
 }

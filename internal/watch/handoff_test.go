@@ -452,3 +452,48 @@ func TestHandoffFeedLimit(t *testing.T) {
 		t.Error("a watch-list handed off beyond --share-max-feeds")
 	}
 }
+
+// Watch-lists of clients with tokens of their own hand off too, each once an access review sent
+// at its bookmark allowed it to watch the scope: two tokens' informers end on one upstream
+// watch, and each gets what a direct watch-list gets. A client whose rights were taken away
+// after the apiserver began its watch-list is refused at its bookmark: it stays on its own
+// stream, which the apiserver authorized, and joins no feed.
+func TestHandoffReviewedTokens(t *testing.T) {
+	x := newShareFixture(t, Config{})
+	x.write(t, "before", 3, 10)
+	direct := watchAt(t, x.direct.URL, watchList, nil, true)
+	direct.waitFor(t, "the direct watch-list", 4)
+	clients := []*client{watchAt(t, x.srv.URL, watchList, bearer("alice"), true), watchAt(t, x.srv.URL, watchList, bearer("bob"), true)}
+	x.waitHandedOff(t, 2)
+	testutil.Eventually(t, 10*time.Second, "one upstream watch for both tokens' watch-lists (and the direct one)", func() bool {
+		return x.api.OpenWatches() == 2
+	})
+	var watches int
+	for _, ra := range x.auth.sent() {
+		if ra.Verb == "watch" {
+			watches++
+		}
+	}
+	if watches != 2 || x.reviews(reviewAllowed) != 2 {
+		t.Errorf("%d watch reviews sent (%v allowed), want 2: one per handoff", watches, x.reviews(reviewAllowed))
+	}
+	x.write(t, "cm", 2, 10)
+	want := direct.waitFor(t, "the direct watch-list", 6)
+	for i, c := range clients {
+		sameEvents(t, fmt.Sprintf("watch-list %d", i), c.waitFor(t, fmt.Sprintf("watch-list %d", i), 6), want)
+	}
+
+	release := x.holdWatches(func(q url.Values) bool { return q.Get("labelSelector") == "held" })
+	opened := x.gate.watches.Load()
+	revoked := watchAt(t, x.srv.URL, watchList+"&labelSelector=held", bearer("bob"), true)
+	testutil.Eventually(t, 10*time.Second, "bob's watch-list sent upstream", func() bool { return x.gate.watches.Load() == opened+1 })
+	x.auth.unbind("bob")
+	release()
+	testutil.Eventually(t, 10*time.Second, "bob's handoff refused", func() bool {
+		return promtest.ToFloat64(x.m.SharedHandoffs.WithLabelValues(handoffDenied)) == 1
+	})
+	revoked.waitFor(t, "bob's watch-list, on its own stream", 1) // its initial-events-end bookmark
+	if got := x.handedOff(); got != 2 {
+		t.Errorf("%v handoffs, want the 2 allowed ones", got)
+	}
+}

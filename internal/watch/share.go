@@ -215,11 +215,11 @@ func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqi
 	if !h.shareExclude[info.GroupResource()] {
 		reason = shareRule(r, cred, p)
 	}
-	// A watch-list hands off onto a feed only with the lent identity itself: the handoff asks
-	// no access review (a client with its own credentials, or impersonating, keeps its
-	// watch-list private).
-	if reason == privateWatchList && lentPlain(cred) {
-		if ho := handoffFor(r, info, p); ho != nil {
+	// A watch-list hands off onto a feed with the lent identity itself, or with credentials
+	// of its own once reviewed at its bookmark (handoff.go); the lent identity impersonating
+	// keeps its watch-list private.
+	if reason == privateWatchList && (lentPlain(cred) || needsReview(cred)) {
+		if ho := handoffFor(r, info, cred, p); ho != nil {
 			return false, ho
 		}
 	}

@@ -162,7 +162,7 @@ func (sf *sharedFeed) absorbAdmit(st *metav1.Status) {
 	var refused []*member
 	for m := range sf.members {
 		if m.access == nil {
-			refused = append(refused, m) // a handoff's, never on a reviewed feed; refused rather than guessed
+			refused = append(refused, m) // never on a reviewed feed (join, handoffJoin); refused rather than guessed
 			continue
 		}
 		byCred[m.access.ck] = append(byCred[m.access.ck], m)
