@@ -233,17 +233,7 @@ func (ho *handoff) feedFor(f *feed, at uint64) (*sharedFeed, *member) {
 	}
 	// The private feed's state, complete at at, goes with it (share_state.go).
 	st, why := handoffState(f)
-	var ck *credKey
-	if ho.access != nil {
-		ck = &ho.access.ck
-	}
-	sf, m := h.openFeed(key, r, &ho.info, f.cred, ck, strconv.FormatUint(at, 10), at, ho.sub.allowBookmarks, st, why)
-	if ho.access != nil {
-		sf.mu.Lock()
-		m.access = ho.access // under the registry's lock too, as join sets it
-		sf.mu.Unlock()
-	}
-	return sf, m
+	return h.openFeed(key, r, &ho.info, f.cred, ho.access, strconv.FormatUint(at, 10), at, ho.sub.allowBookmarks, st, why)
 }
 
 func (ho *handoff) moved(f *feed, sf *sharedFeed, m *member, result string, at uint64) bool {
@@ -299,9 +289,7 @@ type rvWaiter struct {
 // member.skip at: the feed will deliver every event after its newest, and those up to at the
 // client's initial events hold. Else it says why not, and when the feed is only behind, what
 // to wait on (the caller unwaits it if it gives up).
-//
-// acc is what the member's access review was made with (nil: the lent identity's), set under
-// the registry's lock as join sets it, so no absorb sees the member without it.
+// acc is what the member's access review was made with (nil: the lent identity's).
 func (sf *sharedFeed) handoffJoin(at, newest uint64, bookmarks bool, acc *memberAccess) (*member, string, chan struct{}) {
 	g := sf.h.feeds
 	g.mu.Lock()
@@ -320,7 +308,7 @@ func (sf *sharedFeed) handoffJoin(at, newest uint64, bookmarks bool, acc *member
 		sf.waiters = append(sf.waiters, rvWaiter{rv: newest, ch: ch})
 		return nil, handoffBehind, ch
 	}
-	m, reason := sf.addLocked(min(at, sf.last), bookmarks)
+	m, reason := sf.addLocked(min(at, sf.last), bookmarks, acc)
 	switch reason {
 	case "":
 	case privateBacklog:
@@ -333,7 +321,6 @@ func (sf *sharedFeed) handoffJoin(at, newest uint64, bookmarks bool, acc *member
 	if at > sf.last {
 		m.skip = at
 	}
-	m.access = acc
 	sf.h.deps.Metrics.SharedJoins.Inc()
 	return m, "", nil
 }

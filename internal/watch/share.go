@@ -260,6 +260,11 @@ func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqi
 func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck *credKey, p params) (*sharedFeed, *member, string) {
 	at, _ := stream.ParseRV(p.rv)
 	key := feedKey(r, cred, !lentPlain(cred) && h.servedLocally(info)) // the lent identity's feeds ask no one
+	// What its review was made with, for an absorb's list review (share_state.go).
+	var acc *memberAccess
+	if ck != nil {
+		acc = newMemberAccess(r, info, cred, *ck)
+	}
 	g := h.feeds
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -270,36 +275,29 @@ func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Creden
 	)
 	switch {
 	case sf != nil:
-		if m, reason = sf.add(at, p.allowBookmarks); reason == "" {
+		if m, reason = sf.add(at, p.allowBookmarks, acc); reason == "" {
 			h.deps.Metrics.SharedJoins.Inc()
 		}
 	case len(g.feeds) >= h.cfg.ShareMaxFeeds:
 		return nil, nil, privateFeedLimit
 	default:
-		sf, m = h.openFeed(key, r, info, cred, ck, p.rv, at, p.allowBookmarks, nil, "")
-	}
-	if m != nil && ck != nil {
-		// What its review was made with, for an absorb's list review (share_state.go), set
-		// under the registry's lock, which absorbAdmit takes too.
-		acc := newMemberAccess(r, info, cred, *ck)
-		sf.mu.Lock()
-		m.access = acc
-		sf.mu.Unlock()
+		sf, m = h.openFeed(key, r, info, cred, acc, p.rv, at, p.allowBookmarks, nil, "")
 	}
 	return sf, m, reason
 }
 
 // openFeed opens the feed for key from resourceVersion rv (at), r its template, with a first
-// member at at; the registry's lock is held, and the caller has checked --share-max-feeds. ck
-// is the digest of cred when it was reviewed (access.go), nil for the lent identity. st is the
+// member at at; the registry's lock is held, and the caller has checked --share-max-feeds. acc
+// is what the first member's access review was made with (access.go), nil for the lent
+// identity: the feed is then a reviewed one. st is the
 // state a handoff moves onto it, complete at rv (nil: none, why says why; both zero: it
 // adopts the one parked at rv, share_state.go).
-func (h *Handler) openFeed(key string, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck *credKey, rv string, at uint64, bookmarks bool, st *feedState, why string) (*sharedFeed, *member) {
+func (h *Handler) openFeed(key string, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, acc *memberAccess, rv string, at uint64, bookmarks bool, st *feedState, why string) (*sharedFeed, *member) {
 	sf := h.newSharedFeed(key, r, info, cred, rv, at)
-	sf.reviewed = ck != nil
+	sf.reviewed = acc != nil
 	h.sharedState(sf, sf.f.client, cred, rv, st, why)
 	h.feeds.feeds[key] = sf
-	m, _ := sf.add(at, bookmarks)
+	m, _ := sf.add(at, bookmarks, acc)
 	sf.opener = m
 	h.deps.Metrics.SharedFeeds.Inc()
 	go sf.run() // exits when the feed ends: its last subscriber gone, shutdown, or its upstream's end
@@ -477,14 +475,17 @@ func (sf *sharedFeed) close(end EndReason) {
 
 // add makes a member at resourceVersion at, with the ring's events after it queued, or says
 // why it may not join. The registry's lock is held.
-func (sf *sharedFeed) add(at uint64, bookmarks bool) (*member, string) {
+func (sf *sharedFeed) add(at uint64, bookmarks bool, acc *memberAccess) (*member, string) {
 	sf.mu.Lock()
 	defer sf.mu.Unlock()
-	return sf.addLocked(at, bookmarks)
+	return sf.addLocked(at, bookmarks, acc)
 }
 
 // addLocked is add with mu held.
-func (sf *sharedFeed) addLocked(at uint64, bookmarks bool) (*member, string) {
+//
+// acc is what the member's access review was made with (nil: the lent identity's), given at
+// its making, so no absorb (absorbAdmit) ever sees a reviewed feed's member without it.
+func (sf *sharedFeed) addLocked(at uint64, bookmarks bool, acc *memberAccess) (*member, string) {
 	switch {
 	case sf.closed:
 		return nil, privateNotCovered
@@ -499,7 +500,7 @@ func (sf *sharedFeed) addLocked(at uint64, bookmarks bool) (*member, string) {
 	if !ok {
 		return nil, privateNotCovered
 	}
-	m := &member{bookmarks: bookmarks, max: sf.h.cfg.ShareSubscriberBytes, wake: make(chan struct{}, 1)}
+	m := &member{bookmarks: bookmarks, max: sf.h.cfg.ShareSubscriberBytes, wake: make(chan struct{}, 1), access: acc}
 	if len(backlog) > 0 {
 		if n += len(backlog) * entryCost; n > m.max {
 			return nil, privateBacklog

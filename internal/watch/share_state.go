@@ -153,8 +153,8 @@ func (sf *sharedFeed) absorbAdmit(st *metav1.Status) {
 		return
 	}
 	g := sf.h.feeds
-	// The registry's lock too: a join sets its member's access under it (join), so no member
-	// is seen before its access is.
+	// The registry's lock too, as joins take it; a member has its access from its making
+	// (addLocked).
 	g.mu.Lock()
 	sf.mu.Lock()
 	byCred := map[credKey][]*member{}
