@@ -377,14 +377,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // client's address and requestID, the id of its access log line. Neither info nor cred is
 // kept: they are passed by reference only so that no frame below the watch's holds copies.
 //
-// A watch that owns its HTTP/1.1 connection (subscriber.start) goes on in a goroutine of its own once its
-// head is out, and Serve returns. Otherwise its goroutine spends the watch's life parked in a
-// read from the upstream, every frame of Serve and its callers kept on its stack all that
-// time: the setup and the first attempt (open) and what is done once the watch ended (ended)
-// are functions of their own that have returned (or not begun) while it waits, so that what
-// stays is small. The runtime halves a goroutine's stack at a GC only while it uses less than
-// a quarter of it: the parked handler's frames under 4 KiB are 8 KiB of stack per idle watch
-// instead of 16 (docs/bench/NOTES.md, "Idle memory").
+// A watch that owns its HTTP/1.1 connection (subscriber.start) goes on in a goroutine of its
+// own once its head is out, and Serve returns. Otherwise its goroutine spends the watch's life
+// parked in a read from the upstream, every frame of Serve and its callers kept on its stack
+// all that time: the setup and the first attempt (open) and what is done once the watch ended
+// (ended) are functions of their own that have returned (or not begun) while it waits, so that
+// what stays is small. The runtime halves a goroutine's stack at a GC only while it uses less
+// than a quarter of it: the parked handler's frames under 4 KiB are 8 KiB of stack per idle
+// watch instead of 16 (docs/bench/NOTES.md, "Idle memory").
 func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred *upstream.Credentials, requestID string) {
 	var ho *handoff
 	if h.cfg.Share {
@@ -404,10 +404,11 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info *reqinfo.In
 		f.handoff, ho.sub = ho, sub
 	}
 	if sub.out.Conn() != nil {
-		// The watch owns its connection (subscriber.start): it goes on in a goroutine of its own and the
-		// handler returns, so that net/http lets go of what it keeps for the connection while
-		// a handler runs (its 4 KiB read and write buffers, the response) and no parked frame
-		// of net/http's or the server's stays on a stack for the watch's life
+		// The watch owns its connection (subscriber.start): it goes on in a goroutine of its
+		// own and the handler returns, so that net/http lets go of what it keeps for the
+		// connection while a handler runs (its 4 KiB read and write buffers, the response)
+		// and no parked frame of net/http's or the server's stays on a stack for the watch's
+		// life
 		// (docs/design.md section 5, "One write per flush"). The server counts the request's
 		// end when the connection is closed (Detacher); shutdown waits for it (WaitDetached).
 		f.unfollow()
