@@ -29,6 +29,7 @@ import (
 
 	"github.com/watchsan/watchsan/internal/apistatus"
 	"github.com/watchsan/watchsan/internal/budget"
+	"github.com/watchsan/watchsan/internal/chunked"
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/metrics"
 	"github.com/watchsan/watchsan/internal/reqinfo"
@@ -177,13 +178,10 @@ type Handler struct {
 	mu      sync.Mutex
 	live    map[*feed]struct{}
 	stopped bool
-	// detached are the open shared watches that own their connection (detach.go), owned
-	// the private ones (own.go), guarded by mu; detachedGone is closed when both sets are
-	// empty (WaitDetached), detachForced set once WaitDetached gave up on them.
-	detached     map[*detached]struct{}
-	owned        map[*ownedConn]struct{}
-	detachedGone chan struct{}
-	detachForced bool
+	// conns holds the connections watches took (package chunked) until they are released:
+	// the detached shared watches' (detach.go, classDetached) and the private ones'
+	// (subscriber.start, classOwned). WaitDetached waits on it.
+	conns chunked.Set
 	// noDetach keeps every shared subscriber on its handler, noOwn every private watch on
 	// net/http's writer (tests comparing the two).
 	noDetach, noOwn bool
@@ -251,7 +249,7 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	}
 	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, clk: d.Clock,
 		feeds: &registry{feeds: map[string]*sharedFeed{}, rings: newRingBudget(cfg.ShareRingTotalBytes, d.Metrics.SharedRingBytes),
-			ringBytes: cfg.ShareRingBytes, ringEvents: cfg.ShareRingEvents, evictions: d.Metrics.SharedRingEvictions}, reviews: newReviews(cfg.ShareReviewEntries), detached: map[*detached]struct{}{}, owned: map[*ownedConn]struct{}{}}
+			ringBytes: cfg.ShareRingBytes, ringEvents: cfg.ShareRingEvents, evictions: d.Metrics.SharedRingEvictions}, reviews: newReviews(cfg.ShareReviewEntries)}
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
 	}
@@ -379,14 +377,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // client's address and requestID, the id of its access log line. Neither info nor cred is
 // kept: they are passed by reference only so that no frame below the watch's holds copies.
 //
-// A watch that owns its HTTP/1.1 connection (own.go) goes on in a goroutine of its own once its
-// head is out, and Serve returns. Otherwise its goroutine spends the watch's life parked in a
-// read from the upstream, every frame of Serve and its callers kept on its stack all that
-// time: the setup and the first attempt (open) and what is done once the watch ended (ended)
-// are functions of their own that have returned (or not begun) while it waits, so that what
-// stays is small. The runtime halves a goroutine's stack at a GC only while it uses less than
-// a quarter of it: the parked handler's frames under 4 KiB are 8 KiB of stack per idle watch
-// instead of 16 (docs/bench/NOTES.md, "Idle memory").
+// A watch that owns its HTTP/1.1 connection (subscriber.start) goes on in a goroutine of its
+// own once its head is out, and Serve returns. Otherwise its goroutine spends the watch's life
+// parked in a read from the upstream, every frame of Serve and its callers kept on its stack
+// all that time: the setup and the first attempt (open) and what is done once the watch ended
+// (ended) are functions of their own that have returned (or not begun) while it waits, so that
+// what stays is small. The runtime halves a goroutine's stack at a GC only while it uses less
+// than a quarter of it: the parked handler's frames under 4 KiB are 8 KiB of stack per idle
+// watch instead of 16 (docs/bench/NOTES.md, "Idle memory").
 func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred *upstream.Credentials, requestID string) {
 	var ho *handoff
 	if h.cfg.Share {
@@ -405,18 +403,19 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info *reqinfo.In
 	if ho != nil {
 		f.handoff, ho.sub = ho, sub
 	}
-	if sub.out.conn != nil {
-		// The watch owns its connection (own.go): it goes on in a goroutine of its own and the
-		// handler returns, so that net/http lets go of what it keeps for the connection while
-		// a handler runs (its 4 KiB read and write buffers, the response) and no parked frame
-		// of net/http's or the server's stays on a stack for the watch's life
+	if sub.out.Conn() != nil {
+		// The watch owns its connection (subscriber.start): it goes on in a goroutine of its
+		// own and the handler returns, so that net/http lets go of what it keeps for the
+		// connection while a handler runs (its 4 KiB read and write buffers, the response)
+		// and no parked frame of net/http's or the server's stays on a stack for the watch's
+		// life
 		// (docs/design.md section 5, "One write per flush"). The server counts the request's
 		// end when the connection is closed (Detacher); shutdown waits for it (WaitDetached).
 		f.unfollow()
 		go serveOwned(f, sub, src) // exits when the watch ends
 		return
 	}
-	defer sub.out.finish() // after the release: the body's end is the response's
+	defer sub.out.Finish() // after the release: the body's end is the response's
 	defer f.release()
 	serve(f, sub, src)
 }
@@ -432,7 +431,7 @@ func serveOwned(f *feed, sub *subscriber, src *source) {
 			}
 		}
 	}()
-	defer sub.out.finish() // after the release: the body's end is the response's
+	defer sub.out.Finish() // after the release: the body's end is the response's
 	defer f.release()
 	serve(f, sub, src)
 }
@@ -453,13 +452,13 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(r.Context()))
 	unfollow := context.AfterFunc(r.Context(), func() { cancel(context.Cause(r.Context())) })
 	log := newWatchLog(h.log, r.RemoteAddr, requestID)
-	sub := newSubscriber(h, w, r, p, m.Resource(info.FullResource()), log)
+	mem := h.deps.Budget.OpenEnding(func() { cancel(errOverBudget) })
+	sub := newSubscriber(h, w, r, p, m.Resource(info.FullResource()), log, mem)
 	f := &feed{
 		h: h, client: r, ctx: ctx, cancel: cancel, unfollow: unfollow, cred: cred, log: log, sub: sub, timeout: p.timeout, maxLifetime: p.maxLifetime,
 		backoff: upstream.ResumeBackoff, scope: p.scope, groupResource: info.GroupResource(),
 	}
-	f.mem = h.deps.Budget.OpenEnding(func() { cancel(errOverBudget) })
-	sub.out.mem = f.mem
+	f.mem = mem
 	switch {
 	case p.timeout > 0:
 		f.deadline = h.clk.Now().Add(p.timeout)
@@ -501,7 +500,7 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 	if first.Resp.StatusCode != http.StatusOK || !ok || !identity(first.Resp.Header) {
 		// Not a stream we can read (an error status, a content type we do not parse): relay.
 		defer f.release()
-		if relay(&sub.out, first) {
+		if relay(sub.w, &sub.out, first) {
 			sub.slowClient(slowRelayed)
 		}
 		return nil, nil, nil
@@ -615,21 +614,22 @@ func identity(h http.Header) bool {
 	return ce == "" || ce == "identity"
 }
 
-// relay copies a response as it is, flushing each read, and ends the attempt. Each write has
-// out's timeout; it reports whether the client did not take one within it.
-func relay(out *batchWriter, at upstream.Attempt) (slow bool) {
+// relay copies a response as it is to w, through out (w's), flushing each read, and ends the
+// attempt. Each write has out's timeout; it reports whether the client did not take one within
+// it.
+func relay(w http.ResponseWriter, out *chunked.Batch, at upstream.Attempt) (slow bool) {
 	resp := at.Resp
 	defer at.Cancel(nil)
 	defer resp.Body.Close()
-	upstream.CopyEndToEnd(out.w.Header(), resp.Header)
-	out.w.WriteHeader(resp.StatusCode)
+	upstream.CopyEndToEnd(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
 			_, _ = out.Write(buf[:n])
-			if out.flush() != nil {
-				return out.slow
+			if out.Flush() != nil {
+				return out.Slow()
 			}
 		}
 		if err != nil {

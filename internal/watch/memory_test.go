@@ -20,6 +20,7 @@ import (
 
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/watchsan/watchsan/internal/chunked"
 	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/testutil"
 	"github.com/watchsan/watchsan/internal/upstream"
@@ -179,18 +180,16 @@ func TestBlockedWriterResumesFromTheFrames(t *testing.T) {
 		t.Fatal(err)
 	}
 	x.waitSubscribers(t, 1)
-	var d *detached
+	var d *chunked.Conn
 	testutil.Eventually(t, 10*time.Second, "the subscriber detached", func() bool {
-		x.h.mu.Lock()
-		defer x.h.mu.Unlock()
-		for dd := range x.h.detached {
-			d = dd
+		for _, c := range x.h.conns.Conns(classDetached) {
+			d = c
 		}
 		return d != nil
 	})
 	const events = 300 // 300 KiB: far more than the connection holds
 	last := x.write(t, "cm", events, 1000)
-	testutil.Eventually(t, 20*time.Second, "a blocked write's buffer given back", func() bool { return d.gaveBack.Load() > 0 })
+	testutil.Eventually(t, 20*time.Second, "a blocked write's buffer given back", func() bool { return d.GaveBack() > 0 })
 	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
@@ -214,5 +213,5 @@ func TestBlockedWriterResumesFromTheFrames(t *testing.T) {
 			t.Fatalf("the last event at %s, want %d", ev.Object.Metadata.ResourceVersion, last)
 		}
 	}
-	t.Logf("%d chunks written from the frames after their buffer went back", d.gaveBack.Load())
+	t.Logf("%d chunks written from the frames after their buffer went back", d.GaveBack())
 }

@@ -163,10 +163,7 @@ func TestOwnedOneWritePerChunk(t *testing.T) {
 				t.Errorf("net/http wrote %d chunks over 4 KiB in %d writes: the control tells nothing", big, writes)
 			}
 			if own {
-				f.h.mu.Lock()
-				n := len(f.h.owned)
-				f.h.mu.Unlock()
-				if n != 1 {
+				if n := f.h.conns.Len(classOwned); n != 1 {
 					t.Errorf("%d owned connections, want 1", n)
 				}
 			}

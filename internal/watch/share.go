@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/watchsan/watchsan/internal/budget"
+	"github.com/watchsan/watchsan/internal/chunked"
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/stream"
@@ -385,7 +386,7 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, info *reqinfo.Info,
 	// a delete another one's own feed replays to it).
 	sf.policy = fix.Options{Scope: scopeOf(scope, cred), StartRV: rv, Mode: mode, Memory: h.deps.Memory}
 	// A subscriber with no response: the policy's decisions are counted as a private watch's.
-	sf.pol = newSubscriber(h, nil, tmpl, params{}, h.deps.Metrics.Resource(info.FullResource()), log)
+	sf.pol = newSubscriber(h, nil, tmpl, params{}, h.deps.Metrics.Resource(info.FullResource()), log, nil)
 	sf.f = &feed{
 		h: h, client: tmpl, ctx: ctx, cancel: cancel, cred: cred, log: log, sub: sf,
 		backoff: upstream.ResumeBackoff, scope: scope, groupResource: info.GroupResource(),
@@ -965,9 +966,7 @@ func (sf *sharedFeed) serveAttached(w http.ResponseWriter, r *http.Request, m *m
 		defer t.Stop()
 		deadline = dl
 	}
-	rc := http.NewResponseController(w)
-	out := newBatchWriter(w, rc, h.cfg.WriteTimeout)
-	out.mem = m.mem
+	out := chunked.NewBatch(w, http.NewResponseController(w), h.cfg.WriteTimeout, m.mem)
 	end := sf.pump(r, m, &out, deadline, p.deadlineEnd())
 	met.StreamEnds.WithLabelValues(end.String()).Inc()
 	if end == EndSlowClient { // its queue filled, or a write to it did not complete in time
@@ -990,11 +989,11 @@ func (sf *sharedFeed) left(r *http.Request) EndReason {
 
 // pump is serve's loop; it returns how the client's stream ended: atDeadline when deadline is
 // closed.
-func (sf *sharedFeed) pump(r *http.Request, m *member, out *batchWriter, deadline <-chan struct{}, atDeadline EndReason) EndReason {
-	if out.flushClient() != nil {
+func (sf *sharedFeed) pump(r *http.Request, m *member, out *chunked.Batch, deadline <-chan struct{}, atDeadline EndReason) EndReason {
+	if out.FlushClient() != nil {
 		return sf.left(r)
 	}
-	left := out.leftChan(r)
+	left := r.Context().Done() // the handler runs: net/http's reader says when the client left
 	for {
 		select {
 		case <-m.wake:
@@ -1007,17 +1006,17 @@ func (sf *sharedFeed) pump(r *http.Request, m *member, out *batchWriter, deadlin
 		var end EndReason
 		for {
 			var q [][]byte
-			q, over, done, end = m.take(batchSize)
+			q, over, done, end = m.take(chunked.BatchSize)
 			for _, raw := range q {
 				_, _ = out.Write(raw) // an error is sticky: flush returns it
 			}
 			m.written() // copied into the batch, or written (a frame too big for one)
-			if len(q) == 0 || out.err != nil {
+			if len(q) == 0 || out.Err() != nil {
 				break
 			}
 		}
-		if err := out.flush(); err != nil {
-			if out.slow {
+		if err := out.Flush(); err != nil {
+			if out.Slow() {
 				sf.pol.slowClient(slowEvents)
 				return EndSlowClient
 			}

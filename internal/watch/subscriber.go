@@ -10,6 +10,8 @@ import (
 	"go.uber.org/zap/zapcore"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/watchsan/watchsan/internal/budget"
+	"github.com/watchsan/watchsan/internal/chunked"
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/upstream"
@@ -32,7 +34,7 @@ type subscriber struct {
 	w      http.ResponseWriter
 	rc     *http.ResponseController
 	format stream.Format
-	out    batchWriter // what writer writes, batched until the feed would wait
+	out    chunked.Batch // what writer writes, batched until the feed would wait
 	writer *stream.Writer
 	fix    *fix.Stream
 
@@ -59,17 +61,34 @@ func (h *Handler) eventCounters(resource string) *eventCounters {
 	return t.(*eventCounters)
 }
 
-// newSubscriber answers the client's request r on w.
-func newSubscriber(h *Handler, w http.ResponseWriter, r *http.Request, p params, resource string, log *watchLog) *subscriber {
-	s := &subscriber{h: h, client: r, log: log, resource: resource, allowBookmarks: p.allowBookmarks,
-		w: w, rc: http.NewResponseController(w), counters: h.eventCounters(resource)}
-	s.out = newBatchWriter(w, s.rc, h.cfg.WriteTimeout)
-	return s
+// newSubscriber answers the client's request r on w, its batch buffers charged to mem (the
+// feed's account; nil: nothing charged).
+func newSubscriber(h *Handler, w http.ResponseWriter, r *http.Request, p params, resource string, log *watchLog, mem *budget.Account) *subscriber {
+	rc := http.NewResponseController(w)
+	return &subscriber{h: h, client: r, log: log, resource: resource, allowBookmarks: p.allowBookmarks,
+		w: w, rc: rc, counters: h.eventCounters(resource), out: chunked.NewBatch(w, rc, h.cfg.WriteTimeout, mem)}
+}
+
+// A private watch on HTTP/1.1 owns its connection (docs/design.md section 5, "One write per
+// flush"). net/http frames a chunked body through its connection's 4 KiB buffer: a flush of a
+// batch bigger than that is three write(2)s (the buffer with the chunk's size line and the
+// first bytes, then the rest, then the CRLF, each one a wakeup of the client), which measured
+// about a fifth of watchsan's CPU per event at saturation. So once the response head is out
+// (with Connection: close, as a detached shared watch's), the watch takes the connection
+// (package chunked) and writes each batch as one chunk in one write; its handler goroutine
+// stays the feed's, as before (Handler.Serve). What is counted at the response's end is
+// counted as before: the body bytes go to the Detacher (the server's access log and request
+// metrics) when the connection is closed; WaitDetached waits for these too.
+
+// mayOwn says whether the watch of r will take its connection once its head is out: HTTP/1.1
+// through net/http, not while watchsan shuts down (the watch ends at once then).
+func (h *Handler) mayOwn(r *http.Request) bool {
+	return r.ProtoMajor == 1 && r.ProtoMinor >= 1 && !h.noOwn && !h.stopping()
 }
 
 // start begins the stream in format, the first answer's header copied from hdr, its policy
 // fs; the status line and headers go out at once. On HTTP/1.1 the watch then takes its
-// connection (own.go), and leave is called when the client leaves.
+// connection, and leave is called when the client leaves.
 func (s *subscriber) start(format stream.Format, hdr http.Header, fs *fix.Stream, leave func()) {
 	s.fix, s.format = fs, format
 	upstream.CopyEndToEnd(s.w.Header(), hdr)
@@ -80,10 +99,21 @@ func (s *subscriber) start(format stream.Format, hdr http.Header, fs *fix.Stream
 	}
 	s.w.WriteHeader(http.StatusOK)
 	// An error is sticky: the feed's first read ends the watch with it.
-	if s.out.flushClient() == nil && own && s.out.own(s.h, s.w, leave) {
-		// Nothing of net/http's response is used again: let it and its connection's buffers
-		// go once the handler returns (Handler.Serve detaches).
-		s.w, s.rc = nil, nil
+	if s.out.FlushClient() == nil && own {
+		c, err := chunked.Take(s.rc, chunked.Options{WriteTimeout: s.h.cfg.WriteTimeout, Detach: detachOf(s.w),
+			Left: leave, Set: &s.h.conns, Class: classOwned})
+		if err == nil {
+			s.out.Own(c)
+			if c.Start() != nil {
+				// Shutdown gave up waiting (the connection is closed), or the client sent
+				// more, a request the head said this connection will not answer: the stream
+				// ends at once.
+				leave()
+			}
+			// Nothing of net/http's response is used again: let it and its connection's
+			// buffers go once the handler returns (Handler.Serve detaches).
+			s.w, s.rc = nil, nil
+		}
 	}
 	s.writer = stream.NewWriter(format, &s.out)
 }
@@ -135,25 +165,26 @@ func (s *subscriber) write(ev *stream.Event, d fix.Decision) error {
 }
 
 // flush sends what is batched (sink).
-func (s *subscriber) flush() error { return s.out.flush() }
+func (s *subscriber) flush() error { return s.out.Flush() }
 
 // broken says how the client's stream ends after a write to it failed, or endNone (sink).
 func (s *subscriber) broken() (EndReason, error) {
+	err := s.out.Err()
 	switch {
-	case s.out.err == nil:
+	case err == nil:
 		return endNone, nil
-	case s.out.slow:
-		return EndSlowClient, s.out.err
+	case s.out.Slow():
+		return EndSlowClient, err
 	}
-	return s.h.leftEnd(s.client), s.out.err
+	return s.h.leftEnd(s.client), err
 }
 
 // gone says whether the client went away (sink).
 func (s *subscriber) gone() bool {
-	if oc := s.out.conn; oc != nil {
+	if c := s.out.Conn(); c != nil {
 		// net/http no longer watches an owned connection, and cancels the request's context
 		// once a detached handler returned (Handler.Serve): only the connection's reader says.
-		return oc.gone.Load()
+		return c.Gone()
 	}
 	return s.client.Context().Err() != nil
 }
@@ -161,7 +192,7 @@ func (s *subscriber) gone() bool {
 // relist writes st, an ERROR 410, and flushes it (sink).
 func (s *subscriber) relist(st *metav1.Status) {
 	if err := s.writer.WriteStatus(st); err == nil {
-		_ = s.out.flush()
+		_ = s.out.Flush()
 	}
 }
 
