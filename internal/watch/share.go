@@ -993,7 +993,13 @@ func (sf *sharedFeed) pump(r *http.Request, m *member, out *chunked.Batch, deadl
 	if out.FlushClient() != nil {
 		return sf.left(r)
 	}
-	left := r.Context().Done() // the handler runs: net/http's reader says when the client left
+	// When the client left: the taken connection's reader says so (a handed-off watch-list's
+	// client whose private stream took its connection, handoff.go, and whose handler has
+	// returned), else the request's context, net/http's own reader.
+	left := r.Context().Done()
+	if c := out.Conn(); c != nil {
+		left = c.Left()
+	}
 	for {
 		select {
 		case <-m.wake:
