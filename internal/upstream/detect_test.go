@@ -115,7 +115,7 @@ func TestSlowOrStuckPingNotDead(t *testing.T) {
 			if n := unhealthy.Load() - u0; n > 0 {
 				t.Fatalf("found unhealthy %d times, want never: it answered within the ping timeout", n)
 			}
-			if st := p.Backends()[0].liveness.Load(); st != livenessAlive {
+			if st := p.Backends()[0].hc.liveness.Load(); st != livenessAlive {
 				t.Fatalf("liveness %d, want alive", st)
 			}
 			t.Logf("%d health connections dialled meanwhile", dials.Load()-d0)

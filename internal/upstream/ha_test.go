@@ -185,12 +185,12 @@ func TestRebalanceEvensOut(t *testing.T) {
 	lease(p, a, "", 0, false) // initial phase: never rebalanced
 	lease(p, b, "", 0, true)
 	k := &bucket{rate: 2, tokens: 2}
-	p.rebalance(p.Backends(), k)
+	p.rebalance(p.Backends(), time.Now(), k)
 	if n := a.leases.moving.Load(); n != 2 {
 		t.Fatalf("%d moved with two tokens, want 2", n)
 	}
 	k.tokens = 100
-	p.rebalance(p.Backends(), k)
+	p.rebalance(p.Backends(), time.Now(), k)
 	// a: 9 (8 movable), b: 1, c: 0 -> even is 4/3/3: a gives 5.
 	if n := a.leases.moving.Load(); n != 5 {
 		t.Fatalf("%d moved off a (9 watches, b 1, c 0), want 5", n)
@@ -205,7 +205,7 @@ func TestRebalanceEvensOut(t *testing.T) {
 	if a.OpenWatches() != 4 || b.OpenWatches() != 3 || c.OpenWatches() != 3 {
 		t.Fatalf("after the moves: %d/%d/%d, want 4/3/3", a.OpenWatches(), b.OpenWatches(), c.OpenWatches())
 	}
-	p.rebalance(p.Backends(), k)
+	p.rebalance(p.Backends(), time.Now(), k)
 	for _, x := range p.Backends() {
 		if n := x.leases.moving.Load(); n != 0 {
 			t.Fatalf("%d more moved off %v once even: want 0", n, x)
@@ -435,7 +435,7 @@ func TestPingTellsFrozenFromSlow(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	b := p.Backends()[0]
 	testutil.Eventually(t, 5*time.Second, "healthy", func() bool { return b.State() == Healthy })
-	if !b.pingable.Load() {
+	if !b.pingable() {
 		t.Fatal("an HTTPS HTTP/2 backend is not pinged")
 	}
 
