@@ -129,14 +129,6 @@ func (b *Backend) usable() bool {
 	return true
 }
 
-// load is what balancing compares: open watches for a watch, outstanding requests otherwise.
-func (b *Backend) load(watch bool) int64 {
-	if watch {
-		return b.leases.count.Load()
-	}
-	return b.inflight.Load()
-}
-
 // Send sends req (whose URL must already point at this backend) with the credentials cred,
 // decided on the client's request (Decide): its own Authorization, the identity of its
 // verified certificate, watchsan's lent identity, or none. A failed dial marks the backend

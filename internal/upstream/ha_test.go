@@ -345,6 +345,11 @@ type freezer struct {
 	// stalledBelow: connections numbered below it forward nothing.
 	stalledBelow atomic.Int64
 	delay        atomic.Int64 // ns each chunk from the target waits
+	// delayOn, when set, times delay (a stepped clock); nil: the real clock.
+	delayOn atomic.Pointer[stepClock]
+	// oldHolds counts the chunks delay held (on delayOn) on connections numbered below
+	// oldBelow (markOld).
+	oldBelow, oldHolds atomic.Int64
 }
 
 func newFreezer(t *testing.T, target string) *freezer {
@@ -366,6 +371,9 @@ func newFreezer(t *testing.T, target string) *freezer {
 	return f
 }
 
+// markOld marks every connection accepted so far as old (oldHolds).
+func (f *freezer) markOld() { f.oldBelow.Store(f.conns.Load() + 1) }
+
 // stallOld makes every connection accepted so far forward nothing from now on.
 func (f *freezer) stallOld() { f.stalledBelow.Store(f.conns.Load() + 1) }
 
@@ -384,8 +392,16 @@ func (f *freezer) serve(t *testing.T, c net.Conn, n int64) {
 			for f.frozen.Load() || n < f.stalledBelow.Load() {
 				time.Sleep(10 * time.Millisecond)
 			}
-			if d := f.delay.Load(); answers && d > 0 {
-				time.Sleep(time.Duration(d))
+			if d := f.delay.Load(); answers && d > 0 && n2 > 0 {
+				if c := f.delayOn.Load(); c != nil {
+					ch := c.After(time.Duration(d))
+					if n < f.oldBelow.Load() {
+						f.oldHolds.Add(1) // once the clock holds it
+					}
+					<-ch
+				} else {
+					time.Sleep(time.Duration(d))
+				}
 			}
 			if n2 > 0 {
 				if _, err := dst.Write(buf[:n2]); err != nil {

@@ -1,14 +1,13 @@
 package upstream
 
 import (
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
-
-	"github.com/watchsan/watchsan/internal/testutil"
 )
 
 // stepClock is a fake clock (PoolOptions.Clock) that tells which of its timers are pending:
@@ -102,5 +101,25 @@ func (c *stepClock) pending(d time.Duration) int {
 // await waits (wall time, generously: nothing here needs the machine to be fast) until cond.
 func (c *stepClock) await(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	testutil.Eventually(t, 20*time.Second, what, cond)
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s; pending timers: %v", what, c.pendingList())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// pendingList lists the durations of the pending timers (for a failure's message).
+func (c *stepClock) pendingList() []string {
+	now := c.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for t := range c.set {
+		if t.target.After(now) {
+			out = append(out, fmt.Sprintf("%v made %v ago", t.d, now.Sub(t.target.Add(-t.d))))
+		}
+	}
+	return out
 }
