@@ -107,24 +107,27 @@ func (b *Backend) InFlight() int64 { return b.inflight.Load() }
 // OpenWatches reports the watch attempts open on it (metrics).
 func (b *Backend) OpenWatches() int64 { return b.leases.count.Load() }
 
-// preferred says whether requests go to it when there is a choice (lagging decided at now);
-// usable, whether they may.
-func (b *Backend) preferred(now time.Time) bool {
-	switch b.State() {
+// usable says whether requests may go to it.
+func (b *Backend) usable() bool { return usableAs(b.State(), b.late) }
+
+// preferredAs says whether requests go to a backend in state s, late or not (added by a
+// reload), lagging or not, when there is a choice; usableAs, whether they may.
+func preferredAs(s State, late, lagging bool) bool {
+	switch s {
 	case Healthy:
-		return !b.laggingAt(now)
+		return !lagging
 	case Unknown:
-		return !b.late && !b.laggingAt(now)
+		return !late && !lagging
 	}
 	return false
 }
 
-func (b *Backend) usable() bool {
-	switch b.State() {
+func usableAs(s State, late bool) bool {
+	switch s {
 	case Unhealthy, Removed:
 		return false
 	case Unknown:
-		return !b.late
+		return !late
 	}
 	return true
 }

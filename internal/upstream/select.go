@@ -12,7 +12,8 @@ import (
 
 // candidate is what selection knows of one backend, read once for one choice.
 type candidate struct {
-	b *Backend
+	b     *Backend
+	state State
 	// usable: requests may go to it; preferred: they go to it when there is a choice
 	// (Backend.usable, Backend.preferred).
 	usable, preferred bool
@@ -29,9 +30,10 @@ type candidate struct {
 func candidates(bs []*Backend, now time.Time, watch bool, serve func(*Backend) bool) []candidate {
 	cs := make([]candidate, len(bs))
 	for i, b := range bs {
-		c := candidate{b: b, usable: b.usable(), serves: true}
+		st := b.State()
+		c := candidate{b: b, state: st, usable: usableAs(st, b.late), serves: true}
 		if c.usable {
-			c.preferred = b.preferred(now)
+			c.preferred = preferredAs(st, b.late, b.laggingAt(now))
 			c.serves = serve == nil || serve(b)
 		}
 		if watch {
@@ -102,7 +104,7 @@ func moveTargets(cs []candidate, here *Backend, hereLoad int64, r MoveReason) (t
 		if c.b == here || !c.usable {
 			continue
 		}
-		if r == MoveRebalance && (c.b.State() != Healthy || !c.preferred || c.load > hereLoad-2) {
+		if r == MoveRebalance && (c.state != Healthy || !c.preferred || c.load > hereLoad-2) {
 			continue
 		}
 		if !c.serves {
