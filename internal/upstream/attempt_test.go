@@ -410,42 +410,45 @@ func TestDoneEndsTheWaitWithTheLastAnswer(t *testing.T) {
 }
 
 // A healthy backend's /readyz is asked at most every ProbeInterval, however short the
-// HealthInterval (the pings' period): /readyz goes through the apiserver's handler chain.
+// HealthInterval (the pings' period): /readyz goes through the apiserver's handler chain. On a
+// stepped clock: each round is stepped to once the last is over, and each probe's arrival is
+// timed on that clock.
 func TestReadyzAtMostEveryProbeInterval(t *testing.T) {
+	const interval, probeInterval = 20 * time.Millisecond, 400 * time.Millisecond
+	clk := newStepClock()
 	var mu sync.Mutex
 	var arrivals []time.Time
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/readyz" {
 			mu.Lock()
-			arrivals = append(arrivals, time.Now())
+			arrivals = append(arrivals, clk.Now())
 			mu.Unlock()
 		}
 		io.WriteString(w, "ok")
 	}))
 	defer srv.Close()
-	p := newPool(t, PoolOptions{HealthInterval: 20 * time.Millisecond, ProbeInterval: 400 * time.Millisecond}, srv.URL)
+	p := newPool(t, PoolOptions{HealthInterval: interval, ProbeInterval: probeInterval, Clock: clk}, srv.URL)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { p.Run(ctx); close(done) }()
-	testutil.Eventually(t, 5*time.Second, "healthy", p.Ready)
-	// Five probes of the healthy backend are timed: each comes at least the probe interval after
-	// the one before (less scheduling slack), where the health interval alone would send one
-	// every 20ms. (Counting probes in a fixed window accepted 1 to 3 while it said 2 to 3.)
+	defer func() { cancel(); <-done }()
+	clk.await(t, "healthy", p.Ready)
+	// between: the loop waits for its next round, no probe in flight (DefaultProbeTimeout).
+	between := func() bool { return clk.waiting(DefaultProbeTimeout) && clk.pending(DefaultProbeTimeout) == 0 }
+	for range 2 * 5 * int(probeInterval/interval) { // two seconds of rounds: about five probes
+		clk.await(t, "the round over", between)
+		clk.Step(interval)
+	}
+	clk.await(t, "the last round over", between)
 	mu.Lock()
-	n0 := len(arrivals)
+	at := append([]time.Time(nil), arrivals...)
 	mu.Unlock()
-	var at []time.Time
-	testutil.Eventually(t, 10*time.Second, "5 probes of the healthy backend", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		at = append([]time.Time(nil), arrivals[n0:]...)
-		return len(at) >= 5
-	})
-	cancel()
-	<-done
-	for i := 1; i < 5; i++ {
-		if gap := at[i].Sub(at[i-1]); gap < 300*time.Millisecond {
-			t.Fatalf("/readyz probes %v apart with a 400ms probe interval (20ms health interval): want at least the interval", gap)
+	if len(at) < 5 {
+		t.Fatalf("%d probes in %v of rounds every %v, want about one per %v", len(at), 10*probeInterval, interval, probeInterval)
+	}
+	for i := 1; i < len(at); i++ {
+		if gap := at[i].Sub(at[i-1]); gap < probeInterval {
+			t.Fatalf("/readyz probes %v apart with a %v probe interval (%v health interval): want at least the interval", gap, probeInterval, interval)
 		}
 	}
 }
