@@ -224,8 +224,11 @@ func TestNoUsableBackendFailsFastWithoutDialling(t *testing.T) {
 }
 
 // A backend that was healthy a moment ago is waited for (within the budget): a sidecar's one
-// apiserver restarting. The request goes through once the health checker sees it again.
+// apiserver restarting. The request goes through once the health checker sees it again. On a
+// stepped clock: the backend comes back while the request waits, and the clock is stepped
+// until the checker has seen it.
 func TestWaitsForABackendHealthyAMomentAgo(t *testing.T) {
+	const interval = 100 * time.Millisecond
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -234,40 +237,61 @@ func TestWaitsForABackendHealthyAMomentAgo(t *testing.T) {
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	srv := &http.Server{Handler: ok}
 	go srv.Serve(ln)
-	p := newPool(t, PoolOptions{HealthInterval: 100 * time.Millisecond}, "http://"+addr)
+	clk := newStepClock()
+	p := newPool(t, PoolOptions{HealthInterval: interval, Clock: clk}, "http://"+addr)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go p.Run(ctx)
-	testutil.Eventually(t, 5*time.Second, "the backend healthy", p.Ready)
+	b := p.Backends()[0]
+	clk.await(t, "the backend healthy", p.Ready)
 	srv.Close() // the apiserver goes away ...
 	a := NewAttempter(p, AttempterOptions{Budget: 10 * time.Second})
-	go func() { // ... and comes back on the same port a little later
-		time.Sleep(300 * time.Millisecond)
-		ln2, err := net.Listen("tcp", addr)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		srv2 := &http.Server{Handler: ok}
-		go srv2.Serve(ln2)
-		t.Cleanup(func() { srv2.Close() })
-	}()
-	req, _ := http.NewRequest("GET", "/x", nil)
-	resp, err := do(t, a, req)
-	if err != nil {
-		t.Fatalf("a restarting backend must be waited for within the budget: %v", err)
+	type result struct {
+		resp *http.Response
+		err  error
 	}
-	resp.Body.Close()
+	res := make(chan result, 1)
+	go func() {
+		req, _ := http.NewRequest("GET", "/x", nil)
+		resp, err := do(t, a, req)
+		res <- result{resp, err}
+	}()
+	clk.await(t, "the backend found gone by the request", func() bool { return b.State() == Unhealthy })
+	ln2, err := net.Listen("tcp", addr) // ... and comes back on the same port
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv2 := &http.Server{Handler: ok}
+	go srv2.Serve(ln2)
+	defer srv2.Close()
+	for i := 0; ; i++ {
+		select {
+		case r := <-res:
+			if r.err != nil {
+				t.Fatalf("a restarting backend must be waited for within the budget: %v", r.err)
+			}
+			r.resp.Body.Close()
+			return
+		default:
+		}
+		if i == 100 {
+			t.Fatal("the request still waits 10 s of the clock after its backend came back")
+		}
+		// Between the checker's rounds (no /readyz in flight), and the request's waits.
+		clk.await(t, "a wait", func() bool { return clk.waiting(DefaultProbeTimeout) && clk.pending(DefaultProbeTimeout) == 0 })
+		clk.Step(interval)
+	}
 }
 
 // a health checker with manners. An upstream that refuses connections costs about
 // one dial per interval (not a hot loop), the backend starts unknown (not ready), and the
-// transition is logged once.
+// transition is logged once. On a stepped clock: a request every 5 ms for 2 s of it.
 func TestHealthCheckerManners(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
 	var dials atomic.Int32
 	interval := 200 * time.Millisecond
-	p := newPool(t, PoolOptions{HealthInterval: interval, Logger: zap.New(core), OnDial: func(*Backend, string, error) { dials.Add(1) }}, deadURL(t))
+	clk := newStepClock()
+	p := newPool(t, PoolOptions{HealthInterval: interval, Logger: zap.New(core), OnDial: func(*Backend, string, error) { dials.Add(1) }, Clock: clk}, deadURL(t))
 	b := p.Backends()[0]
 	if b.State() != Unknown || p.Ready() {
 		t.Fatalf("a new backend is %v, ready %v: want unknown, not ready", b.State(), p.Ready())
@@ -275,14 +299,17 @@ func TestHealthCheckerManners(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { p.Run(ctx); close(done) }()
-	// Real traffic keeps failing too: passive failures ask for early re-checks.
-	a := NewAttempter(p, AttempterOptions{})
-	window := 2 * time.Second
-	end := time.Now().Add(window)
-	for time.Now().Before(end) {
+	// Real traffic keeps failing too: passive failures ask for early re-checks. (Its retry
+	// waits are recorded, not waited: the checker is what is counted.)
+	a := attempter(p, AttempterOptions{}, &sleeps{})
+	window, every := 2*time.Second, 5*time.Millisecond
+	for range int(window / every) {
 		req, _ := http.NewRequest("GET", "/x", nil)
 		_, _ = a.Transport(Plan{Credentials: Decide(req.Header, nil, false, IdentityOff)}).RoundTrip(req)
-		time.Sleep(5 * time.Millisecond)
+		clk.await(t, "the checker between rounds", func() bool {
+			return clk.waiting(DefaultProbeTimeout) && clk.pending(DefaultProbeTimeout) == 0
+		})
+		clk.Step(every)
 	}
 	cancel()
 	<-done
