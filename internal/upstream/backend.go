@@ -53,7 +53,7 @@ func (s State) String() string {
 func States() []State { return []State{Unknown, Healthy, Degraded, Unhealthy, Removed} }
 
 // Backend is one apiserver. It is read-only to everyone but the owners of its parts, each
-// the one file that writes them (docs/design.md section 10): the membership (pool.go), the
+// the one file that writes them (docs/design.md section 10.11): the membership (pool.go), the
 // health checker (health.go), the outlier detector (outlier.go), the attempts (attempt.go,
 // frozen.go), the leases (lease.go) and the known floors (servable.go). Everyone else asks
 // through their methods; selection (select.go) and the mover (mover.go) only read.

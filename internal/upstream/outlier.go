@@ -9,7 +9,7 @@ import (
 
 // Outlier detection (Envoy's term): a backend whose data is behind the other backends' is
 // lagging, and not preferred for lagHold, while it still serves when nothing better is left
-// (docs/design.md section 10.1). This file is the one owner of the verdict: it is set in one
+// (docs/design.md section 10.11). This file is the one owner of the verdict: it is set in one
 // place, markLagging, on the two signals that find it (the mover's watch behind its scope's
 // peers, a 504 to a list at the high-water mark, attempt.go), and cleared in one place,
 // forgiveLag, which the health checker calls when the backend recovers from a trouble the
