@@ -43,8 +43,8 @@ type AttempterOptions struct {
 	// connection at the shutdown timeout). Nil: never.
 	Done <-chan struct{}
 	// Clock paces Do: its deadline, its backoff waits and its wait for a usable backend (the
-	// watch's loop, on the watch's clock). The Pool keeps its own (health, moves, lag), which is
-	// the real one. Nil: the real clock.
+	// watch's loop, on the watch's clock). Nil: the Pool's (PoolOptions.Clock), the real one
+	// unless a test gives another.
 	Clock clock.Clock
 }
 
@@ -80,7 +80,7 @@ func NewAttempter(pool *Pool, o AttempterOptions) *Attempter {
 		o.Budget = DefaultRetryBudget
 	}
 	if o.Clock == nil {
-		o.Clock = clock.RealClock{}
+		o.Clock = pool.clk
 	}
 	a := &Attempter{pool: pool, opts: o}
 	a.sleep = func(ctx context.Context, d time.Duration) error {
@@ -264,7 +264,7 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 			retry, wait = true, 0
 		}
 		if retry && plan.RetryTooLarge && at.Resp != nil && at.Resp.StatusCode == http.StatusGatewayTimeout {
-			a.pool.markLagging(b, time.Now(), "it answered 504 to a list at watchsan's high-water resourceVersion")
+			a.pool.markLagging(b, a.pool.clk.Now(), "it answered 504 to a list at watchsan's high-water resourceVersion")
 		}
 		if at.Resp != nil && (at.Resp.StatusCode >= 500 || at.Resp.StatusCode == http.StatusTooManyRequests) {
 			a.pool.suspect(b)
@@ -312,7 +312,8 @@ func (a *Attempter) Do(ctx context.Context, req *http.Request, plan Plan) (Attem
 func (a *Attempter) waitUsable(ctx context.Context, plan Plan, deadline time.Time) error {
 	clk := a.opts.Clock
 	noBackend := func() error { return fmt.Errorf("%w (%s)", ErrNoBackend, a.pool.describe()) }
-	// healthyUntil is on the Pool's clock (when a backend was last healthy), deadline on Do's.
+	// healthyUntil is on the Pool's clock (when a backend was last healthy), deadline on Do's:
+	// each is compared with its own clock's now, and only the durations left are mixed.
 	var healthyUntil time.Time
 	if !plan.WaitForBackend {
 		since := a.pool.healthySince()
@@ -328,7 +329,7 @@ func (a *Attempter) waitUsable(ctx context.Context, plan Plan, deadline time.Tim
 		}
 		left := deadline.Sub(clk.Now())
 		if !healthyUntil.IsZero() {
-			left = min(left, time.Until(healthyUntil))
+			left = min(left, healthyUntil.Sub(a.pool.clk.Now()))
 		}
 		if left <= 0 {
 			return noBackend()

@@ -262,12 +262,13 @@ func TestWaitsForABackendHealthyAMomentAgo(t *testing.T) {
 
 // a health checker with manners. An upstream that refuses connections costs about
 // one dial per interval (not a hot loop), the backend starts unknown (not ready), and the
-// transition is logged once.
+// transition is logged once. On a stepped clock: a request every 5 ms for 2 s of it.
 func TestHealthCheckerManners(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
 	var dials atomic.Int32
 	interval := 200 * time.Millisecond
-	p := newPool(t, PoolOptions{HealthInterval: interval, Logger: zap.New(core), OnDial: func(*Backend, string, error) { dials.Add(1) }}, deadURL(t))
+	clk := newStepClock()
+	p := newPool(t, PoolOptions{HealthInterval: interval, Logger: zap.New(core), OnDial: func(*Backend, string, error) { dials.Add(1) }, Clock: clk}, deadURL(t))
 	b := p.Backends()[0]
 	if b.State() != Unknown || p.Ready() {
 		t.Fatalf("a new backend is %v, ready %v: want unknown, not ready", b.State(), p.Ready())
@@ -275,14 +276,17 @@ func TestHealthCheckerManners(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { p.Run(ctx); close(done) }()
-	// Real traffic keeps failing too: passive failures ask for early re-checks.
-	a := NewAttempter(p, AttempterOptions{})
-	window := 2 * time.Second
-	end := time.Now().Add(window)
-	for time.Now().Before(end) {
+	// Real traffic keeps failing too: passive failures ask for early re-checks. (Its retry
+	// waits are recorded, not waited: the checker is what is counted.)
+	a := attempter(p, AttempterOptions{}, &sleeps{})
+	window, every := 2*time.Second, 5*time.Millisecond
+	for range int(window / every) {
 		req, _ := http.NewRequest("GET", "/x", nil)
 		_, _ = a.Transport(Plan{Credentials: Decide(req.Header, nil, false, IdentityOff)}).RoundTrip(req)
-		time.Sleep(5 * time.Millisecond)
+		clk.await(t, "the checker between rounds", func() bool {
+			return clk.waiting(DefaultProbeTimeout) && clk.pending(DefaultProbeTimeout) == 0
+		})
+		clk.Step(every)
 	}
 	cancel()
 	<-done
@@ -410,42 +414,45 @@ func TestDoneEndsTheWaitWithTheLastAnswer(t *testing.T) {
 }
 
 // A healthy backend's /readyz is asked at most every ProbeInterval, however short the
-// HealthInterval (the pings' period): /readyz goes through the apiserver's handler chain.
+// HealthInterval (the pings' period): /readyz goes through the apiserver's handler chain. On a
+// stepped clock: each round is stepped to once the last is over, and each probe's arrival is
+// timed on that clock.
 func TestReadyzAtMostEveryProbeInterval(t *testing.T) {
+	const interval, probeInterval = 20 * time.Millisecond, 400 * time.Millisecond
+	clk := newStepClock()
 	var mu sync.Mutex
 	var arrivals []time.Time
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/readyz" {
 			mu.Lock()
-			arrivals = append(arrivals, time.Now())
+			arrivals = append(arrivals, clk.Now())
 			mu.Unlock()
 		}
 		io.WriteString(w, "ok")
 	}))
 	defer srv.Close()
-	p := newPool(t, PoolOptions{HealthInterval: 20 * time.Millisecond, ProbeInterval: 400 * time.Millisecond}, srv.URL)
+	p := newPool(t, PoolOptions{HealthInterval: interval, ProbeInterval: probeInterval, Clock: clk}, srv.URL)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { p.Run(ctx); close(done) }()
-	testutil.Eventually(t, 5*time.Second, "healthy", p.Ready)
-	// Five probes of the healthy backend are timed: each comes at least the probe interval after
-	// the one before (less scheduling slack), where the health interval alone would send one
-	// every 20ms. (Counting probes in a fixed window accepted 1 to 3 while it said 2 to 3.)
+	defer func() { cancel(); <-done }()
+	clk.await(t, "healthy", p.Ready)
+	// between: the loop waits for its next round, no probe in flight (DefaultProbeTimeout).
+	between := func() bool { return clk.waiting(DefaultProbeTimeout) && clk.pending(DefaultProbeTimeout) == 0 }
+	for range 2 * 5 * int(probeInterval/interval) { // two seconds of rounds: about five probes
+		clk.await(t, "the round over", between)
+		clk.Step(interval)
+	}
+	clk.await(t, "the last round over", between)
 	mu.Lock()
-	n0 := len(arrivals)
+	at := append([]time.Time(nil), arrivals...)
 	mu.Unlock()
-	var at []time.Time
-	testutil.Eventually(t, 10*time.Second, "5 probes of the healthy backend", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		at = append([]time.Time(nil), arrivals[n0:]...)
-		return len(at) >= 5
-	})
-	cancel()
-	<-done
-	for i := 1; i < 5; i++ {
-		if gap := at[i].Sub(at[i-1]); gap < 300*time.Millisecond {
-			t.Fatalf("/readyz probes %v apart with a 400ms probe interval (20ms health interval): want at least the interval", gap)
+	if len(at) < 5 {
+		t.Fatalf("%d probes in %v of rounds every %v, want about one per %v", len(at), 10*probeInterval, interval, probeInterval)
+	}
+	for i := 1; i < len(at); i++ {
+		if gap := at[i].Sub(at[i-1]); gap < probeInterval {
+			t.Fatalf("/readyz probes %v apart with a %v probe interval (%v health interval): want at least the interval", gap, probeInterval, interval)
 		}
 	}
 }

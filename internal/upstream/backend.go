@@ -52,9 +52,14 @@ func (s State) String() string {
 // States lists every state (to initialise metric series).
 func States() []State { return []State{Unknown, Healthy, Degraded, Unhealthy, Removed} }
 
-// Backend is one apiserver. Its health is kept by the Pool that made it.
+// Backend is one apiserver. It is read-only to everyone but the owners of its parts, each
+// the one file that writes them (docs/design.md section 10.11): the membership (pool.go), the
+// health checker (health.go), the outlier detector (outlier.go), the attempts (attempt.go,
+// frozen.go), the leases (lease.go) and the known floors (servable.go). Everyone else asks
+// through their methods; selection (select.go) and the mover (mover.go) only read.
 type Backend struct {
-	// URL is the apiserver's base URL (scheme, host, optional path prefix).
+	// URL is the apiserver's base URL (scheme, host, optional path prefix). Set by newBackend
+	// (pool.go), never written after; nor are the fields down to kick.
 	URL  *url.URL
 	name string
 	t    *transports
@@ -63,46 +68,38 @@ type Backend struct {
 	// spare pings on a fresh connection when ping's has no answer soon (Pool.ping); set with
 	// ping.
 	spare *pinger
-	// pingable: ping is set and the backend speaks HTTP/2 (cleared on the first answer
-	// without it).
-	pingable atomic.Bool
-
-	state       atomic.Int32
-	healthyAt   atomic.Int64 // the last time it was known healthy, Unix nanoseconds; 0: never
-	aliveAt     atomic.Int64 // the last time anything came from it (ping ack, answer, event)
-	kickedAt    atomic.Int64 // the last early re-check asked for, Unix nanoseconds
-	probeStatus atomic.Int32 // the last probe's HTTP status, to log a 401/403 once
-	laggingTill atomic.Int64 // its watches were found behind the others' until then (Unix ns)
-	// kick wakes the health loop for an early re-check (a passive failure signal).
-	kick chan struct{}
 	// late: added by a reload; not tried before its first probe answers.
 	late bool
-	// liveness is the last ping verdict, readiness the last /readyz verdict (health.go);
-	// readyBusy: a /readyz probe is in flight.
-	liveness   atomic.Int32
-	readiness  atomic.Int32
-	readyBusy  atomic.Bool
-	probedAt   atomic.Int64 // when the last /readyz probe started, Unix nanoseconds
-	pingFailed atomic.Bool  // a ping failed since the last one that passed
-	// health is what the health checker last found, its cause included (cause.go); written
-	// by Pool.verdict alone. Zero: nothing judged yet.
-	health healthRecord
+	// kick wakes the health loop for an early re-check (health.go sends, at most one waits).
+	kick chan struct{}
 
-	inflight atomic.Int64 // short requests sent and not yet finished
-	waiting  waiters      // short requests' attempts waiting for response headers (frozen.go)
-	leases   leaseSet     // open watch attempts
-	servable servable     // from which resourceVersions it serves watches (servable.go)
-
-	removedAt atomic.Int64       // when it was removed (Unix ns); 0: it was not
-	stopLoop  context.CancelFunc // ends its health loop; set before the loop starts
-	loopDone  chan struct{}      // closed when its health loop has ended
+	// hc is its health: state, liveness, readiness, signs of life, the recorded cause.
+	// Written by health.go alone; zero: Unknown, nothing heard.
+	hc healthState
+	// lag is the outlier detector's verdict (lagging until when). Written by outlier.go
+	// alone; zero: not lagging.
+	lag outlierState
+	// inflight counts short requests sent and not yet finished. Written by attempt.go alone
+	// (Attempter.send and its Cancel); zero: none.
+	inflight atomic.Int64
+	// waiting are short requests' attempts waiting for response headers. Written by frozen.go
+	// alone (wait, cutAll); zero: none.
+	waiting waiters
+	// leases are its open watch attempts. Written by lease.go alone; zero: none.
+	leases leaseSet
+	// servable is from which resourceVersions it serves watches. Written by servable.go
+	// alone (NoteTooOld); zero: any.
+	servable servable
+	// member is its place in the pool (removal, health loop). Written by pool.go alone; zero:
+	// not removed, no loop started.
+	member membership
 }
 
 // String names the backend in logs and metrics (scheme://host[/prefix], no credentials).
 func (b *Backend) String() string { return b.name }
 
 // State reports the backend's health verdict.
-func (b *Backend) State() State { return State(b.state.Load()) }
+func (b *Backend) State() State { return State(b.hc.state.Load()) }
 
 // InFlight reports the short requests sent to it and not finished (metrics).
 func (b *Backend) InFlight() int64 { return b.inflight.Load() }
@@ -110,39 +107,29 @@ func (b *Backend) InFlight() int64 { return b.inflight.Load() }
 // OpenWatches reports the watch attempts open on it (metrics).
 func (b *Backend) OpenWatches() int64 { return b.leases.count.Load() }
 
-// Lagging reports whether its watches were found behind the other backends' lately.
-func (b *Backend) Lagging() bool { return time.Now().UnixNano() < b.laggingTill.Load() }
+// usable says whether requests may go to it.
+func (b *Backend) usable() bool { return usableAs(b.State(), b.late) }
 
-// preferred says whether requests go to it when there is a choice; usable, whether they may.
-func (b *Backend) preferred() bool {
-	switch b.State() {
+// preferredAs says whether requests go to a backend in state s, late or not (added by a
+// reload), lagging or not, when there is a choice; usableAs, whether they may.
+func preferredAs(s State, late, lagging bool) bool {
+	switch s {
 	case Healthy:
-		return !b.Lagging()
+		return !lagging
 	case Unknown:
-		return !b.late && !b.Lagging()
+		return !late && !lagging
 	}
 	return false
 }
 
-func (b *Backend) usable() bool {
-	switch b.State() {
+func usableAs(s State, late bool) bool {
+	switch s {
 	case Unhealthy, Removed:
 		return false
 	case Unknown:
-		return !b.late
+		return !late
 	}
 	return true
-}
-
-// alive records a sign of life: anything that came from it.
-func (b *Backend) alive() { b.aliveAt.Store(time.Now().UnixNano()) }
-
-// load is what balancing compares: open watches for a watch, outstanding requests otherwise.
-func (b *Backend) load(watch bool) int64 {
-	if watch {
-		return b.leases.count.Load()
-	}
-	return b.inflight.Load()
 }
 
 // Send sends req (whose URL must already point at this backend) with the credentials cred,
@@ -160,7 +147,7 @@ func (b *Backend) send(req *http.Request, cred Credentials, passive bool) (*http
 	if err == nil {
 		b.alive()
 	} else if passive && IsDialError(err) && req.Context().Err() == nil {
-		b.pool.passiveFailure(b, err)
+		b.refused(err)
 	}
 	return resp, err
 }
@@ -190,7 +177,7 @@ func (b *Backend) Target(u *url.URL) *url.URL {
 // with the verdict, and the caller weighs a 401 or 403 (health.go, docs/design.md section
 // 10.6).
 func (b *Backend) Probe(ctx context.Context, timeout time.Duration) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := withTimeout(ctx, b.pool.clk, timeout) // on the pool's clock (clockctx.go)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.Target(&url.URL{Path: "/readyz"}).String(), nil)
 	if err != nil {

@@ -137,7 +137,7 @@ type healthRecord struct {
 // Health reports what the health checker last found of b.
 func (b *Backend) Health() Health {
 	h := Health{State: b.State()}
-	if s := b.health.snap.Load(); s != nil {
+	if s := b.hc.record.snap.Load(); s != nil {
 		h = *s
 		h.State = b.State() // the state may have changed by a reload (added, removed) since
 	}

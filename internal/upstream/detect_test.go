@@ -47,9 +47,11 @@ func pingedBackend(t *testing.T, o PoolOptions) (*Pool, *freezer) {
 // POST sent to the backend once it froze is answered ErrFrozen within a quarter of the ping
 // timeout (the wait that asks for a check) and one and a half ping timeouts (the kept
 // connection's PING, and from half of it on a fresh connection's), not at the next check.
+// On a stepped clock, the steps are those times.
 func TestWaitingRequestStartsDetection(t *testing.T) {
 	const ping = time.Second
-	p, fz := pingedBackend(t, PoolOptions{HealthInterval: 10 * time.Second, PingTimeout: ping, ProbeInterval: time.Hour})
+	clk := newStepClock()
+	p, fz := pingedBackend(t, PoolOptions{HealthInterval: 10 * time.Second, PingTimeout: ping, ProbeInterval: time.Hour, Clock: clk})
 	b := p.Backends()[0]
 	a := attempter(p, AttempterOptions{}, nil)
 	warm, _ := http.NewRequest(http.MethodGet, "/api", nil) // the requests' connection, open before the freeze
@@ -59,14 +61,40 @@ func TestWaitingRequestStartsDetection(t *testing.T) {
 	}
 	_, _ = io.Copy(io.Discard, at.Resp.Body)
 	at.Cancel(nil)
-	time.Sleep(100 * time.Millisecond) // past the last answer
+	clk.await(t, "the first round over", func() bool { return clk.pending(ping) == 0 && clk.pending(10*time.Second) == 1 })
+	clk.Step(100 * time.Millisecond) // past the last answer
 	fz.frozen.Store(true)
-	req, _ := http.NewRequest(http.MethodPost, "/api/v1/namespaces/d/configmaps", strings.NewReader(`{"metadata":{"name":"x"}}`))
+	// Its body is sent before the freeze is found: a POST cut before any of its body left is
+	// retried elsewhere (section 10.8), which is not what this test is about.
+	body := &readBody{r: strings.NewReader(`{"metadata":{"name":"x"}}`)}
+	req, _ := http.NewRequest(http.MethodPost, "/api/v1/namespaces/d/configmaps", body)
 	req.Header.Set("Content-Type", "application/json")
-	start := time.Now()
-	_, err = a.Do(req.Context(), req, Plan{Credentials: Decide(req.Header, nil, false, IdentityOff)})
-	took := time.Since(start)
-	t.Logf("a POST on the frozen backend answered after %v: %v", took.Round(time.Millisecond), err)
+	start := clk.Now()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := a.Do(req.Context(), req, Plan{Credentials: Decide(req.Header, nil, false, IdentityOff)})
+		errc <- err
+	}()
+	clk.await(t, "the POST waiting, its body sent", func() bool { return clk.pending(ping/4) == 1 && body.done.Load() })
+	clk.Step(ping / 4) // nothing came from the backend meanwhile: it asks for a check now
+	clk.await(t, "the early check's ping", func() bool { return clk.pending(ping) == 1 && clk.pending(ping/2) == 1 })
+	clk.Step(ping / 2)
+	clk.await(t, "the fresh connection's ping", func() bool { return clk.pending(ping) == 2 })
+	clk.Step(ping / 2)
+	clk.await(t, "the kept connection's ping given up", func() bool { return clk.pending(ping) == 1 })
+	select {
+	case err := <-errc:
+		t.Fatalf("answered %v after one ping timeout, while the fresh connection's ping had time left", err)
+	default:
+	}
+	clk.Step(ping / 2)
+	select {
+	case err = <-errc:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the POST waiting on the frozen backend was not cut")
+	}
+	took := clk.Since(start)
+	t.Logf("a POST on the frozen backend answered after %v of the clock: %v", took, err)
 	if !errors.Is(err, ErrFrozen) {
 		t.Fatalf("err %v, want ErrFrozen (cut when the backend was found unhealthy)", err)
 	}
@@ -74,30 +102,53 @@ func TestWaitingRequestStartsDetection(t *testing.T) {
 		t.Fatalf("backend %s, want unhealthy", b.State())
 	}
 	// Two ping timeouts one after the other (the check before section 10.9) would take 2.25 s.
-	if bound := ping/4 + 3*ping/2 + 400*time.Millisecond; took > bound {
-		t.Errorf("answered after %v, want within a quarter and one and a half ping timeouts (+slack): %v", took, bound)
+	if bound := ping/4 + 3*ping/2; took > bound {
+		t.Errorf("answered after %v, want within a quarter and one and a half ping timeouts: %v", took, bound)
 	}
 }
 
 // Not dead: a backend whose kept ping connection is stuck while a fresh one answers, or whose
 // every answer takes more than half the ping timeout but less than all of it, is never found
-// unhealthy.
+// unhealthy. On a stepped clock: it moves only where the pings wait (half a timeout, an
+// answer's delay), never past a timeout while an answer is on its way.
 func TestSlowOrStuckPingNotDead(t *testing.T) {
-	// The slow case's answers come after more than half the ping timeout (where a fresh
-	// connection is tried, section 10.9) with 600 ms of slack under it: under -race on a loaded
-	// two-core CI machine a 280 ms answer to a 400 ms timeout was once late.
+	const interval = 100 * time.Millisecond
 	for _, tc := range []struct {
 		name  string
 		ping  time.Duration
 		fault func(*freezer)
+		// round steps the clock through one round, from the loop's wait to the next.
+		round func(t *testing.T, clk *stepClock, fz *freezer, ping time.Duration)
 	}{
-		{"the kept connection stuck", 400 * time.Millisecond, func(fz *freezer) { fz.stallOld() }},
-		{"every answer after 0.6 of the ping timeout", 1500 * time.Millisecond, func(fz *freezer) { fz.delay.Store(int64(900 * time.Millisecond)) }},
+		{"the kept connection stuck", 400 * time.Millisecond, func(fz *freezer) { fz.stallOld() },
+			func(t *testing.T, clk *stepClock, _ *freezer, ping time.Duration) {
+				// While the kept connection's ping is stuck (or queued behind a stuck one), a
+				// fresh connection is tried at half the timeout, and answers; the stuck ping ends
+				// at its timeout as the rounds go by, and the next kept connection answers.
+				clk.Step(interval)
+				between := func() bool { return clk.waiting(ping/2, ping, 5*time.Second) }
+				clk.await(t, "the round's ping", func() bool { return clk.pending(ping/2) == 1 || between() })
+				if !between() {
+					clk.Step(ping / 2)
+				}
+			}},
+		{"every answer after 0.6 of the ping timeout", 1500 * time.Millisecond, func(fz *freezer) { fz.markOld(); fz.delay.Store(int64(900 * time.Millisecond)) },
+			func(t *testing.T, clk *stepClock, fz *freezer, ping time.Duration) {
+				const delay = 900 * time.Millisecond
+				held := fz.oldHolds.Load()
+				clk.Step(interval)
+				clk.await(t, "the kept connection's answer held back", func() bool {
+					return clk.pending(ping/2) == 1 && fz.oldHolds.Load() > held
+				})
+				clk.Step(ping / 2)       // a fresh connection is tried too (its answers held back as well)
+				clk.Step(delay - ping/2) // the kept connection's answer comes, within its timeout
+			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var unhealthy, dials atomic.Int32
+			clk := newStepClock()
 			p, fz := pingedBackend(t, PoolOptions{
-				HealthInterval: 100 * time.Millisecond, PingTimeout: tc.ping, ProbeTimeout: 5 * time.Second, ProbeInterval: time.Hour,
+				HealthInterval: interval, PingTimeout: tc.ping, ProbeTimeout: 5 * time.Second, ProbeInterval: time.Hour,
 				OnState: func(_ *Backend, s State) {
 					if s == Unhealthy {
 						unhealthy.Add(1)
@@ -108,14 +159,23 @@ func TestSlowOrStuckPingNotDead(t *testing.T) {
 						dials.Add(1)
 					}
 				},
+				Clock: clk,
 			})
+			fz.delayOn.Store(clk)
+			// between says the loop waits for its next round and no ping of the last is on
+			// its way but stuck ones (they end at their timeouts).
+			between := func() bool { return clk.waiting(tc.ping/2, tc.ping, 5*time.Second, 900*time.Millisecond) }
+			clk.await(t, "the first round over", between)
 			d0, u0 := dials.Load(), unhealthy.Load() // from healthy on (a slow first handshake is not this test's)
 			tc.fault(fz)
-			time.Sleep(2 * time.Second) // checks every 100 ms meanwhile: this is what is tested
-			if n := unhealthy.Load() - u0; n > 0 {
-				t.Fatalf("found unhealthy %d times, want never: it answered within the ping timeout", n)
+			for range 20 { // what was two seconds of checks every 100 ms
+				tc.round(t, clk, fz, tc.ping)
+				clk.await(t, "the round over", between)
+				if n := unhealthy.Load() - u0; n > 0 {
+					t.Fatalf("found unhealthy %d times, want never: it answered within the ping timeout", n)
+				}
 			}
-			if st := p.Backends()[0].liveness.Load(); st != livenessAlive {
+			if st := p.Backends()[0].hc.liveness.Load(); st != livenessAlive {
 				t.Fatalf("liveness %d, want alive", st)
 			}
 			t.Logf("%d health connections dialled meanwhile", dials.Load()-d0)
@@ -124,4 +184,18 @@ func TestSlowOrStuckPingNotDead(t *testing.T) {
 			}
 		})
 	}
+}
+
+// readBody is a request body that tells when it was read to its end.
+type readBody struct {
+	r    io.Reader
+	done atomic.Bool
+}
+
+func (b *readBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err == io.EOF {
+		b.done.Store(true)
+	}
+	return n, err
 }

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"time"
 )
 
 // Nothing waits on a frozen backend (docs/design.md section 10.8). A short
@@ -68,10 +67,11 @@ func (w *waiters) cutAll() int {
 // rather than at the check's next tick: a request waiting on a frozen backend starts its
 // detection (docs/design.md section 10.9).
 func (b *Backend) await(cancel context.CancelCauseFunc, cut bool) (done func()) {
-	sent := time.Now().UnixNano()
-	early := time.AfterFunc(b.pool.opts.PingTimeout/4, func() {
-		if b.aliveAt.Load() < sent {
-			b.pool.recheck(b)
+	clk := b.pool.clk
+	sent := clk.Now().UnixNano()
+	early := clk.AfterFunc(b.pool.opts.PingTimeout/4, func() {
+		if b.hc.aliveAt.Load() < sent {
+			go b.pool.recheck(b) // not in the clock's callback: a fake clock runs it under its lock
 		}
 	})
 	if !cut {

@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"go.uber.org/zap/zaptest"
-
-	"github.com/watchsan/watchsan/internal/testutil"
 )
 
 // lease puts a watch attempt of scope on b, as the Attempter does, and returns it with the
@@ -185,12 +183,12 @@ func TestRebalanceEvensOut(t *testing.T) {
 	lease(p, a, "", 0, false) // initial phase: never rebalanced
 	lease(p, b, "", 0, true)
 	k := &bucket{rate: 2, tokens: 2}
-	p.rebalance(p.Backends(), k)
+	p.rebalance(p.Backends(), time.Now(), k)
 	if n := a.leases.moving.Load(); n != 2 {
 		t.Fatalf("%d moved with two tokens, want 2", n)
 	}
 	k.tokens = 100
-	p.rebalance(p.Backends(), k)
+	p.rebalance(p.Backends(), time.Now(), k)
 	// a: 9 (8 movable), b: 1, c: 0 -> even is 4/3/3: a gives 5.
 	if n := a.leases.moving.Load(); n != 5 {
 		t.Fatalf("%d moved off a (9 watches, b 1, c 0), want 5", n)
@@ -205,7 +203,7 @@ func TestRebalanceEvensOut(t *testing.T) {
 	if a.OpenWatches() != 4 || b.OpenWatches() != 3 || c.OpenWatches() != 3 {
 		t.Fatalf("after the moves: %d/%d/%d, want 4/3/3", a.OpenWatches(), b.OpenWatches(), c.OpenWatches())
 	}
-	p.rebalance(p.Backends(), k)
+	p.rebalance(p.Backends(), time.Now(), k)
 	for _, x := range p.Backends() {
 		if n := x.leases.moving.Load(); n != 0 {
 			t.Fatalf("%d more moved off %v once even: want 0", n, x)
@@ -347,6 +345,11 @@ type freezer struct {
 	// stalledBelow: connections numbered below it forward nothing.
 	stalledBelow atomic.Int64
 	delay        atomic.Int64 // ns each chunk from the target waits
+	// delayOn, when set, times delay (a stepped clock); nil: the real clock.
+	delayOn atomic.Pointer[stepClock]
+	// oldHolds counts the chunks delay held (on delayOn) on connections numbered below
+	// oldBelow (markOld).
+	oldBelow, oldHolds atomic.Int64
 }
 
 func newFreezer(t *testing.T, target string) *freezer {
@@ -368,6 +371,9 @@ func newFreezer(t *testing.T, target string) *freezer {
 	return f
 }
 
+// markOld marks every connection accepted so far as old (oldHolds).
+func (f *freezer) markOld() { f.oldBelow.Store(f.conns.Load() + 1) }
+
 // stallOld makes every connection accepted so far forward nothing from now on.
 func (f *freezer) stallOld() { f.stalledBelow.Store(f.conns.Load() + 1) }
 
@@ -386,8 +392,16 @@ func (f *freezer) serve(t *testing.T, c net.Conn, n int64) {
 			for f.frozen.Load() || n < f.stalledBelow.Load() {
 				time.Sleep(10 * time.Millisecond)
 			}
-			if d := f.delay.Load(); answers && d > 0 {
-				time.Sleep(time.Duration(d))
+			if d := f.delay.Load(); answers && d > 0 && n2 > 0 {
+				if c := f.delayOn.Load(); c != nil {
+					ch := c.After(time.Duration(d))
+					if n < f.oldBelow.Load() {
+						f.oldHolds.Add(1) // once the clock holds it
+					}
+					<-ch
+				} else {
+					time.Sleep(time.Duration(d))
+				}
 			}
 			if n2 > 0 {
 				if _, err := dst.Write(buf[:n2]); err != nil {
@@ -406,12 +420,19 @@ func (f *freezer) serve(t *testing.T, c net.Conn, n int64) {
 // a frozen backend (nothing answers, not even the TLS handshake) is found
 // unhealthy within a health interval and one and a half ping timeouts (docs/design.md
 // section 10.9); one that answers pings while its
-// /readyz is slower than the probe timeout (etcd slow) is degraded, never unhealthy.
+// /readyz is slower than the probe timeout (etcd slow) is degraded, never unhealthy. On a
+// stepped clock: the clock moves only while no ping to the live backend is unanswered, so a
+// loaded machine cannot make it late, and the frozen one's detection is counted in steps.
 func TestPingTellsFrozenFromSlow(t *testing.T) {
+	const interval, pingTO, probeTO = 200 * time.Millisecond, 300 * time.Millisecond, 500 * time.Millisecond
 	var slow atomic.Bool
+	unblock := make(chan struct{})
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/readyz" && slow.Load() {
-			time.Sleep(1500 * time.Millisecond)
+			select { // slower than any probe timeout: answers only once the probe gave up
+			case <-r.Context().Done():
+			case <-unblock:
+			}
 		}
 		io.WriteString(w, "ok")
 	})
@@ -419,14 +440,17 @@ func TestPingTellsFrozenFromSlow(t *testing.T) {
 	srv.EnableHTTP2 = true
 	srv.StartTLS()
 	defer srv.Close()
+	defer close(unblock)
 	fz := newFreezer(t, srv.Listener.Addr().String())
 	front := "https://" + fz.ln.Addr().String()
 	roots := srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
 	var detect atomic.Int64
+	clk := newStepClock()
 	p := newPool(t, PoolOptions{
-		HealthInterval: 200 * time.Millisecond, PingTimeout: 300 * time.Millisecond, ProbeTimeout: 500 * time.Millisecond,
-		ProbeInterval: 200 * time.Millisecond, Transport: TransportOptions{RootCAs: roots}, Logger: zaptest.NewLogger(t),
+		HealthInterval: interval, PingTimeout: pingTO, ProbeTimeout: probeTO,
+		ProbeInterval: interval, Transport: TransportOptions{RootCAs: roots}, Logger: zaptest.NewLogger(t),
 		OnDetect: func(_ *Backend, what string, d time.Duration) { detect.Store(int64(d)) },
+		Clock:    clk,
 	}, front)
 	// The certificate is for 127.0.0.1 (the freezer's address too).
 	ctx, cancel := context.WithCancel(context.Background())
@@ -434,33 +458,75 @@ func TestPingTellsFrozenFromSlow(t *testing.T) {
 	go func() { p.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
 	b := p.Backends()[0]
-	testutil.Eventually(t, 5*time.Second, "healthy", func() bool { return b.State() == Healthy })
-	if !b.pingable.Load() {
+	clk.await(t, "healthy", func() bool { return b.State() == Healthy })
+	if !b.pingable() {
 		t.Fatal("an HTTPS HTTP/2 backend is not pinged")
+	}
+	// round steps to the next round once the last one is over: the loop waits, and no ping
+	// is unanswered (a /readyz probe may be: only the steps time it out).
+	round := func(what string) {
+		t.Helper()
+		clk.await(t, what, func() bool {
+			return clk.waiting(pingTO/2, pingTO, probeTO) && clk.pending(pingTO) == 0 && clk.pending(pingTO/2) == 0
+		})
+		clk.Step(interval + interval/4) // past the loop's timer, jittered or not
+	}
+	rounds := func(what string, n int, until func() bool) {
+		t.Helper()
+		for i := 0; i < n && (until == nil || !until()); i++ {
+			round(what)
+			if b.State() == Unhealthy {
+				t.Fatalf("%s: a backend that answers pings was judged unhealthy", what)
+			}
+		}
 	}
 
 	slow.Store(true)
-	testutil.Eventually(t, 5*time.Second, "degraded by a slow /readyz", func() bool { return b.State() == Degraded })
-	quiet := time.Now().Add(2 * time.Second)
-	for time.Now().Before(quiet) {
-		if b.State() == Unhealthy {
-			t.Fatal("a backend that answers pings was judged unhealthy for a slow /readyz")
-		}
-		time.Sleep(20 * time.Millisecond)
+	rounds("slow /readyz", 20, func() bool { return b.State() == Degraded })
+	clk.await(t, "degraded by a slow /readyz", func() bool { return b.State() == Degraded })
+	rounds("slow /readyz, degraded", 10, nil) // what was two quiet seconds
+	if b.State() != Degraded {
+		t.Fatalf("state %s after a slow /readyz, want degraded", b.State())
 	}
 	slow.Store(false)
-	testutil.Eventually(t, 5*time.Second, "healthy again", func() bool { return b.State() == Healthy })
+	rounds("quick /readyz", 20, func() bool { return b.State() == Healthy })
+	clk.await(t, "healthy again", func() bool { return b.State() == Healthy })
 
-	frozenAt := time.Now()
+	// Frozen: the next round's ping (kept connection) gets no answer within half its timeout,
+	// a fresh connection is tried then, and neither answers: unhealthy one and a half ping
+	// timeouts after the round began, not two.
+	clk.await(t, "between rounds", func() bool {
+		return clk.waiting(pingTO/2, pingTO, probeTO) && clk.pending(pingTO) == 0 && clk.pending(pingTO/2) == 0
+	})
 	fz.frozen.Store(true)
-	testutil.Eventually(t, 5*time.Second, "unhealthy when frozen", func() bool { return b.State() == Unhealthy })
-	took := time.Since(frozenAt)
-	t.Logf("frozen backend found unhealthy after %v (detection metric %v)", took.Round(time.Millisecond), time.Duration(detect.Load()).Round(time.Millisecond))
-	if bound := 200*time.Millisecond + 3*300*time.Millisecond/2 + 300*time.Millisecond; took > bound {
-		t.Errorf("found after %v, want within an interval and one and a half ping timeouts (+slack): %v", took, bound)
+	start := clk.Now()
+	clk.Step(interval + interval/4)
+	clk.await(t, "the frozen round's ping", func() bool { return clk.pending(pingTO) == 1 && clk.pending(pingTO/2) == 1 })
+	clk.Step(pingTO / 2)
+	clk.await(t, "the fresh connection's ping", func() bool { return clk.pending(pingTO) == 2 })
+	clk.Step(pingTO / 2) // the kept connection's ping times out; the fresh one's has half left
+	clk.await(t, "the kept connection's ping given up", func() bool { return clk.pending(pingTO) == 1 })
+	if s := b.State(); s == Unhealthy {
+		t.Fatal("unhealthy after one ping timeout, while the fresh connection's ping had time left")
+	}
+	clk.Step(pingTO / 2)
+	clk.await(t, "unhealthy when frozen", func() bool { return b.State() == Unhealthy })
+	took := clk.Since(start)
+	t.Logf("frozen backend found unhealthy after %v of the clock", took)
+	if bound := interval + interval/4 + 3*pingTO/2; took > bound {
+		t.Errorf("found after %v, want within an interval and one and a half ping timeouts: %v", took, bound)
+	}
+	clk.await(t, "the detection told (OnDetect, after the state)", func() bool { return detect.Load() != 0 })
+	if d := time.Duration(detect.Load()); d > took {
+		t.Errorf("detection told %v, more than the %v it took", d, took)
 	}
 	fz.frozen.Store(false)
-	testutil.Eventually(t, 5*time.Second, "healthy after the thaw", func() bool { return b.State() == Healthy })
+	for i := 0; i < 40 && b.State() != Healthy; i++ {
+		// Down, it is checked with backoff; the stuck pings of the freeze end at their timeouts.
+		clk.await(t, "a check of the thawed backend", func() bool { return clk.waiting(pingTO/2, pingTO, probeTO) })
+		clk.Step(interval / 2)
+	}
+	clk.await(t, "healthy after the thaw", func() bool { return b.State() == Healthy })
 }
 
 // a list sent at watchsan's high-water mark that a lagging backend answers

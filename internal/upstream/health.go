@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -30,9 +31,102 @@ import (
 // A backend that answers pings is healthy when ready, degraded when /readyz fails or is slow;
 // one that does not, or refuses connections, is unhealthy. A backend that cannot be pinged
 // (plain http://, or no HTTP/2) is judged by /readyz alone, as before: no answer is unhealthy.
-// Traffic adds signals: a refused dial is a verdict at once (passiveFailure); a reset, a lost
+// Traffic adds signals: a refused dial is a verdict at once (refused); a reset, a lost
 // connection or a silent watch asks for a check at once (ReportFailure); watches behind their
-// peers on other backends mark it lagging (the mover).
+// peers on other backends mark it lagging (outlier.go, which this file tells of recoveries).
+//
+// This file owns a backend's health (healthState): every field of it is written here, and a
+// backend's state changes only through judge, the one function from the last signals
+// (liveness, readiness) to a state, and the membership's removal and revival (pool.go calls
+// removeLocked and reviveLocked). Every time is on the pool's clock (PoolOptions.Clock).
+
+// healthState is a backend's health. Written by health.go alone; the zero value is a
+// backend nothing was heard of: Unknown, never alive, never probed.
+type healthState struct {
+	state atomic.Int32 // its State; changed by transitionLocked alone
+	// healthyAt is the last time it was known healthy (Unix ns); 0: never.
+	healthyAt atomic.Int64
+	// aliveAt is the last time anything came from it (a ping's ACK, an answer, an event;
+	// Unix ns); 0: never.
+	aliveAt atomic.Int64
+	// kickedAt is the last early re-check asked for (Unix ns); 0: none.
+	kickedAt atomic.Int64
+	// probeStatus is the last /readyz probe's HTTP status, to log a 401 or 403 once; 0: none.
+	probeStatus atomic.Int32
+	// liveness is the last ping verdict (or a refused dial's), readiness the last /readyz
+	// verdict; zero: unknown.
+	liveness  atomic.Int32
+	readiness atomic.Int32
+	// readyBusy: a /readyz probe is in flight.
+	readyBusy atomic.Bool
+	// probedAt is when the last /readyz probe started (Unix ns); 0: due now.
+	probedAt atomic.Int64
+	// pingFailed: a ping failed since the last one that passed.
+	pingFailed atomic.Bool
+	// noH2: it answered without HTTP/2, so it is judged by /readyz alone; false: pinged when
+	// it has a pinger (https).
+	noH2 atomic.Bool
+	// record is what the checker last found, its cause included (cause.go), written by
+	// verdict alone; zero: nothing judged yet.
+	record healthRecord
+}
+
+// pingable says whether b is pinged: https, and not found without HTTP/2.
+func (b *Backend) pingable() bool { return b.ping != nil && !b.hc.noH2.Load() }
+
+// alive records a sign of life: anything that came from it.
+func (b *Backend) alive() { b.hc.aliveAt.Store(b.pool.clk.Now().UnixNano()) }
+
+// refused takes a failed dial of real traffic as a verdict, through judge as any other, and
+// asks for one early re-check at most per health interval.
+func (b *Backend) refused(err error) {
+	p := b.pool
+	b.hc.liveness.Store(livenessDead)
+	p.judge(b, err)
+	p.recheck(b)
+}
+
+// suspect takes a 5xx or 429 answer from real traffic as a reason to check b now, /readyz
+// included: a proxy in front of an apiserver (Envoy, an L7 balancer) answers pings itself, so
+// only /readyz and traffic show that the apiserver behind it is gone.
+func (p *Pool) suspect(b *Backend) {
+	b.hc.probedAt.Store(0)
+	p.recheck(b)
+}
+
+// recheck asks b's health loop for an early check, at most once per health interval.
+func (p *Pool) recheck(b *Backend) {
+	now := p.clk.Now().UnixNano()
+	last := b.hc.kickedAt.Load()
+	if now-last < int64(p.opts.HealthInterval) || !b.hc.kickedAt.CompareAndSwap(last, now) {
+		return
+	}
+	select {
+	case b.kick <- struct{}{}:
+	default:
+	}
+}
+
+// ReportFailure tells the pool that traffic on b failed in a way that may mean b is in
+// trouble (a connection reset or lost, a watch that went silent): b is checked at once,
+// rather than at its next interval. It judges nothing by itself: the check does.
+func (b *Backend) ReportFailure(err error) {
+	if err != nil {
+		b.pool.recheck(b)
+	}
+}
+
+// healthySince returns the last time any backend was known healthy (zero: never).
+func (p *Pool) healthySince() time.Time {
+	var last int64
+	for _, b := range p.Backends() {
+		last = max(last, b.hc.healthyAt.Load())
+	}
+	if last == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, last)
+}
 
 const (
 	livenessUnknown int32 = iota
@@ -50,18 +144,89 @@ const (
 	readyUnverified
 )
 
+// setState records a verdict (verdict calls it). A transition is logged once, told to
+// OnState, wakes whoever waits for a usable backend and the mover (Pool.notifyLocked). This is
+// the only place a backend's state changes; a removed backend's state changes only when it is
+// added again (reviveLocked).
+func (p *Pool) setState(b *Backend, s State, cause error) { p.transition(b, s, cause, false) }
+
+// removeLocked makes b Removed (SetUpstreams, p.mu held).
+func (p *Pool) removeLocked(b *Backend) { p.transitionLocked(b, Removed, nil, false) }
+
+// reviveLocked makes a removed b Unknown again, and asks for its check now (SetUpstreams, p.mu
+// held).
+func (p *Pool) reviveLocked(b *Backend) {
+	p.transitionLocked(b, Unknown, nil, true)
+	p.recheck(b)
+}
+
+func (p *Pool) transition(b *Backend, s State, cause error, revive bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.transitionLocked(b, s, cause, revive)
+}
+
+// transitionLocked is transition with p.mu held.
+func (p *Pool) transitionLocked(b *Backend, s State, cause error, revive bool) {
+	now := p.clk.Now()
+	old := State(b.hc.state.Load())
+	if old == Removed && s != Removed && !revive {
+		return
+	}
+	b.hc.state.Store(int32(s))
+	if s == Healthy || old == Healthy {
+		b.hc.healthyAt.Store(now.UnixNano()) // healthy until now
+	}
+	if old == s {
+		return
+	}
+	var kind zap.Field = zap.Skip()
+	if c, ok := cause.(*Cause); ok {
+		kind = zap.String("cause", string(c.Kind))
+	}
+	switch s {
+	case Healthy:
+		if old == Degraded || old == Unhealthy {
+			p.forgiveLag(b, false) // its lag came with the trouble it recovered from
+		}
+		var after zap.Field = zap.Skip()
+		if h := b.hc.record.snap.Load(); h != nil && h.LastError != nil && old != Unknown {
+			after = zap.String("after", h.LastError.Error()) // what it was not healthy for
+		}
+		p.log.Info("upstream healthy", zap.Stringer("upstream", b), zap.Stringer("was", old), after)
+	case Degraded:
+		p.log.Warn("upstream degraded: it answers, but not ready; used only while no healthy upstream is left, its watches move",
+			zap.Stringer("upstream", b), zap.Stringer("was", old), kind, zap.Error(cause))
+	case Unknown:
+		p.log.Info("upstream added again", zap.Stringer("upstream", b))
+	case Removed:
+		p.log.Info("upstream removed; its watches move", zap.Stringer("upstream", b), zap.Stringer("was", old),
+			zap.Int64("watches", b.OpenWatches()))
+	default:
+		var silent time.Duration
+		if at := b.hc.aliveAt.Load(); at > 0 {
+			silent = now.Sub(time.Unix(0, at))
+		}
+		// Nothing waits on it (section 10.8): requests still waiting for its answer are cut,
+		// to be retried elsewhere or answered 503.
+		cut := b.waiting.cutAll()
+		p.log.Warn("upstream unhealthy", zap.Stringer("upstream", b), zap.Stringer("was", old),
+			zap.Duration("silentFor", silent), zap.Int64("watches", b.OpenWatches()), zap.Int("requestsCut", cut), kind, zap.Error(cause))
+		if old != Unknown && silent > 0 && p.opts.OnDetect != nil {
+			p.opts.OnDetect(b, "unhealthy", silent)
+		}
+		b.t.closeIdle()
+	}
+	if p.opts.OnState != nil {
+		p.opts.OnState(b, s)
+	}
+	p.notifyLocked()
+}
+
 func (p *Pool) checkLoop(ctx context.Context, b *Backend) {
 	interval := p.opts.HealthInterval
 	down := Backoff{Initial: min(time.Second, interval), Max: interval, Jitter: 0.2}
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		case <-b.kick:
-		}
+	for ctx.Err() == nil { // the first check at once
 		p.check(ctx, b)
 		next := interval
 		if b.State() == Unhealthy {
@@ -69,68 +234,68 @@ func (p *Pool) checkLoop(ctx context.Context, b *Backend) {
 		} else {
 			down.Reset()
 		}
-		if !t.Stop() {
-			select {
-			case <-t.C:
-			default:
-			}
+		t := p.clk.NewTimer(next)
+		select {
+		case <-ctx.Done():
+		case <-t.C():
+		case <-b.kick:
 		}
-		t.Reset(next)
+		t.Stop()
 	}
 }
 
 // probeDue says whether /readyz is to be asked this round: always while the backend is not
 // healthy (to see it recover), else at most every ProbeInterval.
 func (p *Pool) probeDue(b *Backend) bool {
-	now := time.Now().UnixNano()
-	if b.State() == Healthy && now-b.probedAt.Load() < int64(p.opts.ProbeInterval) {
+	now := p.clk.Now().UnixNano()
+	if b.State() == Healthy && now-b.hc.probedAt.Load() < int64(p.opts.ProbeInterval) {
 		return false
 	}
-	b.probedAt.Store(now)
+	b.hc.probedAt.Store(now)
 	return true
 }
 
 // check runs one round: a /readyz probe when due (in the background when the backend can be
 // pinged), and a ping.
 func (p *Pool) check(ctx context.Context, b *Backend) {
-	if !b.pingable.Load() {
+	if !b.pingable() {
 		if p.probeDue(b) {
 			p.probe(ctx, b)
 		}
 		return
 	}
-	if p.probeDue(b) && b.readyBusy.CompareAndSwap(false, true) {
+	if p.probeDue(b) && b.hc.readyBusy.CompareAndSwap(false, true) {
 		p.loops.Add(1)
 		go func() { // ends within ProbeTimeout
 			defer p.loops.Done()
-			defer b.readyBusy.Store(false)
+			defer b.hc.readyBusy.Store(false)
 			p.probe(ctx, b)
 		}()
 	}
-	start := time.Now().UnixNano()
+	start := p.clk.Now().UnixNano()
 	err := p.ping(ctx, b, start)
 	if ctx.Err() != nil {
 		return
 	}
 	if errors.Is(err, errNoH2) {
 		p.log.Info("upstream does not speak HTTP/2; judged by its /readyz alone", zap.Stringer("upstream", b))
-		b.pingable.Store(false)
+		b.hc.noH2.Store(true)
 		return
 	}
 	switch {
 	case err == nil:
 		b.alive()
-		b.liveness.Store(livenessAlive)
-		if b.pingFailed.Swap(false) && b.laggingTill.Load() != 0 {
-			// It did not answer for a while and does again: the lag came with that (a short
-			// freeze, found lagging before it was found unhealthy) and its cache catches up now.
-			b.laggingTill.Store(0)
-			p.log.Info("upstream answers again; no longer held back as lagging", zap.Stringer("upstream", b))
+		b.hc.liveness.Store(livenessAlive)
+		if b.hc.pingFailed.Swap(false) {
+			// It did not answer for a while and does again: a lag found meanwhile came with that
+			// (a short freeze, found lagging before it was found unhealthy) and its cache
+			// catches up now.
+			p.forgiveLag(b, true)
 		}
-	case b.aliveAt.Load() > start:
-		b.liveness.Store(livenessAlive) // the ping was slow, but the backend answered something
+	case b.hc.aliveAt.Load() > start:
+		b.hc.liveness.Store(livenessAlive) // the ping was slow, but the backend answered something
 	default:
-		b.liveness.Store(livenessDead)
+		b.hc.liveness.Store(livenessDead)
 	}
 	p.judge(b, err)
 }
@@ -149,29 +314,29 @@ func (p *Pool) ping(ctx context.Context, b *Backend, start int64) error {
 	p.loops.Add(1)
 	go func() { // ends within timeout; may outlive ping when the fresh connection answers first
 		defer p.loops.Done()
-		err := b.ping.ping(ctx, timeout)
+		err := b.ping.ping(ctx, p.clk, timeout)
 		if err != nil {
-			b.pingFailed.Store(true)
+			b.hc.pingFailed.Store(true)
 		}
 		first <- err
 	}()
-	half := time.NewTimer(timeout / 2)
+	half := p.clk.NewTimer(timeout / 2)
 	defer half.Stop()
 	select {
 	case err := <-first:
-		if err == nil || IsDialError(err) || errors.Is(err, errNoH2) || ctx.Err() != nil || b.aliveAt.Load() > start {
+		if err == nil || IsDialError(err) || errors.Is(err, errNoH2) || ctx.Err() != nil || b.hc.aliveAt.Load() > start {
 			return err
 		}
-		return b.spare.once(ctx, timeout) // it failed before its time (a GOAWAY, a reset)
-	case <-half.C:
+		return b.spare.once(ctx, p.clk, timeout) // it failed before its time (a GOAWAY, a reset)
+	case <-half.C():
 	}
-	if b.aliveAt.Load() > start {
+	if b.hc.aliveAt.Load() > start {
 		return <-first // it sent something meanwhile: alive, whatever this ping says
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	second := make(chan error, 1)
-	go func() { second <- b.spare.once(sctx, timeout) }()
+	go func() { second <- b.spare.once(sctx, p.clk, timeout) }()
 	var err error
 	for range 2 {
 		select {
@@ -210,7 +375,7 @@ func (p *Pool) probe(ctx context.Context, b *Backend) {
 	} else if err == nil && !b.t.probeIdentity {
 		p.anonPassed.Store(true) // anonymous probes are authorized in this cluster
 	}
-	if prev := b.probeStatus.Swap(int32(code)); prev != int32(code) && unauthorized {
+	if prev := b.hc.probeStatus.Swap(int32(code)); prev != int32(code) && unauthorized {
 		if err != nil {
 			p.log.Warn("upstream answers /readyz with 401 or 403: not ready until it lets watchsan read it",
 				zap.Stringer("upstream", b), zap.Int("code", code), zap.String("probeIdentity", b.t.probeAs()), zap.Error(err))
@@ -224,74 +389,89 @@ func (p *Pool) probe(ctx context.Context, b *Backend) {
 	}
 	switch {
 	case unauthorized && err == nil:
-		b.readiness.Store(readyUnverified)
+		b.hc.readiness.Store(readyUnverified)
 	case err == nil:
-		b.readiness.Store(readyOK)
+		b.hc.readiness.Store(readyOK)
 	case code != 0:
-		b.readiness.Store(readyNotReady)
+		b.hc.readiness.Store(readyNotReady)
 	default:
-		b.readiness.Store(readyNoAnswer)
+		b.hc.readiness.Store(readyNoAnswer)
 		if IsDialError(err) {
-			b.liveness.Store(livenessDead) // refused: nothing listens
+			b.hc.liveness.Store(livenessDead) // refused: nothing listens
 		}
 	}
-	if code != 0 && b.pingable.Load() && b.liveness.Load() == livenessDead {
-		b.liveness.Store(livenessAlive) // it answered: it is back
+	if code != 0 && b.hc.liveness.Load() == livenessDead {
+		b.hc.liveness.Store(livenessAlive) // it answered: it is back
 	}
 	p.judge(b, err)
 }
 
-// judge turns the last verdicts into the backend's state.
+// judge turns the last signals into the backend's state (decide), and records it
+// (verdict): the one path of every signal to a state, a probe's, a ping's and a refused
+// dial's of real traffic alike.
 func (p *Pool) judge(b *Backend, cause error) {
-	live, ready := b.liveness.Load(), b.readiness.Load()
-	if !b.pingable.Load() { // /readyz alone
-		switch ready {
-		case readyOK, readyUnverified:
-			p.verdict(b, Healthy, nil)
-		case readyNotReady:
-			p.verdict(b, Degraded, cause)
-		case readyNoAnswer:
-			p.verdict(b, Unhealthy, cause)
+	if s, why, ok := decide(b.pingable(), b.hc.liveness.Load(), b.hc.readiness.Load(), b.State(), cause); ok {
+		p.verdict(b, s, why)
+	}
+}
+
+// decide is the verdict of the last signals: liveness (the last ping, or a refused dial),
+// readiness (the last /readyz), whether b is pinged, its state now, and the error of the
+// signal that asks (nil: none); false when they decide nothing yet. A backend that is not
+// pinged is judged by /readyz alone, except that a refused dial makes it unhealthy until an
+// answer says otherwise.
+func decide(pingable bool, live, ready int32, cur State, cause error) (State, error, bool) {
+	if !pingable {
+		switch {
+		case live == livenessDead && cause != nil:
+			return Unhealthy, cause, true
+		case ready == readyOK || ready == readyUnverified:
+			return Healthy, nil, true
+		case ready == readyNotReady:
+			return Degraded, cause, true
+		case ready == readyNoAnswer:
+			return Unhealthy, cause, true
 		}
-		return
+		return cur, nil, false
 	}
 	switch {
 	case live == livenessDead:
 		if cause == nil {
 			cause = errors.New("no answer to HTTP/2 PING")
 		}
-		p.verdict(b, Unhealthy, cause)
+		return Unhealthy, cause, true
 	case live == livenessUnknown:
 	case ready == readyOK || ready == readyUnverified:
-		p.verdict(b, Healthy, nil)
+		return Healthy, nil, true
 	case ready == readyNotReady || ready == readyNoAnswer:
 		if cause == nil {
 			cause = errors.New("/readyz did not pass")
 		}
-		p.verdict(b, Degraded, cause)
-	case b.State() == Unhealthy:
-		p.verdict(b, Degraded, errors.New("it answers pings; /readyz not answered yet"))
+		return Degraded, cause, true
+	case cur == Unhealthy:
+		return Degraded, errors.New("it answers pings; /readyz not answered yet"), true
 	}
+	return cur, nil, false
 }
 
 // verdict records a verdict of the health checker: the backend's state (setState) and, with
 // it, the cause classified (cause.go), kept in b's Health; a change of cause while the state
 // stays is logged once, as setState logs a change of state. The only writer of Health.
 func (p *Pool) verdict(b *Backend, s State, cause error) {
-	b.health.mu.Lock()
-	defer b.health.mu.Unlock()
+	b.hc.record.mu.Lock()
+	defer b.hc.record.mu.Unlock()
 	var c *Cause
 	if cause != nil {
 		c = classify(cause, 0)
 		cause = c
 	}
 	var h Health
-	if old := b.health.snap.Load(); old != nil {
+	if old := b.hc.record.snap.Load(); old != nil {
 		h = *old
 	}
 	was := b.State()
 	p.setState(b, s, cause)
-	now := time.Now()
+	now := p.clk.Now()
 	st := b.State()
 	if st != was || h.StateSince.IsZero() {
 		h.StateSince = now
@@ -307,10 +487,10 @@ func (p *Pool) verdict(b *Backend, s State, cause error) {
 		}
 		h.LastError, h.ErrorAt = c, now
 	}
-	b.health.snap.Store(&h)
+	b.hc.record.snap.Store(&h)
 }
 
 // ReadinessUnverified reports whether b counts as ready without proof: its last /readyz
 // answered 401 or 403 to an anonymous probe, in a pool where no anonymous probe has passed
 // (docs/design.md section 10.6).
-func (b *Backend) ReadinessUnverified() bool { return b.readiness.Load() == readyUnverified }
+func (b *Backend) ReadinessUnverified() bool { return b.hc.readiness.Load() == readyUnverified }

@@ -192,7 +192,7 @@ func (l *Lease) Pos() uint64 { return l.pos.Load() }
 // the watch, or gives up (MoveFailed); any other lease's attempt ends now with a MoveError.
 // False if it had ended, is being moved, or is held after a failed move.
 func (l *Lease) move(r MoveReason) bool {
-	if l.done.Load() || l.held(l.b.pool.opts.Clock.Now()) || !l.moved.CompareAndSwap(false, true) {
+	if l.done.Load() || l.held(l.b.pool.clk.Now()) || !l.moved.CompareAndSwap(false, true) {
 		return false
 	}
 	l.b.leases.moving.Add(1)
@@ -220,7 +220,7 @@ func (l *Lease) cut(r MoveReason) { l.cancel(&MoveError{From: l.b, Reason: r}) }
 // resume point): the watch stays where it is, and is not asked to move again for hold (on
 // the Pool's clock, PoolOptions.Clock).
 func (l *Lease) MoveFailed(hold time.Duration) {
-	l.hold.Store(l.b.pool.opts.Clock.Now().Add(hold).UnixNano())
+	l.hold.Store(l.b.pool.clk.Now().Add(hold).UnixNano())
 	if l.moved.CompareAndSwap(true, false) {
 		l.b.leases.moving.Add(-1)
 	}
@@ -348,7 +348,7 @@ func (p *Pool) newLease(b *Backend, plan Plan, cancel context.CancelCauseFunc) *
 		l.high = p.progress.highWater(plan.Resource)
 	}
 	l.pos.Store(plan.From)
-	now := time.Now().UnixNano()
+	now := p.clk.Now().UnixNano()
 	l.since.Store(now)
 	l.waiting.Store(now)
 	b.leases.add(l)

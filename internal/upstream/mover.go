@@ -42,20 +42,28 @@ func (k *bucket) take() bool {
 	return false
 }
 
+// kickMover asks the mover to look now (after a health transition, a change of the set).
+func (p *Pool) kickMover() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
 func (p *Pool) moveLoop(ctx context.Context) {
-	t := time.NewTicker(moveTick)
+	t := p.clk.NewTicker(moveTick)
 	defer t.Stop()
 	drain := bucket{rate: p.opts.DrainRate}
 	rebalance := bucket{rate: p.opts.RebalanceRate}
-	last := time.Now()
+	last := p.clk.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		case <-p.wake:
 		}
-		now := time.Now()
+		now := p.clk.Now()
 		drain.fill(now.Sub(last))
 		rebalance.fill(now.Sub(last))
 		last = now
@@ -65,7 +73,7 @@ func (p *Pool) moveLoop(ctx context.Context) {
 			p.findLag(bs, now)
 		}
 		if p.opts.RebalanceRate > 0 {
-			p.rebalance(bs, &rebalance)
+			p.rebalance(bs, now, &rebalance)
 		}
 	}
 }
@@ -91,7 +99,7 @@ func (p *Pool) moved(b *Backend, r MoveReason) {
 func (p *Pool) drain(bs []*Backend, now time.Time, k *bucket) {
 	healthyTarget := false
 	for _, b := range bs {
-		if b.State() == Healthy && !b.Lagging() {
+		if b.State() == Healthy && !b.laggingAt(now) {
 			healthyTarget = true
 		}
 	}
@@ -116,7 +124,7 @@ func (p *Pool) drain(bs []*Backend, now time.Time, k *bucket) {
 				p.moveMovable(b, MoveDegraded, k, -1)
 			}
 		case Removed:
-			removedAt := time.Unix(0, b.removedAt.Load())
+			removedAt := time.Unix(0, b.member.removedAt.Load())
 			if usableOther(b) {
 				p.moveMovable(b, MoveRemoved, k, -1)
 			}
@@ -136,7 +144,7 @@ func (p *Pool) drain(bs []*Backend, now time.Time, k *bucket) {
 // It returns how many moved.
 func (p *Pool) moveMovable(b *Backend, r MoveReason, k *bucket, limit int) int {
 	n := 0
-	now := p.opts.Clock.Now()
+	now := p.clk.Now()
 	for _, l := range b.leases.snapshot() {
 		if limit >= 0 && n >= limit {
 			break
@@ -193,10 +201,10 @@ func (p *Pool) findLag(bs []*Backend, now time.Time) {
 
 // rebalance moves movable watches from the healthy backend with the most watches toward the
 // one with the fewest, while they differ by two or more.
-func (p *Pool) rebalance(bs []*Backend, k *bucket) {
+func (p *Pool) rebalance(bs []*Backend, now time.Time, k *bucket) {
 	var targets []*Backend
 	for _, b := range bs {
-		if b.State() == Healthy && !b.Lagging() {
+		if b.State() == Healthy && !b.laggingAt(now) {
 			targets = append(targets, b)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+	"k8s.io/utils/clock"
 )
 
 // errNoH2 means the backend did not agree to HTTP/2 (ALPN): it cannot be pinged.
@@ -39,23 +40,24 @@ func newPinger(addr string, cfg *tls.Config, dialTimeout, keepAlive time.Duratio
 	return &pinger{addr: addr, tls: c, dialer: &net.Dialer{Timeout: dialTimeout, KeepAlive: keepAlive}, onDial: onDial}
 }
 
-// ping sends one PING and waits for its ACK within timeout, dialling first when no connection
-// is open. Any failure closes the connection, so the next ping starts on a fresh one.
-func (p *pinger) ping(ctx context.Context, timeout time.Duration) error {
+// ping sends one PING and waits for its ACK within timeout on clk (the pool's), dialling first
+// when no connection is open. Any failure closes the connection, so the next ping starts on a
+// fresh one.
+func (p *pinger) ping(ctx context.Context, clk clock.WithDelayedExecution, timeout time.Duration) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := withTimeout(ctx, clk, timeout)
 	defer cancel()
-	deadline, _ := ctx.Deadline()
 	if p.conn == nil {
 		if err := p.dial(ctx); err != nil {
 			return err
 		}
 	}
 	c := p.conn
-	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) }) // ends a blocked read
+	_ = c.SetDeadline(time.Time{})
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(longAgo) }) // ends a blocked read or write
 	defer stop()
-	if err := p.exchange(deadline); err != nil {
+	if err := p.exchange(); err != nil {
 		p.closeLocked()
 		if ctx.Err() != nil {
 			return fmt.Errorf("no HTTP/2 PING answer within %v: %w", timeout, err)
@@ -66,11 +68,15 @@ func (p *pinger) ping(ctx context.Context, timeout time.Duration) error {
 }
 
 // once pings on a fresh connection, closed after the answer (the spare of Pool.ping).
-func (p *pinger) once(ctx context.Context, timeout time.Duration) error {
+func (p *pinger) once(ctx context.Context, clk clock.WithDelayedExecution, timeout time.Duration) error {
 	defer p.Close()
 	p.Close()
-	return p.ping(ctx, timeout)
+	return p.ping(ctx, clk, timeout)
 }
+
+// longAgo is a deadline in the past: set on a connection, it ends its blocked reads and
+// writes at once (as net/http's aLongTimeAgo).
+var longAgo = time.Unix(1, 0)
 
 func (p *pinger) dial(ctx context.Context) error {
 	d := &tls.Dialer{NetDialer: p.dialer, Config: p.tls}
@@ -100,8 +106,7 @@ func (p *pinger) dial(ctx context.Context) error {
 
 // exchange writes a PING and reads frames until its ACK. The server's SETTINGS are
 // acknowledged; a GOAWAY ends the connection (the next ping dials again).
-func (p *pinger) exchange(deadline time.Time) error {
-	_ = p.conn.SetDeadline(deadline)
+func (p *pinger) exchange() error {
 	p.seq++
 	var data [8]byte
 	binary.BigEndian.PutUint64(data[:], p.seq)

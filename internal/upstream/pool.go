@@ -93,9 +93,12 @@ type PoolOptions struct {
 	// OnAdd and OnForget, if set, are told when a backend joins the pool after NewPool and
 	// when a removed one is forgotten (metric series are created and deleted with them).
 	OnAdd, OnForget func(b *Backend)
-	// Clock times the hold of a watch whose move failed (Lease.MoveFailed); nil: the real
-	// clock.
-	Clock clock.PassiveClock
+	// Clock is the one clock of the pool's parts: the health checker's rounds, ping and
+	// /readyz timeouts and signs of life, the outlier detector's holds, the mover's ticks and
+	// the holds of failed moves, the waits of requests on a frozen backend, and the Attempter's
+	// when it is given none (AttempterOptions.Clock). Nil: the real clock. Tests step a fake
+	// one (k8s.io/utils/clock/testing).
+	Clock clock.WithTickerAndDelayedExecution
 }
 
 // Pool is the set of backends, their health and their load. Short requests go to the
@@ -104,9 +107,17 @@ type PoolOptions struct {
 // preferred one is left; an unhealthy backend gets no request, only checks, until it answers.
 // The Pool moves watches (through their Lease) off backends that fail, lag or leave, and onto
 // backends that recover or join, at a bounded rate.
+//
+// Its parts, as in Envoy's and Caddy's pools, each in its file and owning its state: the
+// membership (this file: the set of backends, their removal and their health loops), health
+// (health.go: active checks and passive signals, the one judge of a backend's state), outlier
+// detection (outlier.go: the lagging verdict), selection (select.go: a pure choice over a
+// snapshot of the backends) and the mover (mover.go). All of them run on one clock, clk.
 type Pool struct {
-	opts     PoolOptions
-	log      *zap.Logger
+	opts PoolOptions
+	log  *zap.Logger
+	clk  clock.WithTickerAndDelayedExecution // opts.Clock
+	// next is selection's round-robin counter (select.go).
 	next     atomic.Uint64
 	list     atomic.Pointer[[]*Backend] // replaced under mu, never modified
 	progress progress
@@ -119,6 +130,17 @@ type Pool struct {
 	changed chan struct{}   // closed and replaced at every health transition
 	run     context.Context // Run's context while it runs; nil otherwise
 	loops   sync.WaitGroup  // health loops and probes
+}
+
+// membership is a backend's place in the pool. Written by pool.go alone, under Pool.mu but
+// for loopDone's close; the zero value is a backend in the set, whose loop has not started.
+type membership struct {
+	// removedAt is when it was removed (Unix ns, the pool's clock); 0: it was not.
+	removedAt atomic.Int64
+	// stopLoop ends its health loop; nil until the loop starts (startLoop).
+	stopLoop context.CancelFunc
+	// loopDone is closed when its health loop has ended; made by newBackend.
+	loopDone chan struct{}
 }
 
 // NewPool builds one backend per URL. Every backend starts Unknown.
@@ -145,7 +167,7 @@ func NewPool(urls []*url.URL, o PoolOptions) (*Pool, error) {
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}
-	p := &Pool{opts: o, log: o.Logger.Named("upstream"), changed: make(chan struct{}), wake: make(chan struct{}, 1)}
+	p := &Pool{opts: o, log: o.Logger.Named("upstream"), clk: o.Clock, changed: make(chan struct{}), wake: make(chan struct{}, 1)}
 	var bs []*Backend
 	seen := map[string]bool{}
 	for _, u := range urls {
@@ -164,7 +186,8 @@ func NewPool(urls []*url.URL, o PoolOptions) (*Pool, error) {
 }
 
 func (p *Pool) newBackend(u *url.URL, late bool) (*Backend, error) {
-	b := &Backend{URL: u, name: u.String(), pool: p, kick: make(chan struct{}, 1), late: late, loopDone: make(chan struct{})}
+	b := &Backend{URL: u, name: u.String(), pool: p, kick: make(chan struct{}, 1), late: late}
+	b.member.loopDone = make(chan struct{})
 	to := p.opts.Transport
 	var onDial func(string, error)
 	if p.opts.OnDial != nil {
@@ -187,7 +210,6 @@ func (p *Pool) newBackend(u *url.URL, late bool) (*Backend, error) {
 		}
 		b.ping = newPinger(addr, t.tls, 0, to.KeepAlive, pingDial)
 		b.spare = newPinger(addr, t.tls, 0, to.KeepAlive, pingDial)
-		b.pingable.Store(true)
 	}
 	return b, nil
 }
@@ -216,63 +238,6 @@ func (p *Pool) AnyHealthy() bool {
 	return false
 }
 
-// pick returns the usable backend with the least load of the kind (open watches for a watch,
-// outstanding requests otherwise): a preferred one if any, else a degraded or lagging one,
-// avoiding avoid when another choice exists; nil when none is usable. Ties go round-robin.
-// pickServing's serve, when not nil, says which backends can serve the request (a watch's resume point,
-// docs/design.md section 10.2): one that cannot is picked only when no usable one can.
-func (p *Pool) pick(watch bool, avoid *Backend) *Backend { return p.pickServing(watch, avoid, nil) }
-
-// pickServing is pick with serve.
-func (p *Pool) pickServing(watch bool, avoid *Backend, serve func(*Backend) bool) *Backend {
-	bs := p.Backends()
-	n := uint64(len(bs))
-	start := p.next.Add(1)
-	var best, fallback, avoided, unservable *Backend
-	var bestLoad, fallbackLoad int64
-	for i := uint64(0); i < n; i++ {
-		b := bs[(start+i)%n]
-		switch {
-		case !b.usable():
-		case serve != nil && !serve(b):
-			if unservable == nil || b.preferred() {
-				unservable = b
-			}
-		case b == avoid:
-			avoided = b
-		case b.preferred():
-			if l := b.load(watch); best == nil || l < bestLoad {
-				best, bestLoad = b, l
-			}
-		default:
-			if l := b.load(watch); fallback == nil || l < fallbackLoad {
-				fallback, fallbackLoad = b, l
-			}
-		}
-	}
-	switch {
-	case best != nil:
-		return best
-	case fallback != nil:
-		return fallback
-	case avoided != nil:
-		return avoided
-	}
-	return unservable
-}
-
-// healthySince returns the last time any backend was known healthy (zero: never).
-func (p *Pool) healthySince() time.Time {
-	var last int64
-	for _, b := range p.Backends() {
-		last = max(last, b.healthyAt.Load())
-	}
-	if last == 0 {
-		return time.Time{}
-	}
-	return time.Unix(0, last)
-}
-
 // maxDescribed bounds the backends an error message names.
 const maxDescribed = 10
 
@@ -286,7 +251,7 @@ func (p *Pool) describe() string {
 			parts = append(parts, fmt.Sprintf("%d more", len(bs)-i))
 			break
 		}
-		parts = append(parts, b.String()+" "+b.Health().Describe())
+		parts = append(parts, b.String()+" "+b.Health().describe(p.clk.Now()))
 	}
 	return strings.Join(parts, "; ")
 }
@@ -298,136 +263,12 @@ func (p *Pool) changes() <-chan struct{} {
 	return p.changed
 }
 
-// setState records a verdict. A transition is logged once, told to OnState, wakes whoever
-// waits for a usable backend and the mover. This is the only place a backend's state changes;
-// a removed backend's state changes only when it is added again (revive).
-func (p *Pool) setState(b *Backend, s State, cause error) { p.transition(b, s, cause, false) }
-
-func (p *Pool) transition(b *Backend, s State, cause error, revive bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.transitionLocked(b, s, cause, revive)
-}
-
-// transitionLocked is transition with p.mu held.
-func (p *Pool) transitionLocked(b *Backend, s State, cause error, revive bool) {
-	now := time.Now()
-	old := State(b.state.Load())
-	if old == Removed && s != Removed && !revive {
-		return
-	}
-	b.state.Store(int32(s))
-	if s == Healthy || old == Healthy {
-		b.healthyAt.Store(now.UnixNano()) // healthy until now
-	}
-	if old == s {
-		return
-	}
-	var kind zap.Field = zap.Skip()
-	if c, ok := cause.(*Cause); ok {
-		kind = zap.String("cause", string(c.Kind))
-	}
-	switch s {
-	case Healthy:
-		if old == Degraded || old == Unhealthy {
-			b.laggingTill.Store(0) // its lag came with the trouble it recovered from
-		}
-		var after zap.Field = zap.Skip()
-		if h := b.health.snap.Load(); h != nil && h.LastError != nil && old != Unknown {
-			after = zap.String("after", h.LastError.Error()) // what it was not healthy for
-		}
-		p.log.Info("upstream healthy", zap.Stringer("upstream", b), zap.Stringer("was", old), after)
-	case Degraded:
-		p.log.Warn("upstream degraded: it answers, but not ready; used only while no healthy upstream is left, its watches move",
-			zap.Stringer("upstream", b), zap.Stringer("was", old), kind, zap.Error(cause))
-	case Unknown:
-		p.log.Info("upstream added again", zap.Stringer("upstream", b))
-	case Removed:
-		p.log.Info("upstream removed; its watches move", zap.Stringer("upstream", b), zap.Stringer("was", old),
-			zap.Int64("watches", b.OpenWatches()))
-	default:
-		var silent time.Duration
-		if at := b.aliveAt.Load(); at > 0 {
-			silent = now.Sub(time.Unix(0, at))
-		}
-		// Nothing waits on it (section 10.8): requests still waiting for its answer are cut,
-		// to be retried elsewhere or answered 503.
-		cut := b.waiting.cutAll()
-		p.log.Warn("upstream unhealthy", zap.Stringer("upstream", b), zap.Stringer("was", old),
-			zap.Duration("silentFor", silent), zap.Int64("watches", b.OpenWatches()), zap.Int("requestsCut", cut), kind, zap.Error(cause))
-		if old != Unknown && silent > 0 && p.opts.OnDetect != nil {
-			p.opts.OnDetect(b, "unhealthy", silent)
-		}
-		b.t.closeIdle()
-	}
-	if p.opts.OnState != nil {
-		p.opts.OnState(b, s)
-	}
+// notifyLocked tells of a health transition (health.go calls it, p.mu held): whoever waits
+// for a usable backend (changes), and the mover.
+func (p *Pool) notifyLocked() {
 	close(p.changed)
 	p.changed = make(chan struct{})
 	p.kickMover()
-}
-
-func (p *Pool) kickMover() {
-	select {
-	case p.wake <- struct{}{}:
-	default:
-	}
-}
-
-// passiveFailure takes a failed dial from real traffic as a verdict, and asks for one early
-// re-check at most per health interval.
-func (p *Pool) passiveFailure(b *Backend, err error) {
-	b.liveness.Store(livenessDead)
-	p.verdict(b, Unhealthy, err)
-	p.recheck(b)
-}
-
-// suspect takes a 5xx or 429 answer from real traffic as a reason to check b now, /readyz
-// included: a proxy in front of an apiserver (Envoy, an L7 balancer) answers pings itself, so
-// only /readyz and traffic show that the apiserver behind it is gone.
-func (p *Pool) suspect(b *Backend) {
-	b.probedAt.Store(0)
-	p.recheck(b)
-}
-
-// recheck asks b's health loop for an early check, at most once per health interval.
-func (p *Pool) recheck(b *Backend) {
-	now := time.Now().UnixNano()
-	last := b.kickedAt.Load()
-	if now-last < int64(p.opts.HealthInterval) || !b.kickedAt.CompareAndSwap(last, now) {
-		return
-	}
-	select {
-	case b.kick <- struct{}{}:
-	default:
-	}
-}
-
-// ReportFailure tells the pool that traffic on b failed in a way that may mean b is in
-// trouble (a connection reset or lost, a watch that went silent): b is checked at once,
-// rather than at its next interval. It judges nothing by itself: the check does.
-func (b *Backend) ReportFailure(err error) {
-	if err != nil {
-		b.pool.recheck(b)
-	}
-}
-
-// markLagging records that b served watches (or a list) behind what the other backends
-// serve; it is not preferred for lagHold.
-func (p *Pool) markLagging(b *Backend, since time.Time, why string) {
-	now := time.Now()
-	was := b.Lagging()
-	b.laggingTill.Store(now.Add(lagHold).UnixNano())
-	if was {
-		return
-	}
-	p.log.Warn("upstream lagging: it serves older data than the other upstreams; not preferred for a while",
-		zap.Stringer("upstream", b), zap.String("why", why), zap.Duration("behindFor", now.Sub(since)), zap.Duration("for", lagHold))
-	if p.opts.OnDetect != nil {
-		p.opts.OnDetect(b, "lagging", now.Sub(since))
-	}
-	p.recheck(b)
 }
 
 // SetUpstreams makes urls the pool's backends: new ones are added (tried once their first
@@ -487,14 +328,13 @@ func (p *Pool) SetUpstreams(urls []*url.URL) (added, removed []string, err error
 		added = append(added, b.name)
 	}
 	for _, b := range revived {
-		b.removedAt.Store(0)
-		p.transitionLocked(b, Unknown, nil, true)
-		p.recheck(b)
+		b.member.removedAt.Store(0)
+		p.reviveLocked(b)
 		added = append(added, b.name)
 	}
 	for _, b := range leaving {
-		b.removedAt.Store(time.Now().UnixNano())
-		p.transitionLocked(b, Removed, nil, false)
+		b.member.removedAt.Store(p.clk.Now().UnixNano())
+		p.removeLocked(b)
 		removed = append(removed, b.name)
 	}
 	p.mu.Unlock()
@@ -517,7 +357,7 @@ func (p *Pool) forget(b *Backend) {
 		}
 	}
 	p.list.Store(&next)
-	stop := b.stopLoop
+	stop := b.member.stopLoop
 	p.mu.Unlock()
 	if stop != nil {
 		stop()
@@ -558,11 +398,11 @@ func (p *Pool) Run(ctx context.Context) {
 // startLoop starts b's health loop under Run's context; p.mu is held.
 func (p *Pool) startLoop(b *Backend) {
 	ctx, cancel := context.WithCancel(p.run)
-	b.stopLoop = cancel
+	b.member.stopLoop = cancel
 	p.loops.Add(1)
 	go func() {
 		defer p.loops.Done()
-		defer close(b.loopDone)
+		defer close(b.member.loopDone)
 		defer cancel()
 		p.checkLoop(ctx, b)
 	}()

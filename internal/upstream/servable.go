@@ -2,7 +2,6 @@ package upstream
 
 import (
 	"regexp"
-	"sort"
 	"strconv"
 	"sync"
 )
@@ -62,46 +61,6 @@ func TooOldFloor(msg string) (uint64, bool) {
 	}
 	n, err := strconv.ParseUint(m[1], 10, 64)
 	return n, err == nil && n > 0
-}
-
-// MoveTargets lists where the Pool would move the lease's watch for r, best first, and whether
-// some backend was left out only because it cannot serve the resume point from: a move
-// (docs/design.md section 10.1) tries them in turn, make-before-break, and a fresher resume
-// point (section 10.3) would open the ones left out. For a rebalance only healthy backends
-// with at least two watches fewer than the lease's own qualify (the rule of Pool.rebalance);
-// for any other reason every usable backend but the lease's, preferred ones first, each by
-// fewest watches.
-func (l *Lease) MoveTargets(r MoveReason, resource string, from uint64) (targets []*Backend, blocked bool) {
-	here := l.b
-	type cand struct {
-		b    *Backend
-		pref bool
-		load int64
-	}
-	var cs []cand
-	for _, b := range here.pool.Backends() {
-		if b == here || !b.usable() {
-			continue
-		}
-		if r == MoveRebalance && (b.State() != Healthy || b.Lagging() || b.OpenWatches() > here.OpenWatches()-2) {
-			continue
-		}
-		if !b.CanServe(resource, from) {
-			blocked = true
-			continue
-		}
-		cs = append(cs, cand{b, b.preferred(), b.OpenWatches()})
-	}
-	sort.SliceStable(cs, func(i, j int) bool {
-		if cs[i].pref != cs[j].pref {
-			return cs[i].pref
-		}
-		return cs[i].load < cs[j].load
-	})
-	for _, c := range cs {
-		targets = append(targets, c.b)
-	}
-	return targets, blocked
 }
 
 // Servable reports whether a usable backend other than except is not known to be unable to

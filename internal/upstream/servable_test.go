@@ -29,8 +29,8 @@ func TestPickServesTheResumePoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, b := p.Backends()[0], p.Backends()[1]
-	a.state.Store(int32(Healthy))
-	b.state.Store(int32(Healthy))
+	a.hc.state.Store(int32(Healthy))
+	b.hc.state.Store(int32(Healthy))
 	lease(p, b, "", 0, true) // b has more watches: picked only if a cannot serve
 	a.NoteTooOld("configmaps", 219)
 	a.NoteTooOld("configmaps", 200) // floors only rise
@@ -62,14 +62,14 @@ func TestPickServesTheResumePoint(t *testing.T) {
 // for the time its owner says, on the Pool's clock, and the mover does not ask again
 // meanwhile.
 func TestMoveHandlerAskedAndHeld(t *testing.T) {
-	clk := clocktesting.NewFakePassiveClock(time.Now())
+	clk := clocktesting.NewFakeClock(time.Now())
 	p, err := NewPool([]*url.URL{{Scheme: "http", Host: "a"}, {Scheme: "http", Host: "b"}}, PoolOptions{Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
 	a := p.Backends()[0]
-	a.state.Store(int32(Degraded))
-	p.Backends()[1].state.Store(int32(Healthy))
+	a.hc.state.Store(int32(Degraded))
+	p.Backends()[1].hc.state.Store(int32(Healthy))
 	asked := make(chan MoveReason, 10)
 	cut := false
 	l := p.newLease(a, Plan{From: 7, OnMove: func(_ *Lease, r MoveReason) { asked <- r }}, func(error) { cut = true })
