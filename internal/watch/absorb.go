@@ -2,7 +2,6 @@ package watch
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -41,7 +40,7 @@ const (
 	// --watch-absorb-total-bytes; the state was dropped.
 	absorbOverBudget = "over-budget"
 	// absorbFormat: the feed's objects are not whole objects (a Table, metadata only: Accept
-	// with "as="), or its format is not one absorbing reads (absorbCodecFor: JSON, protobuf
+	// with "as="), or its format is not one absorbing reads (stream.ListCodecFor: JSON, protobuf
 	// and CBOR are).
 	absorbFormat = "format"
 	// absorbListFailed: the list did not succeed in time (backed off within the resume
@@ -80,7 +79,7 @@ func (h *Handler) stateFor(r *http.Request, p params, format stream.Format) (*fe
 	switch {
 	case h.cfg.DisableAbsorb:
 		return nil, ""
-	case absorbCodecFor(format) == nil || strings.Contains(r.Header.Get("Accept"), "as="):
+	case stream.ListCodecFor(format) == nil || strings.Contains(r.Header.Get("Accept"), "as="):
 		return nil, absorbFormat
 	case !completeFromStart(r, p):
 		return nil, absorbNotComplete
@@ -234,7 +233,7 @@ var errListBudget = errors.New("the list is larger than the watch's state budget
 
 // listed is a list of the feed's scope, read whole.
 type listed struct {
-	codec            absorbCodec // the feed's format's
+	codec            stream.ListCodec // the feed's format's
 	budget           *stateBudget
 	held             int64 // bytes taken from the budget while it is held
 	kind, apiVersion string
@@ -246,93 +245,10 @@ type listed struct {
 type listItem struct {
 	uid string
 	rv  uint64
-	obj []byte // the item as a watch event's object (absorbCodec.item)
+	obj []byte // the item as a watch event's object (stream.ListCodec.Item)
 }
 
 func (l *listed) free() { l.budget.give(l.held) }
-
-// listPage is one page of a list response, as decoded: the list's kind ("ConfigMapList"),
-// apiVersion, resourceVersion and continue token, and its items' bytes as the list holds them.
-type listPage struct {
-	kind, apiVersion, rv, cont string
-	items                      [][]byte
-}
-
-// absorbCodec is what of absorbing is particular to a feed's wire format (absorbCodecFor):
-// the list's Accept and decoding, and the watch event frames made of a list's items and of
-// the state's frames, as the apiserver's watch writes them in that format. absorb.go's flow
-// is the same for every format.
-type absorbCodec interface {
-	// accept is the list request's Accept: the feed's format alone.
-	accept() string
-	// decodeList decodes one page of a list response.
-	decodeList(body []byte) (*listPage, error)
-	// item is a list item as a watch event's object (kind and apiVersion, of l, as the
-	// watch carries them) and the key, uid and resourceVersion it has.
-	item(l *listed, raw []byte) (key string, it *listItem, err error)
-	// frame is a whole watch event frame of type typ with the object obj.
-	frame(typ string, obj []byte) []byte
-	// objectOf is the object of a watch event's frame (one the feed read), as frame takes it.
-	objectOf(frame []byte) ([]byte, error)
-	// bookmark is the object of a BOOKMARK at rv of l's kind: only its resourceVersion set.
-	bookmark(l *listed, rv string) []byte
-}
-
-// absorbCodecFor is format's absorbCodec, nil for one absorbing does not read.
-func absorbCodecFor(format stream.Format) absorbCodec {
-	switch format {
-	case stream.JSON:
-		return jsonAbsorb{}
-	case stream.Protobuf:
-		return protoAbsorb{}
-	case stream.CBOR:
-		return cborAbsorb{}
-	}
-	return nil
-}
-
-// jsonAbsorb is the JSON absorbCodec.
-type jsonAbsorb struct{}
-
-// mapListPage is a list response in JSON or CBOR (one data model), as decoded; Raw is the
-// format's raw value type.
-type mapListPage[Raw ~[]byte] struct {
-	Kind       string          `json:"kind"`
-	APIVersion string          `json:"apiVersion"`
-	Metadata   metav1.ListMeta `json:"metadata"`
-	Items      []Raw           `json:"items"`
-}
-
-func (m *mapListPage[Raw]) page() *listPage {
-	p := &listPage{kind: m.Kind, apiVersion: m.APIVersion, rv: m.Metadata.ResourceVersion, cont: m.Metadata.Continue,
-		items: make([][]byte, len(m.Items))}
-	for i, it := range m.Items {
-		p.items[i] = it
-	}
-	return p
-}
-
-func (jsonAbsorb) accept() string { return "application/json" }
-
-func (jsonAbsorb) decodeList(body []byte) (*listPage, error) {
-	var page mapListPage[json.RawMessage]
-	if err := json.Unmarshal(body, &page); err != nil {
-		return nil, err
-	}
-	return page.page(), nil
-}
-
-// itemMeta is what of an item the diff reads.
-type itemMeta struct {
-	Kind       string `json:"kind"`
-	APIVersion string `json:"apiVersion"`
-	Metadata   struct {
-		Name            string `json:"name"`
-		Namespace       string `json:"namespace"`
-		UID             string `json:"uid"`
-		ResourceVersion string `json:"resourceVersion"`
-	} `json:"metadata"`
-}
 
 // list reads the feed's scope whole, page by page (limit and continue), a consistent read
 // (resourceVersion unset: served at etcd's current revision, which is at or past every
@@ -346,7 +262,7 @@ type itemMeta struct {
 // without waiting for a backend.
 func (f *feed) list(paced bool, exact string) (*listed, error) {
 	b := f.state.budget
-	l := &listed{codec: absorbCodecFor(f.format), budget: b, items: map[string]*listItem{}}
+	l := &listed{codec: stream.ListCodecFor(f.format), budget: b, items: map[string]*listItem{}}
 	if l.codec == nil {
 		return nil, fmt.Errorf("no list in format %s", f.format)
 	}
@@ -365,7 +281,7 @@ func (f *feed) list(paced bool, exact string) (*listed, error) {
 			l.free()
 			return nil, err
 		}
-		cost := n + int64(len(page.items))*stateOverhead
+		cost := n + int64(len(page.Items))*stateOverhead
 		if l.held+cost > b.perFeed || !b.take(cost) {
 			l.free()
 			return nil, errListBudget
@@ -373,59 +289,32 @@ func (f *feed) list(paced bool, exact string) (*listed, error) {
 		l.held += cost
 		l.pages++
 		if l.pages == 1 {
-			l.kind, l.apiVersion = strings.TrimSuffix(page.kind, "List"), page.apiVersion
-			rv, ok := stream.ParseRV(page.rv)
+			l.kind, l.apiVersion = strings.TrimSuffix(page.Kind, "List"), page.APIVersion
+			rv, ok := stream.ParseRV(page.ResourceVersion)
 			if !ok || l.kind == "" || l.apiVersion == "" {
 				l.free()
-				return nil, fmt.Errorf("the list's kind %q, apiVersion %q or resourceVersion %q is not one watchsan reads", page.kind, page.apiVersion, page.rv)
+				return nil, fmt.Errorf("the list's kind %q, apiVersion %q or resourceVersion %q is not one watchsan reads", page.Kind, page.APIVersion, page.ResourceVersion)
 			}
 			l.rv = rv
 		}
-		for _, raw := range page.items {
-			key, it, err := l.codec.item(l, raw)
+		for _, raw := range page.Items {
+			key, it, err := l.codec.Item(l.kind, l.apiVersion, raw)
 			if err != nil {
 				l.free()
 				return nil, err
 			}
-			l.items[key] = it
+			l.items[key] = &listItem{uid: it.UID, rv: it.RV, obj: it.Object}
 		}
-		cont = page.cont
+		cont = page.Continue
 		if cont == "" {
 			return l, nil
 		}
 	}
 }
 
-func (jsonAbsorb) item(l *listed, raw []byte) (string, *listItem, error) {
-	var im itemMeta
-	if err := json.Unmarshal(raw, &im); err != nil {
-		return "", nil, fmt.Errorf("a list item: %w", err)
-	}
-	rv, ok := stream.ParseRV(im.Metadata.ResourceVersion)
-	if im.Metadata.Name == "" || !ok {
-		return "", nil, fmt.Errorf("a list item without a name or an integer resourceVersion (%q)", im.Metadata.ResourceVersion)
-	}
-	obj := []byte(raw)
-	if im.Kind == "" || im.APIVersion == "" {
-		// The apiserver leaves the items of a built-in kind's list without their kind and
-		// apiVersion; a watch event's object has them (client-go's decoder needs them).
-		body := bytes.TrimLeft(obj, " \t\r\n")
-		if len(body) < 2 || body[0] != '{' {
-			return "", nil, errors.New("a list item that is no object")
-		}
-		head := fmt.Sprintf(`{"kind":%q,"apiVersion":%q`, l.kind, l.apiVersion)
-		rest := bytes.TrimLeft(body[1:], " \t\r\n")
-		if len(rest) > 0 && rest[0] != '}' {
-			head += ","
-		}
-		obj = append([]byte(head), rest...)
-	}
-	return im.Metadata.Namespace + "/" + im.Metadata.Name, &listItem{uid: im.Metadata.UID, rv: rv, obj: obj}, nil
-}
-
 // listPage gets one page of the scope's list (cont: the previous page's continue token), at
 // most max bytes of body.
-func (f *feed) listPage(codec absorbCodec, cont, exact string, plan upstream.Plan, max int64) (*listPage, int64, error) {
+func (f *feed) listPage(codec stream.ListCodec, cont, exact string, plan upstream.Plan, max int64) (*stream.ListPage, int64, error) {
 	q := f.client.URL.Query()
 	lq := url.Values{"limit": {strconv.Itoa(absorbPageSize)}}
 	for _, k := range []string{"labelSelector", "fieldSelector"} {
@@ -442,7 +331,7 @@ func (f *feed) listPage(codec absorbCodec, cont, exact string, plan upstream.Pla
 	}
 	lr := f.requestFrom(true, "")
 	lr.URL = &url.URL{Path: strings.Replace(f.client.URL.Path, "/watch/", "/", 1), RawQuery: lq.Encode()}
-	lr.Header.Set("Accept", codec.accept())
+	lr.Header.Set("Accept", codec.Accept())
 	lr.Header.Set("User-Agent", absorbAgent+" (for "+f.client.UserAgent()+")")
 	at, err := f.h.deps.Attempts.Do(f.ctx, lr, plan)
 	if err != nil {
@@ -466,7 +355,7 @@ func (f *feed) listPage(codec absorbCodec, cont, exact string, plan upstream.Pla
 	if int64(len(body)) > max {
 		return nil, 0, errListBudget
 	}
-	page, err := codec.decodeList(body)
+	page, err := codec.DecodeList(body)
 	if err != nil {
 		return nil, 0, fmt.Errorf("the list from %s: %w", at.Backend, err)
 	}
@@ -498,7 +387,7 @@ func (f *feed) diff(l *listed, R uint64) ([]synthetic, error) {
 	sort.Strings(gone)
 	rv := strconv.FormatUint(R, 10)
 	for _, key := range gone {
-		obj, err := l.codec.objectOf(s.objs[key].frame)
+		obj, err := l.codec.ObjectOf(s.objs[key].frame)
 		if err != nil {
 			return nil, fmt.Errorf("the state's %s: %w", key, err)
 		}
@@ -535,45 +424,19 @@ func (f *feed) diff(l *listed, R uint64) ([]synthetic, error) {
 		}
 		out = append(out, synthetic{ev: ev})
 	}
-	ev, err := f.synthesize(l.codec, stream.Bookmark, l.codec.bookmark(l, strconv.FormatUint(l.rv, 10)), "")
+	ev, err := f.synthesize(l.codec, stream.Bookmark, l.codec.Bookmark(l.kind, l.apiVersion, strconv.FormatUint(l.rv, 10)), "")
 	if err != nil {
 		return nil, fmt.Errorf("the bookmark: %w", err)
 	}
 	return append(out, synthetic{ev: ev}), nil
 }
 
-func (jsonAbsorb) bookmark(l *listed, rv string) []byte {
-	return fmt.Appendf(nil, `{"kind":%q,"apiVersion":%q,"metadata":{"resourceVersion":%q}}`, l.kind, l.apiVersion, rv)
-}
-
-func (jsonAbsorb) objectOf(frame []byte) ([]byte, error) {
-	var e struct {
-		Object json.RawMessage `json:"object"`
-	}
-	if err := json.Unmarshal(frame, &e); err != nil {
-		return nil, err
-	}
-	if len(e.Object) == 0 {
-		return nil, errors.New("no object")
-	}
-	return e.Object, nil
-}
-
-func (jsonAbsorb) frame(typ string, obj []byte) []byte {
-	frame := make([]byte, 0, len(obj)+40)
-	frame = append(frame, `{"type":`...)
-	frame = strconv.AppendQuote(frame, typ)
-	frame = append(frame, `,"object":`...)
-	frame = append(frame, obj...)
-	return append(frame, "}\n"...)
-}
-
 // synthesize makes a watch event of type typ with object obj in the feed's format (codec's),
 // as the feed's Reader reads one (so the policy, the writers and the ring take it as any
 // other), its resourceVersion set to rv when rv is not "" (stream.Writer's in-place rewrite,
 // as a delete's rewrite is made).
-func (f *feed) synthesize(codec absorbCodec, typ string, obj []byte, rv string) (*stream.Event, error) {
-	ev, err := readOne(f.format, codec.frame(typ, obj), f.h.cfg.MaxFrameSize)
+func (f *feed) synthesize(codec stream.ListCodec, typ string, obj []byte, rv string) (*stream.Event, error) {
+	ev, err := readOne(f.format, codec.Frame(typ, obj), f.h.cfg.MaxFrameSize)
 	if err != nil || rv == "" || ev.RV == rv {
 		return ev, err
 	}
@@ -644,7 +507,7 @@ func (f *feed) completeByList(c string) {
 	}
 	s := f.state
 	for key, it := range l.items {
-		frame := l.codec.frame(stream.Added, it.obj)
+		frame := l.codec.Frame(stream.Added, it.obj)
 		if !s.put(key, &stateObj{uid: it.uid, rv: it.rv, frame: frame}) {
 			fail(completeOverBudget, errListBudget)
 			return

@@ -595,7 +595,7 @@ func (f *feed) release() {
 	if s := f.state; s != nil {
 		// Complete at the last delivered resourceVersion: parked for the client's re-watch
 		// from it (state.go); else nothing anyone can use.
-		if rv := f.sub.LastDelivered(); s.dropped == "" && !f.sub.InInitialPhase() && absorbCodecFor(f.format) != nil && isIntRV(rv) && (f.handoff == nil || f.handoff.sf == nil) {
+		if rv := f.sub.LastDelivered(); s.dropped == "" && !f.sub.InInitialPhase() && stream.ListCodecFor(f.format) != nil && isIntRV(rv) && (f.handoff == nil || f.handoff.sf == nil) {
 			f.h.park(s.key, rv, s)
 		} else {
 			s.free()

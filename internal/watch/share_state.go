@@ -80,7 +80,7 @@ func (h *Handler) sharedState(sf *sharedFeed, r *http.Request, cred upstream.Cre
 // read, or in another one than the state's frames (a handoff's or parked state was built from
 // another stream). The feed's goroutine, at its first answer.
 func (sf *sharedFeed) stateFormat() {
-	if f := sf.f; f.state != nil && (absorbCodecFor(f.format) == nil || f.state.format != f.format) {
+	if f := sf.f; f.state != nil && (stream.ListCodecFor(f.format) == nil || f.state.format != f.format) {
 		f.state.free()
 		f.state, f.noState = nil, absorbFormat
 	}
@@ -101,7 +101,7 @@ func (sf *sharedFeed) parkState() {
 		s.free()
 		return
 	}
-	if rv := sf.LastDelivered(); s.dropped == "" && !sf.InInitialPhase() && absorbCodecFor(f.format) != nil && isIntRV(rv) {
+	if rv := sf.LastDelivered(); s.dropped == "" && !sf.InInitialPhase() && stream.ListCodecFor(f.format) != nil && isIntRV(rv) {
 		sf.h.park(s.key, rv, s)
 		return
 	}

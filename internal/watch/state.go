@@ -22,7 +22,7 @@ import (
 // sending them the 410. It is kept only where it can be complete: a feed whose upstream watch
 // began with the initial state (resourceVersion "" or "0" without sendInitialEvents=false, or
 // a watch-list), or adopted the state of the watch its client's re-watch follows (park, below),
-// or a shared feed handed one (share_state.go), in a format absorbing reads (absorbCodecFor:
+// or a shared feed handed one (share_state.go), in a format absorbing reads (stream.ListCodecFor:
 // JSON, protobuf, CBOR), of whole objects (no "as=" in Accept). A watch from a client's
 // resourceVersion never sees the objects that did not change since, so a state built from its
 // events alone would miss them, and a diff against a list would miss their deletes.
