@@ -32,6 +32,7 @@ import (
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/metrics"
 	"github.com/watchsan/watchsan/internal/reqinfo"
+	"github.com/watchsan/watchsan/internal/review"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -95,14 +96,14 @@ type Config struct {
 
 	// Shared feeds (share.go). Share serves identical watches of the
 	// lent identity from one upstream watch, and those of clients with their own credentials
-	// that an access review allowed (access.go) from another; the bounds' zero values are their
+	// that an access review allowed (package review) from another; the bounds' zero values are their
 	// defaults.
 	Share                bool
 	ShareRingBytes       int           // a feed's ring of recent events, bytes; 0: DefaultShareRingBytes
 	ShareRingEvents      int           // and events; 0: DefaultShareRingEvents
 	ShareSubscriberBytes int           // how far behind its feed a subscriber may be; 0: DefaultShareSubscriberBytes
 	ShareGrace           time.Duration // how long a feed outlives its last subscriber; 0: DefaultShareGrace
-	// ShareReviewEntries bounds the cache of access reviews (access.go), oldest out; 0:
+	// ShareReviewEntries bounds the cache of access reviews (package review), oldest out; 0:
 	// DefaultShareReviewEntries.
 	ShareReviewEntries int
 	// ShareExclude lists resources ("secrets", "coordination.k8s.io/leases") whose watches
@@ -168,8 +169,9 @@ type Handler struct {
 	log    *zap.Logger
 	clk    clock.WithDelayedExecution // deps.Clock
 	feeds  *registry                  // the open shared feeds (Config.Share, share.go)
-	// reviews caches what the apiserver said of clients' own credentials (access.go).
-	reviews *reviews
+	// reviews caches what the apiserver said of clients' own credentials (package review,
+	// review.go); set by New.
+	reviews *review.Cache
 	// live holds every open watch's feed while Done is open; at shutdown each one's context
 	// is ended (errShutdown) and stopped is set, so that a watch opened after ends at once. A
 	// set, not a callback per watch (context.AfterFunc on a shutdown context was about 200
@@ -251,10 +253,11 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	}
 	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, clk: d.Clock,
 		feeds: &registry{feeds: map[string]*sharedFeed{}, rings: newRingBudget(cfg.ShareRingTotalBytes, d.Metrics.SharedRingBytes),
-			ringBytes: cfg.ShareRingBytes, ringEvents: cfg.ShareRingEvents, evictions: d.Metrics.SharedRingEvictions}, reviews: newReviews(cfg.ShareReviewEntries), detached: map[*detached]struct{}{}, owned: map[*ownedConn]struct{}{}}
+			ringBytes: cfg.ShareRingBytes, ringEvents: cfg.ShareRingEvents, evictions: d.Metrics.SharedRingEvictions}, detached: map[*detached]struct{}{}, owned: map[*ownedConn]struct{}{}}
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
 	}
+	h.reviews = review.New(cfg.ShareReviewEntries, d.Attempts, h.clk, h.log, d.Metrics.SharedAccessReviews)
 	h.parked = &parked{states: map[string]*parkedState{}}
 	h.stateBudget = &stateBudget{perFeed: cfg.AbsorbStateBytes, total: cfg.AbsorbTotalBytes, gauge: d.Metrics.AbsorbStateBytes, mem: d.Budget}
 	h.feeds.rings.mem = d.Budget

@@ -17,6 +17,7 @@ import (
 	"github.com/watchsan/watchsan/internal/budget"
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/reqinfo"
+	"github.com/watchsan/watchsan/internal/review"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -37,7 +38,7 @@ import (
 // Sharing is only where the identity question has an answer: a client that gets the lent
 // identity shares with the others that get it, and a client with credentials of its own (a
 // token, an asserted certificate) shares only once the apiserver said that it may watch that
-// scope (access.go). Everything else gets a private feed, counted by reason.
+// scope (package review). Everything else gets a private feed, counted by reason.
 
 // Defaults of the sharing bounds, the flags' defaults.
 const (
@@ -110,10 +111,10 @@ var PrivateFeedReasons = []string{privateIdentity, privateDenied, privateReviewF
 // (it still needs a feed whose ring covers its resourceVersion), else why not, a
 // PrivateFeedReasons value. The lent identity shares: every client that gets it is the same
 // user to the apiserver, which the lending guard decided it may be. A client's own credentials
-// may share once an access review allowed them (needsReview; serveShared asks only for a watch
+// may share once an access review allowed them (review.NeedsReview; serveShared asks only for a watch
 // this rule lets share, so a review is spent only where it can matter).
 func shareRule(r *http.Request, cred upstream.Credentials, p params) string {
-	if !lentPlain(cred) && !needsReview(cred) {
+	if !lentPlain(cred) && !review.NeedsReview(cred) {
 		return privateIdentity
 	}
 	q := r.URL.Query()
@@ -209,7 +210,7 @@ func (g *registry) newRing(start uint64) *ring {
 // initial events (handoff.go) gets a private feed too, and its handoff, counted there.
 func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, requestID string) (bool, *handoff) {
 	// Its stream's lifetime bounds, for a reviewed subscriber, how long its review is trusted:
-	// it is reviewed again when it re-watches (access.go, lifetime.go).
+	// it is reviewed again when it re-watches (package review, lifetime.go).
 	p := h.bound(parseParams(r))
 	reason := privateExcluded // the operator's word first: no other rule is asked
 	if !h.shareExclude[info.GroupResource()] {
@@ -223,9 +224,9 @@ func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqi
 			return false, ho
 		}
 	}
-	var ck *credKey // the client's credentials' digest when they were reviewed
-	if reason == "" && needsReview(cred) {
-		k := credentialsKey(r, cred)
+	var ck *review.CredKey // the client's credentials' digest when they were reviewed
+	if reason == "" && review.NeedsReview(cred) {
+		k := review.CredentialsKey(r, cred)
 		ck = &k
 		if reason = h.review(r, info, cred, k); reason == reviewClientGone {
 			return true, nil // its client left (a reset stream): nothing to serve, no feed opened
@@ -257,7 +258,7 @@ func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqi
 
 // join finds the feed of r's key and joins it at p's resourceVersion, or opens the feed with
 // r's request as its template. Else it says why not.
-func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck *credKey, p params) (*sharedFeed, *member, string) {
+func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck *review.CredKey, p params) (*sharedFeed, *member, string) {
 	at, _ := stream.ParseRV(p.rv)
 	key := feedKey(r, cred, !lentPlain(cred) && h.servedLocally(info)) // the lent identity's feeds ask no one
 	g := h.feeds
@@ -291,10 +292,10 @@ func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Creden
 
 // openFeed opens the feed for key from resourceVersion rv (at), r its template, with a first
 // member at at; the registry's lock is held, and the caller has checked --share-max-feeds. ck
-// is the digest of cred when it was reviewed (access.go), nil for the lent identity. st is the
+// is the digest of cred when it was reviewed (package review), nil for the lent identity. st is the
 // state a handoff moves onto it, complete at rv (nil: none, why says why; both zero: it
 // adopts the one parked at rv, share_state.go).
-func (h *Handler) openFeed(key string, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck *credKey, rv string, at uint64, bookmarks bool, st *feedState, why string) (*sharedFeed, *member) {
+func (h *Handler) openFeed(key string, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck *review.CredKey, rv string, at uint64, bookmarks bool, st *feedState, why string) (*sharedFeed, *member) {
 	sf := h.newSharedFeed(key, r, info, cred, rv, at)
 	sf.reviewed = ck != nil
 	h.sharedState(sf, sf.f.client, cred, rv, st, why)
@@ -319,7 +320,7 @@ type sharedFeed struct {
 	// policy is what pol's stream is made with once the format is known.
 	policy fix.Options
 	from   uint64
-	// reviewed: its subscribers were admitted by access reviews (access.go); false for the
+	// reviewed: its subscribers were admitted by access reviews (package review); false for the
 	// lent identity's feeds.
 	reviewed bool
 

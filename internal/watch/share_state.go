@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/watchsan/watchsan/internal/reqinfo"
+	"github.com/watchsan/watchsan/internal/review"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -120,17 +121,17 @@ func handoffState(f *feed) (*feedState, string) {
 	return s, why
 }
 
-// memberAccess is what a reviewed subscriber's access review was made with (access.go), kept so
+// memberAccess is what a reviewed subscriber's access review was made with (package review), kept so
 // that an absorb can ask whether it may list the scope too: its request's URL and headers (not
 // the request: a detached member's handler returned), its identity and their digest.
 type memberAccess struct {
 	req  *http.Request
 	info reqinfo.Info
 	cred upstream.Credentials
-	ck   credKey
+	ck   review.CredKey
 }
 
-func newMemberAccess(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck credKey) *memberAccess {
+func newMemberAccess(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck review.CredKey) *memberAccess {
 	u := *r.URL
 	req := &http.Request{Method: r.Method, URL: &u, Header: r.Header.Clone(), Host: r.Host, RemoteAddr: r.RemoteAddr,
 		Proto: r.Proto, ProtoMajor: r.ProtoMajor, ProtoMinor: r.ProtoMinor}
@@ -146,7 +147,7 @@ func newMemberAccess(r *http.Request, info *reqinfo.Info, cred upstream.Credenti
 // would get, and relists (refused, as it would be). Joins are blocked already (absorbBegin),
 // so every member the absorb's events reach is one judged here (docs/design.md section 12).
 // The lent identity is one identity: its opener and subscribers are the same user, and the list
-// goes as it. Each credentials' review is a fresh one (access.go), at most absorbReviews at once.
+// goes as it. Each credentials' review is a fresh one (package review), at most absorbReviews at once.
 // The feed's goroutine.
 func (sf *sharedFeed) absorbAdmit(st *metav1.Status) {
 	if !sf.reviewed {
@@ -157,8 +158,8 @@ func (sf *sharedFeed) absorbAdmit(st *metav1.Status) {
 	// is seen before its access is.
 	g.mu.Lock()
 	sf.mu.Lock()
-	byCred := map[credKey][]*member{}
-	access := map[credKey]*memberAccess{}
+	byCred := map[review.CredKey][]*member{}
+	access := map[review.CredKey]*memberAccess{}
 	var refused []*member
 	for m := range sf.members {
 		if m.access == nil {
@@ -179,7 +180,7 @@ func (sf *sharedFeed) absorbAdmit(st *metav1.Status) {
 	for ck, a := range access {
 		wg.Add(1)
 		sem <- struct{}{}
-		go func() { // ends with its review, bounded by reviewTimeout and the feed's context
+		go func() { // ends with its review, bounded by the review's timeout and the feed's context
 			defer func() { <-sem; wg.Done() }()
 			if why := sf.h.reviewVerb(sf.f.ctx, a.req, &a.info, a.cred, a.ck, "list"); why != "" {
 				mu.Lock()
