@@ -426,7 +426,9 @@ func TestShareReviewsCoalesceOnlyOntoLaterReviews(t *testing.T) {
 		return s.Sent, s.Next
 	}
 	watch(0)
-	testutil.Eventually(t, 10*time.Second, "watch 1's review on the wire", func() bool { s, _ := flight(); return s == 1 })
+	// On the wire and arrived (the apiserver took it for alice, bound, before the unbind): bob's
+	// review and watch 1's.
+	testutil.Eventually(t, 10*time.Second, "watch 1's review on the wire", func() bool { s, _ := flight(); return s == 1 && len(x.auth.sent()) == 2 })
 	x.auth.unbind("alice")
 	for i := 1; i < n; i++ {
 		watch(i)

@@ -27,6 +27,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"k8s.io/utils/clock"
 
+	"github.com/watchsan/watchsan/internal/absorb"
 	"github.com/watchsan/watchsan/internal/apistatus"
 	"github.com/watchsan/watchsan/internal/budget"
 	"github.com/watchsan/watchsan/internal/fix"
@@ -91,7 +92,7 @@ type Config struct {
 	// keeps no state.
 	AbsorbCompleteByList bool
 	// AbsorbParkTime is how long an ended watch's complete state waits for its client's
-	// re-watch from its last resourceVersion (state.go); 0: DefaultAbsorbParkTime.
+	// re-watch from its last resourceVersion (package absorb); 0: DefaultAbsorbParkTime.
 	AbsorbParkTime time.Duration
 
 	// Shared feeds (share.go). Share serves identical watches of the
@@ -196,9 +197,9 @@ type Handler struct {
 	shareExclude map[string]bool
 
 	// stateBudget is what all feeds' states share, parked holds those of ended watches for
-	// their clients' re-watches (state.go).
-	stateBudget *stateBudget
-	parked      *parked
+	// their clients' re-watches (package absorb); both set by New.
+	stateBudget *absorb.Budget
+	parked      *absorb.Parked
 }
 
 // New builds a Handler.
@@ -258,8 +259,8 @@ func New(cfg Config, d Deps) (*Handler, error) {
 		h.exempt[r] = true
 	}
 	h.reviews = review.New(cfg.ShareReviewEntries, d.Attempts, h.clk, h.log, d.Metrics.SharedAccessReviews)
-	h.parked = &parked{states: map[string]*parkedState{}}
-	h.stateBudget = &stateBudget{perFeed: cfg.AbsorbStateBytes, total: cfg.AbsorbTotalBytes, gauge: d.Metrics.AbsorbStateBytes, mem: d.Budget}
+	h.parked = absorb.NewParked(h.clk, cfg.AbsorbParkTime)
+	h.stateBudget = absorb.NewBudget(cfg.AbsorbStateBytes, cfg.AbsorbTotalBytes, d.Metrics.AbsorbStateBytes, d.Budget)
 	h.feeds.rings.mem = d.Budget
 	for _, o := range AbsorbOutcomes { // every series from the start
 		d.Metrics.GoneAbsorbed.WithLabelValues(o)
@@ -514,25 +515,7 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 		mode = fix.PassAll
 	}
 	f.format = format
-	f.state, f.noState = h.stateFor(r, p, format)
-	if f.noState == absorbNotComplete && isIntRV(p.rv) {
-		// From a client's resourceVersion: complete if it follows a watch of this client's
-		// that ended there, else if the list at exactly that resourceVersion can be had
-		// (state.go, absorb.go).
-		if s := h.adopt(stateKey(r, cred), p.rv); s != nil && s.format == format {
-			f.state, f.noState = s, ""
-		} else {
-			if s != nil {
-				s.free() // built from frames of another format than this stream's
-			}
-			if h.cfg.AbsorbCompleteByList {
-				f.completeByList(p.rv)
-			}
-		}
-	}
-	if f.state != nil {
-		f.state.key = stateKey(r, cred)
-	}
+	f.openState(r, cred, p, format) // the state it keeps to absorb a 410 (absorb.go)
 	sub.start(format, first.Resp.Header, fix.NewStream(fix.Options{
 		Scope: scopeOf(p.scope, cred), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
 		Mode: mode, Memory: h.deps.Memory,
@@ -595,15 +578,14 @@ func (f *feed) release() {
 		f.unfollow()
 	}
 	f.mem.Close()
-	if s := f.state; s != nil {
+	switch {
+	case f.abs.State() == nil:
+	case f.handoff != nil && f.handoff.sf != nil:
+		f.abs.Free() // moved onto the shared feed, or no use to anyone
+	default:
 		// Complete at the last delivered resourceVersion: parked for the client's re-watch
-		// from it (state.go); else nothing anyone can use.
-		if rv := f.sub.LastDelivered(); s.dropped == "" && !f.sub.InInitialPhase() && stream.ListCodecFor(f.format) != nil && isIntRV(rv) && (f.handoff == nil || f.handoff.sf == nil) {
-			f.h.park(s.key, rv, s)
-		} else {
-			s.free()
-		}
-		f.state = nil
+		// from it (package absorb); else nothing anyone can use.
+		f.abs.Park(f.h.parked, f.format, f.sub.LastDelivered(), f.sub.InInitialPhase())
 	}
 	f.cancel(nil)
 }

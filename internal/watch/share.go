@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 
+	"github.com/watchsan/watchsan/internal/absorb"
 	"github.com/watchsan/watchsan/internal/budget"
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/reqinfo"
@@ -295,7 +296,7 @@ func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Creden
 // is the digest of cred when it was reviewed (package review), nil for the lent identity. st is the
 // state a handoff moves onto it, complete at rv (nil: none, why says why; both zero: it
 // adopts the one parked at rv, share_state.go).
-func (h *Handler) openFeed(key string, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck *review.CredKey, rv string, at uint64, bookmarks bool, st *feedState, why string) (*sharedFeed, *member) {
+func (h *Handler) openFeed(key string, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck *review.CredKey, rv string, at uint64, bookmarks bool, st *absorb.State, why string) (*sharedFeed, *member) {
 	sf := h.newSharedFeed(key, r, info, cred, rv, at)
 	sf.reviewed = ck != nil
 	h.sharedState(sf, sf.f.client, cred, rv, st, why)
