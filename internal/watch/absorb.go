@@ -18,10 +18,10 @@ import (
 )
 
 // A feed's side of absorbing a 410 at its resume point (docs/design.md section 12; package
-// absorb decides and returns the events): which state a private feed keeps, sending an
-// absorb's events through the feed's sink, fetching a list's pages upstream, counting and
-// logging. A private feed's hold on its state (feed.abs) is changed here only; a shared feed's
-// in share_state.go.
+// absorb decides and returns the events): which state a feed keeps, sending an absorb's events
+// through the feed's sink, fetching a list's pages upstream, counting and logging. The feed's
+// hold on its state (feed.abs) is changed here only (share_state.go decides a shared feed's and
+// asks holdState, noState, parkState, takeState).
 
 // AbsorbOutcomes lists watchsan_watch_gone_absorbed_total's outcomes (to initialise series).
 var AbsorbOutcomes = absorb.Outcomes
@@ -76,6 +76,30 @@ func (f *feed) openState(r *http.Request, cred upstream.Credentials, p params, f
 	}
 	if h.cfg.AbsorbCompleteByList {
 		f.completeByList(key, p.rv)
+	}
+}
+
+// holdState makes s, parked by key when the feed ends, the state the feed keeps.
+func (f *feed) holdState(s *absorb.State, key string) { f.abs.Hold(s, key) }
+
+// noState frees the state the feed keeps, if any: from now on it keeps none, why says why (an
+// AbsorbOutcomes value).
+func (f *feed) noState(why string) { f.abs.None(why) }
+
+// takeState moves the feed's state out (a handoff's, share_state.go): from then on the feed
+// keeps none.
+func (f *feed) takeState() (*absorb.State, string) { return f.abs.Take() }
+
+// parkState parks the state the feed keeps as it ends, complete at its last delivered
+// resourceVersion, for the next watch from there (absorb.Parked); else, or when usable is false
+// (its first attempt failed; it was moved onto a shared feed), frees it.
+func (f *feed) parkState(usable bool) {
+	switch {
+	case f.abs.State() == nil:
+	case !usable:
+		f.abs.Free()
+	default:
+		f.abs.Park(f.h.parked, f.format, f.sub.LastDelivered(), f.sub.InInitialPhase())
 	}
 }
 

@@ -118,8 +118,7 @@ type feed struct {
 
 	// abs is the feed's hold on what its subscribers hold, kept to absorb a 410 at the resume
 	// point, and the pacing of its absorbs (package absorb; the zero value: none kept,
-	// absorbing off). Changed only through its methods: a private feed's in absorb.go, a
-	// shared feed's in share_state.go.
+	// absorbing off). Changed only through its methods, called in absorb.go alone.
 	abs absorb.Holder
 
 	// handoff, for a watch-list that may move onto a shared feed at its initial-events-end

@@ -578,15 +578,9 @@ func (f *feed) release() {
 		f.unfollow()
 	}
 	f.mem.Close()
-	switch {
-	case f.abs.State() == nil:
-	case f.handoff != nil && f.handoff.sf != nil:
-		f.abs.Free() // moved onto the shared feed, or no use to anyone
-	default:
-		// Complete at the last delivered resourceVersion: parked for the client's re-watch
-		// from it (package absorb); else nothing anyone can use.
-		f.abs.Park(f.h.parked, f.format, f.sub.LastDelivered(), f.sub.InInitialPhase())
-	}
+	// Complete at the last delivered resourceVersion: parked for the client's re-watch from it
+	// (absorb.go); after a handoff onto a shared feed, nothing anyone can use.
+	f.parkState(f.handoff == nil || f.handoff.sf == nil)
 	f.cancel(nil)
 }
 

@@ -53,7 +53,7 @@ func (h *Handler) sharedState(sf *sharedFeed, r *http.Request, cred upstream.Cre
 		if moved != nil {
 			moved.Free()
 		}
-		f.abs.None(absorb.Format)
+		f.noState(absorb.Format)
 		return
 	}
 	key := stateKey(r, cred)
@@ -62,10 +62,10 @@ func (h *Handler) sharedState(sf *sharedFeed, r *http.Request, cred upstream.Cre
 		why = absorb.NotComplete // it began at a client's resourceVersion, and nothing was parked there
 	}
 	if moved == nil {
-		f.abs.None(why)
+		f.noState(why)
 		return
 	}
-	f.abs.Hold(moved, key)
+	f.holdState(moved, key)
 }
 
 // stateFormat lets the state go when the feed's first answer is in a format absorbing does not
@@ -73,7 +73,7 @@ func (h *Handler) sharedState(sf *sharedFeed, r *http.Request, cred upstream.Cre
 // another stream). The feed's goroutine, at its first answer.
 func (sf *sharedFeed) stateFormat() {
 	if f := sf.f; f.abs.State() != nil && (stream.ListCodecFor(f.format) == nil || f.abs.State().Format() != f.format) {
-		f.abs.None(absorb.Format)
+		f.noState(absorb.Format)
 	}
 }
 
@@ -82,22 +82,14 @@ func (sf *sharedFeed) stateFormat() {
 // members are ended, so that their re-watches (which open a new feed) find it. A feed whose
 // first attempt failed delivered nothing and keeps nothing. The feed's goroutine.
 func (sf *sharedFeed) parkState() {
-	f := sf.f
-	if f.abs.State() == nil {
-		return
-	}
-	if !sf.ok {
-		f.abs.Free()
-		return
-	}
-	f.abs.Park(sf.h.parked, f.format, sf.LastDelivered(), sf.InInitialPhase())
+	sf.f.parkState(sf.ok)
 }
 
 // handoffState is what a watch-list's private feed f hands a shared feed it opens: its state,
 // complete at its bookmark, moved (f keeps none from then on: if the handoff then fails, f's
 // later 410 is its client's), and why not when it has none.
 func handoffState(f *feed) (*absorb.State, string) {
-	return f.abs.Take()
+	return f.takeState()
 }
 
 // memberAccess is what a reviewed subscriber's access review was made with (package review), kept so
