@@ -103,6 +103,17 @@ func (f *feed) parkState(usable bool) {
 	}
 }
 
+// keepsState says whether the feed keeps a state (observeState, for every event it delivers).
+func (f *feed) keepsState() bool { return f.abs.State() != nil }
+
+// stateInFormat lets the state go when the feed's format is one absorbing does not read, or
+// another one than the state's frames'.
+func (f *feed) stateInFormat() {
+	if s := f.abs.State(); s != nil && (stream.ListCodecFor(f.format) == nil || s.Format() != f.format) {
+		f.noState(absorb.Format)
+	}
+}
+
 // observeState updates the feed's state with an event delivered; it says so once when the
 // state is dropped.
 func (f *feed) observeState(ev *stream.Event) {

@@ -456,7 +456,7 @@ func (f *feed) pass(ev *stream.Event, d fix.Decision) error {
 	if d.Action == fix.Drop {
 		return nil
 	}
-	if f.abs.State() != nil {
+	if f.keepsState() {
 		f.observeState(ev)
 	}
 	if ho := f.handoff; ho != nil && ev.RVIsInt && d.Action == fix.Pass && ev.Type != stream.Bookmark && ev.Type != stream.Error {

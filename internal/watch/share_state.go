@@ -72,9 +72,7 @@ func (h *Handler) sharedState(sf *sharedFeed, r *http.Request, cred upstream.Cre
 // read, or in another one than the state's frames (a handoff's or parked state was built from
 // another stream). The feed's goroutine, at its first answer.
 func (sf *sharedFeed) stateFormat() {
-	if f := sf.f; f.abs.State() != nil && (stream.ListCodecFor(f.format) == nil || f.abs.State().Format() != f.format) {
-		f.noState(absorb.Format)
-	}
+	sf.f.stateInFormat()
 }
 
 // parkState parks the feed's state, complete at its last delivered resourceVersion, for the
