@@ -53,7 +53,7 @@ type Metrics struct {
 	SharedSubscribers     prometheus.Gauge
 	SharedJoins           prometheus.Counter
 	PrivateFeeds          *prometheus.CounterVec // reason (watch.PrivateFeedReasons)
-	SharedAccessReviews   *prometheus.CounterVec // result (watch.ReviewResults)
+	SharedAccessReviews   *prometheus.CounterVec // result (review.Results)
 	APIServiceReads       *prometheus.CounterVec // result: ok | error
 	SharedRingEvictions   *prometheus.CounterVec
 	SharedRingBytes       prometheus.Gauge

@@ -28,6 +28,7 @@ import (
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/localapi"
 	"github.com/watchsan/watchsan/internal/metrics"
+	"github.com/watchsan/watchsan/internal/review"
 	"github.com/watchsan/watchsan/internal/upstream"
 	"github.com/watchsan/watchsan/internal/watch"
 )
@@ -224,7 +225,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	for _, typ := range []string{"DELETED", "ADDED", "MODIFIED"} {
 		s.metrics.AbsorbEvents.WithLabelValues(typ)
 	}
-	for _, r := range watch.ReviewResults {
+	for _, r := range review.Results {
 		s.metrics.SharedAccessReviews.WithLabelValues(r)
 	}
 	for _, r := range watch.SlowClientReasons {

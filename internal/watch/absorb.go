@@ -1,67 +1,40 @@
 package watch
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
-	"sort"
 	"strconv"
 	"strings"
-	"time"
 
 	"go.uber.org/zap"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/watchsan/watchsan/internal/absorb"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
 
-// Absorbing a 410 at the resume point (docs/design.md section 12). A feed whose
-// state is complete (state.go) answers an expired resume point with a list of its scope and
-// the difference between it and its state, sent to its subscribers through the normal
-// delivery path: first a DELETED for every object gone (or replaced: another uid), carrying
-// its last known state at exactly the last delivered resourceVersion R; then ADDED and
-// MODIFIED in ascending resourceVersion, all in (R, L] for the list's L; then a BOOKMARK at L.
-// The feed then watches on from L. Everything is read, within the budget, before anything is
-// written: a list that fails leaves the subscribers as they were, and they get the 410.
-
-// The values of watchsan_watch_gone_absorbed_total's outcome label (AbsorbOutcomes).
-const (
-	// absorbAbsorbed: the subscribers got the difference; no 410 reached them.
-	absorbAbsorbed = "absorbed"
-	// absorbNotComplete: the feed holds no complete state: its upstream watch began at a
-	// client's resourceVersion (not with the initial state), or delivered an object it could
-	// not key or compare.
-	absorbNotComplete = "not-complete"
-	// absorbOverBudget: the state, or the list, would pass --watch-absorb-state-bytes or
-	// --watch-absorb-total-bytes; the state was dropped.
-	absorbOverBudget = "over-budget"
-	// absorbFormat: the feed's objects are not whole objects (a Table, metadata only: Accept
-	// with "as="), or its format is not one absorbing reads (absorbCodecFor: JSON, protobuf
-	// and CBOR are).
-	absorbFormat = "format"
-	// absorbListFailed: the list did not succeed in time (backed off within the resume
-	// timeout), was malformed, or did not agree with the state.
-	absorbListFailed = "list-failed"
-)
+// A feed's side of absorbing a 410 at its resume point (docs/design.md section 12; package
+// absorb decides and returns the events): which state a feed keeps, sending an absorb's events
+// through the feed's sink, fetching a list's pages upstream, counting and logging. The feed's
+// hold on its state (feed.abs) is changed here only (share_state.go decides a shared feed's and
+// asks holdState, noState, parkState, takeState).
 
 // AbsorbOutcomes lists watchsan_watch_gone_absorbed_total's outcomes (to initialise series).
-var AbsorbOutcomes = []string{absorbAbsorbed, absorbNotComplete, absorbOverBudget, absorbFormat, absorbListFailed, absorbListDenied}
+var AbsorbOutcomes = absorb.Outcomes
+
+// Defaults of the state's budgets and parking, the flags' defaults.
+const (
+	DefaultAbsorbStateBytes = absorb.DefaultStateBytes
+	DefaultAbsorbTotalBytes = absorb.DefaultTotalBytes
+	DefaultAbsorbParkTime   = absorb.DefaultParkTime
+)
 
 // absorbAgent is the User-Agent of an absorb's list, before the client's own.
 const absorbAgent = "watchsan-absorb"
-
-// absorbPageSize is the limit of each page of an absorb's list, client-go's reflector's.
-const absorbPageSize = 500
-
-// absorbMaxRun bounds the absorbs in a row without an upstream event between them (an
-// upstream that answers 410 to every list's resourceVersion): each after the first waits the
-// absorb backoff, and the one after these sends the 410.
-const absorbMaxRun = 8
 
 // completeFromStart says whether a watch's first upstream request begins with the initial
 // state (every object alive as an ADDED first): resourceVersion "" or "0" unless
@@ -74,33 +47,86 @@ func completeFromStart(r *http.Request, p params) bool {
 	return p.rv == "" || p.rv == "0"
 }
 
-// stateFor is the state a new private feed keeps, or nil and why not (an AbsorbOutcomes
-// value; "" when absorbing is off).
-func (h *Handler) stateFor(r *http.Request, p params, format stream.Format) (*feedState, string) {
+// openState gives a new private feed, answered in format, the state it keeps: a new one when
+// its watch begins with the initial state; from a client's resourceVersion, the one parked by
+// the watch of this client's that ended there, else the list at exactly that resourceVersion
+// when it can be had (completeByList); else none, and why.
+func (f *feed) openState(r *http.Request, cred upstream.Credentials, p params, format stream.Format) {
+	h := f.h
+	key := stateKey(r, cred)
 	switch {
 	case h.cfg.DisableAbsorb:
-		return nil, ""
-	case absorbCodecFor(format) == nil || strings.Contains(r.Header.Get("Accept"), "as="):
-		return nil, absorbFormat
-	case !completeFromStart(r, p):
-		return nil, absorbNotComplete
+		return // the zero hold: none, absorbing off
+	case stream.ListCodecFor(format) == nil || strings.Contains(r.Header.Get("Accept"), "as="):
+		f.abs.None(absorb.Format)
+		return
+	case completeFromStart(r, p):
+		f.abs.Hold(absorb.NewState(h.stateBudget, format), key)
+		return
 	}
-	return newFeedState(h.stateBudget, format), ""
+	f.abs.None(absorb.NotComplete)
+	if !isIntRV(p.rv) {
+		return
+	}
+	if s := h.parked.Adopt(key, p.rv); s != nil && s.Format() == format {
+		f.abs.Hold(s, key)
+		return
+	} else if s != nil {
+		s.Free() // built from frames of another format than this stream's
+	}
+	if h.cfg.AbsorbCompleteByList {
+		f.completeByList(key, p.rv)
+	}
+}
+
+// holdState makes s, parked by key when the feed ends, the state the feed keeps.
+func (f *feed) holdState(s *absorb.State, key string) { f.abs.Hold(s, key) }
+
+// noState frees the state the feed keeps, if any: from now on it keeps none, why says why (an
+// AbsorbOutcomes value).
+func (f *feed) noState(why string) { f.abs.None(why) }
+
+// takeState moves the feed's state out (a handoff's, share_state.go): from then on the feed
+// keeps none.
+func (f *feed) takeState() (*absorb.State, string) { return f.abs.Take() }
+
+// parkState parks the state the feed keeps as it ends, complete at its last delivered
+// resourceVersion, for the next watch from there (absorb.Parked); else, or when usable is false
+// (its first attempt failed; it was moved onto a shared feed), frees it.
+func (f *feed) parkState(usable bool) {
+	switch {
+	case f.abs.State() == nil:
+	case !usable:
+		f.abs.Free()
+	default:
+		f.abs.Park(f.h.parked, f.format, f.sub.LastDelivered(), f.sub.InInitialPhase())
+	}
+}
+
+// keepsState says whether the feed keeps a state (observeState, for every event it delivers).
+func (f *feed) keepsState() bool { return f.abs.State() != nil }
+
+// stateInFormat lets the state go when the feed's format is one absorbing does not read, or
+// another one than the state's frames'.
+func (f *feed) stateInFormat() {
+	if s := f.abs.State(); s != nil && (stream.ListCodecFor(f.format) == nil || s.Format() != f.format) {
+		f.noState(absorb.Format)
+	}
 }
 
 // observeState updates the feed's state with an event delivered; it says so once when the
 // state is dropped.
 func (f *feed) observeState(ev *stream.Event) {
-	s := f.state
-	if s == nil || s.dropped != "" || s.observe(ev) {
+	dropped := f.abs.Observe(ev)
+	if dropped == "" {
 		return
 	}
-	if s.dropped == absorbOverBudget {
+	if dropped == absorb.OverBudget {
 		f.h.deps.Metrics.AbsorbStatesDropped.Inc()
 	}
 	f.log.Info("the watch's state is dropped: a 410 at its resume point will reach its client",
-		zap.String("path", f.client.URL.Path), zap.String("why", s.dropped), zap.Int64("perFeedBytes", s.budget.perFeed),
-		zap.Int64("totalBytes", s.budget.total), zap.String("type", ev.Type), zap.String("rv", ev.RV))
+		zap.String("path", f.client.URL.Path), zap.String("why", dropped), zap.Int64("perFeedBytes", f.h.stateBudget.PerFeed()),
+		zap.Int64("totalBytes", f.h.stateBudget.Total()), zap.String("type", ev.Type), zap.String("rv", ev.RV))
 }
 
 // absorbGone answers a 410 at the resume point (st, as the upstream said it) when the feed can:
@@ -112,17 +138,8 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 		return false, attemptEnd{}
 	}
 	m := f.h.deps.Metrics
-	why := f.noState
-	switch {
-	case f.state == nil && why == "":
-		why = absorbNotComplete
-	case f.state != nil && f.state.dropped != "":
-		why = f.state.dropped
-	}
 	R, ok := stream.ParseRV(f.sub.LastDelivered())
-	if why == "" && (!ok || f.sub.InInitialPhase()) {
-		why = absorbNotComplete
-	}
+	why := f.abs.Unable(ok && !f.sub.InInitialPhase())
 	msg := ""
 	if st != nil {
 		msg = st.Message
@@ -133,46 +150,34 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 			zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()), zap.String("why", why), zap.String("message", msg))
 		return false, attemptEnd{}
 	}
-	// A run of absorbs with no upstream event between them is paced by its own backoff and
-	// bounded: an upstream that answers 410 to every list's resourceVersion costs a list per
-	// backoff step, then its client relists as without absorbing.
-	pc := f.pacing
-	if pc == nil {
-		pc = &absorbPacing{backoff: upstream.ResumeBackoff}
-		f.pacing = pc
-	}
-	if f.events != pc.events || f.h.clk.Since(pc.at) > f.h.cfg.ResumeTimeout {
-		pc.backoff.Reset()
-		pc.run = 0
-	}
-	pc.run++
-	if pc.run > absorbMaxRun {
-		m.GoneAbsorbed.WithLabelValues(absorbListFailed).Inc()
+	run, ok := f.abs.Pace(f.events, f.h.clk.Now(), f.h.cfg.ResumeTimeout)
+	if !ok {
+		m.GoneAbsorbed.WithLabelValues(absorb.ListFailed).Inc()
 		f.log.Info("upstream answered 410 again after every absorb; the client relists",
-			zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()), zap.Int("absorbs", pc.run-1))
+			zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()), zap.Int("absorbs", run-1))
 		return false, attemptEnd{}
 	}
 	shared, _ := f.sub.(*sharedFeed)
-	l, err := f.list(pc.run > 1, "")
+	l, err := f.list(run > 1, "")
 	if err != nil {
 		if f.ctx.Err() != nil {
 			return false, attemptEnd{end: f.endFromContext()}
 		}
-		why := absorbListFailed
-		if errors.Is(err, errListBudget) {
-			why = absorbOverBudget
+		why := absorb.ListFailed
+		if errors.Is(err, absorb.ErrListBudget) {
+			why = absorb.OverBudget
 		}
 		m.GoneAbsorbed.WithLabelValues(why).Inc()
 		f.log.Info("upstream said the watch's resume point is gone, and the list to absorb it failed; the client relists",
 			zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()), zap.String("message", msg), zap.Error(err))
 		return false, attemptEnd{}
 	}
-	defer l.free()
-	evs, err := f.diff(l, R)
+	defer l.Free()
+	evs, err := f.abs.Diff(f.format, l, R, f.h.cfg.MaxFrameSize)
 	if err != nil {
-		m.GoneAbsorbed.WithLabelValues(absorbListFailed).Inc()
+		m.GoneAbsorbed.WithLabelValues(absorb.ListFailed).Inc()
 		f.log.Warn("the list taken to absorb a 410 does not agree with the watch's state; the client relists",
-			zap.String("path", f.client.URL.Path), zap.Uint64("fromRV", R), zap.Uint64("listRV", l.rv), zap.Error(err))
+			zap.String("path", f.client.URL.Path), zap.Uint64("fromRV", R), zap.Uint64("listRV", l.RV()), zap.Error(err))
 		return false, attemptEnd{}
 	}
 	if shared != nil {
@@ -186,248 +191,69 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 	counts := map[string]int{}
 	for _, se := range evs {
 		d := f.sub.decide
-		if se.gone {
+		if se.Gone {
 			d = f.sub.decideGone
 		}
-		if werr := f.pass(se.ev, d(se.ev)); werr != nil {
+		if werr := f.pass(se.Ev, d(se.Ev)); werr != nil {
 			return false, f.clientEnd()
 		}
-		if se.ev.Type != stream.Bookmark {
-			counts[se.ev.Type]++
-			m.AbsorbEvents.WithLabelValues(se.ev.Type).Inc()
+		if se.Ev.Type != stream.Bookmark {
+			counts[se.Ev.Type]++
+			m.AbsorbEvents.WithLabelValues(se.Ev.Type).Inc()
 		}
 	}
 	if shared != nil {
-		shared.absorbEnd(l.rv)
+		shared.absorbEnd(l.RV())
 	}
-	f.lease.Progress(l.rv, 0)
+	f.lease.Progress(l.RV(), 0)
 	_ = f.sub.flush()
 	if e, _ := f.sub.broken(); e != endNone {
 		return false, f.clientEnd()
 	}
-	pc.events, pc.at = f.events, f.h.clk.Now()
-	m.GoneAbsorbed.WithLabelValues(absorbAbsorbed).Inc()
+	f.abs.Absorbed(f.events, f.h.clk.Now())
+	m.GoneAbsorbed.WithLabelValues(absorb.Absorbed).Inc()
 	f.h.note("absorb", f.backend, f.client.URL.Path, fmt.Sprintf("from resourceVersion %d to %d: %d deleted, %d added, %d modified",
-		R, l.rv, counts[stream.Deleted], counts[stream.Added], counts[stream.Modified]))
+		R, l.RV(), counts[stream.Deleted], counts[stream.Added], counts[stream.Modified]))
 	f.log.Info("absorbed a 410 at the watch's resume point: its client got the difference with a fresh list, and the watch goes on from the list's resourceVersion",
-		zap.String("path", f.client.URL.Path), zap.Uint64("fromRV", R), zap.Uint64("listRV", l.rv), zap.String("message", msg),
+		zap.String("path", f.client.URL.Path), zap.Uint64("fromRV", R), zap.Uint64("listRV", l.RV()), zap.String("message", msg),
 		zap.Int("deleted", counts[stream.Deleted]), zap.Int("added", counts[stream.Added]), zap.Int("modified", counts[stream.Modified]),
-		zap.Int("objects", len(l.items)), zap.Int("pages", l.pages))
+		zap.Int("objects", l.Len()), zap.Int("pages", l.Pages()))
 	return true, attemptEnd{}
 }
 
-// absorbPacing paces a run of absorbs with no upstream event between them: run of them, the
-// last at at, when the feed had handed its sink events upstream events; each list after the
-// run's first waits backoff's next step.
-type absorbPacing struct {
-	backoff upstream.Backoff
-	run     int
-	events  uint64
-	at      time.Time
-}
-
-// errListGone: the list's resourceVersion is gone (compacted).
-var errListGone = errors.New("the list's resourceVersion is gone")
-
-// errListBudget: the list would pass the state's budget.
-var errListBudget = errors.New("the list is larger than the watch's state budget")
-
-// listed is a list of the feed's scope, read whole.
-type listed struct {
-	codec            absorbCodec // the feed's format's
-	budget           *stateBudget
-	held             int64 // bytes taken from the budget while it is held
-	kind, apiVersion string
-	rv               uint64
-	items            map[string]*listItem // by namespace/name
-	pages            int
-}
-
-type listItem struct {
-	uid string
-	rv  uint64
-	obj []byte // the item as a watch event's object (absorbCodec.item)
-}
-
-func (l *listed) free() { l.budget.give(l.held) }
-
-// listPage is one page of a list response, as decoded: the list's kind ("ConfigMapList"),
-// apiVersion, resourceVersion and continue token, and its items' bytes as the list holds them.
-type listPage struct {
-	kind, apiVersion, rv, cont string
-	items                      [][]byte
-}
-
-// absorbCodec is what of absorbing is particular to a feed's wire format (absorbCodecFor):
-// the list's Accept and decoding, and the watch event frames made of a list's items and of
-// the state's frames, as the apiserver's watch writes them in that format. absorb.go's flow
-// is the same for every format.
-type absorbCodec interface {
-	// accept is the list request's Accept: the feed's format alone.
-	accept() string
-	// decodeList decodes one page of a list response.
-	decodeList(body []byte) (*listPage, error)
-	// item is a list item as a watch event's object (kind and apiVersion, of l, as the
-	// watch carries them) and the key, uid and resourceVersion it has.
-	item(l *listed, raw []byte) (key string, it *listItem, err error)
-	// frame is a whole watch event frame of type typ with the object obj.
-	frame(typ string, obj []byte) []byte
-	// objectOf is the object of a watch event's frame (one the feed read), as frame takes it.
-	objectOf(frame []byte) ([]byte, error)
-	// bookmark is the object of a BOOKMARK at rv of l's kind: only its resourceVersion set.
-	bookmark(l *listed, rv string) []byte
-}
-
-// absorbCodecFor is format's absorbCodec, nil for one absorbing does not read.
-func absorbCodecFor(format stream.Format) absorbCodec {
-	switch format {
-	case stream.JSON:
-		return jsonAbsorb{}
-	case stream.Protobuf:
-		return protoAbsorb{}
-	case stream.CBOR:
-		return cborAbsorb{}
-	}
-	return nil
-}
-
-// jsonAbsorb is the JSON absorbCodec.
-type jsonAbsorb struct{}
-
-// mapListPage is a list response in JSON or CBOR (one data model), as decoded; Raw is the
-// format's raw value type.
-type mapListPage[Raw ~[]byte] struct {
-	Kind       string          `json:"kind"`
-	APIVersion string          `json:"apiVersion"`
-	Metadata   metav1.ListMeta `json:"metadata"`
-	Items      []Raw           `json:"items"`
-}
-
-func (m *mapListPage[Raw]) page() *listPage {
-	p := &listPage{kind: m.Kind, apiVersion: m.APIVersion, rv: m.Metadata.ResourceVersion, cont: m.Metadata.Continue,
-		items: make([][]byte, len(m.Items))}
-	for i, it := range m.Items {
-		p.items[i] = it
-	}
-	return p
-}
-
-func (jsonAbsorb) accept() string { return "application/json" }
-
-func (jsonAbsorb) decodeList(body []byte) (*listPage, error) {
-	var page mapListPage[json.RawMessage]
-	if err := json.Unmarshal(body, &page); err != nil {
-		return nil, err
-	}
-	return page.page(), nil
-}
-
-// itemMeta is what of an item the diff reads.
-type itemMeta struct {
-	Kind       string `json:"kind"`
-	APIVersion string `json:"apiVersion"`
-	Metadata   struct {
-		Name            string `json:"name"`
-		Namespace       string `json:"namespace"`
-		UID             string `json:"uid"`
-		ResourceVersion string `json:"resourceVersion"`
-	} `json:"metadata"`
-}
-
-// list reads the feed's scope whole, page by page (limit and continue), a consistent read
-// (resourceVersion unset: served at etcd's current revision, which is at or past every
-// resourceVersion the watch delivered), with the feed's own credentials, every page through
-// the Attempter like every other upstream request: retried with backoff, the first page after
-// the absorb backoff's next step when paced (a run of absorbs), all within the resume
-// timeout. It holds what it read against the state's budget.
+// list reads the feed's scope whole (absorb.List), page by page (limit and continue), a
+// consistent read (resourceVersion unset: served at etcd's current revision, which is at or
+// past every resourceVersion the watch delivered), with the feed's own credentials, every page
+// through the Attempter like every other upstream request: retried with backoff, the first page
+// after the absorb backoff's next step when paced (a run of absorbs), all within the resume
+// timeout. It holds what it read against the states' budget.
 //
 // With exact (not ""), it is completeByList's: the list at exactly that resourceVersion
-// (resourceVersionMatch=Exact, served from etcd until compacted), within completeListTimeout,
-// without waiting for a backend.
-func (f *feed) list(paced bool, exact string) (*listed, error) {
-	b := f.state.budget
-	l := &listed{codec: absorbCodecFor(f.format), budget: b, items: map[string]*listItem{}}
-	if l.codec == nil {
+// (resourceVersionMatch=Exact, served from etcd until compacted), within
+// absorb.CompleteListTimeout, without waiting for a backend.
+func (f *feed) list(paced bool, exact string) (*absorb.Listed, error) {
+	codec := stream.ListCodecFor(f.format)
+	if codec == nil {
 		return nil, fmt.Errorf("no list in format %s", f.format)
 	}
 	deadline := f.h.clk.Now().Add(f.h.cfg.ResumeTimeout)
 	if exact != "" {
-		deadline = f.h.clk.Now().Add(completeListTimeout)
+		deadline = f.h.clk.Now().Add(absorb.CompleteListTimeout)
 	}
-	cont := ""
-	for {
+	return absorb.List(codec, f.h.stateBudget, func(cont string, max int64) (*stream.ListPage, int64, error) {
 		plan := upstream.Plan{Credentials: f.cred, Deadline: deadline, WaitForBackend: exact == ""}
-		if l.pages == 0 && exact == "" {
-			plan.Backoff, plan.AfterFailure = &f.pacing.backoff, paced
+		if cont == "" && exact == "" {
+			plan.Backoff, plan.AfterFailure = f.abs.Backoff(), paced
 		}
-		page, n, err := f.listPage(l.codec, cont, exact, plan, b.perFeed-l.held)
-		if err != nil {
-			l.free()
-			return nil, err
-		}
-		cost := n + int64(len(page.items))*stateOverhead
-		if l.held+cost > b.perFeed || !b.take(cost) {
-			l.free()
-			return nil, errListBudget
-		}
-		l.held += cost
-		l.pages++
-		if l.pages == 1 {
-			l.kind, l.apiVersion = strings.TrimSuffix(page.kind, "List"), page.apiVersion
-			rv, ok := stream.ParseRV(page.rv)
-			if !ok || l.kind == "" || l.apiVersion == "" {
-				l.free()
-				return nil, fmt.Errorf("the list's kind %q, apiVersion %q or resourceVersion %q is not one watchsan reads", page.kind, page.apiVersion, page.rv)
-			}
-			l.rv = rv
-		}
-		for _, raw := range page.items {
-			key, it, err := l.codec.item(l, raw)
-			if err != nil {
-				l.free()
-				return nil, err
-			}
-			l.items[key] = it
-		}
-		cont = page.cont
-		if cont == "" {
-			return l, nil
-		}
-	}
-}
-
-func (jsonAbsorb) item(l *listed, raw []byte) (string, *listItem, error) {
-	var im itemMeta
-	if err := json.Unmarshal(raw, &im); err != nil {
-		return "", nil, fmt.Errorf("a list item: %w", err)
-	}
-	rv, ok := stream.ParseRV(im.Metadata.ResourceVersion)
-	if im.Metadata.Name == "" || !ok {
-		return "", nil, fmt.Errorf("a list item without a name or an integer resourceVersion (%q)", im.Metadata.ResourceVersion)
-	}
-	obj := []byte(raw)
-	if im.Kind == "" || im.APIVersion == "" {
-		// The apiserver leaves the items of a built-in kind's list without their kind and
-		// apiVersion; a watch event's object has them (client-go's decoder needs them).
-		body := bytes.TrimLeft(obj, " \t\r\n")
-		if len(body) < 2 || body[0] != '{' {
-			return "", nil, errors.New("a list item that is no object")
-		}
-		head := fmt.Sprintf(`{"kind":%q,"apiVersion":%q`, l.kind, l.apiVersion)
-		rest := bytes.TrimLeft(body[1:], " \t\r\n")
-		if len(rest) > 0 && rest[0] != '}' {
-			head += ","
-		}
-		obj = append([]byte(head), rest...)
-	}
-	return im.Metadata.Namespace + "/" + im.Metadata.Name, &listItem{uid: im.Metadata.UID, rv: rv, obj: obj}, nil
+		return f.listPage(codec, cont, exact, plan, max)
+	})
 }
 
 // listPage gets one page of the scope's list (cont: the previous page's continue token), at
 // most max bytes of body.
-func (f *feed) listPage(codec absorbCodec, cont, exact string, plan upstream.Plan, max int64) (*listPage, int64, error) {
+func (f *feed) listPage(codec stream.ListCodec, cont, exact string, plan upstream.Plan, max int64) (*stream.ListPage, int64, error) {
 	q := f.client.URL.Query()
-	lq := url.Values{"limit": {strconv.Itoa(absorbPageSize)}}
+	lq := url.Values{"limit": {strconv.Itoa(absorb.PageSize)}}
 	for _, k := range []string{"labelSelector", "fieldSelector"} {
 		if v := q.Get(k); v != "" {
 			lq.Set(k, v)
@@ -442,7 +268,7 @@ func (f *feed) listPage(codec absorbCodec, cont, exact string, plan upstream.Pla
 	}
 	lr := f.requestFrom(true, "")
 	lr.URL = &url.URL{Path: strings.Replace(f.client.URL.Path, "/watch/", "/", 1), RawQuery: lq.Encode()}
-	lr.Header.Set("Accept", codec.accept())
+	lr.Header.Set("Accept", codec.Accept())
 	lr.Header.Set("User-Agent", absorbAgent+" (for "+f.client.UserAgent()+")")
 	at, err := f.h.deps.Attempts.Do(f.ctx, lr, plan)
 	if err != nil {
@@ -454,7 +280,7 @@ func (f *feed) listPage(codec absorbCodec, cont, exact string, plan upstream.Pla
 		drain(resp)
 		err := fmt.Errorf("%s answered the list %s (%s)", at.Backend, resp.Status, resp.Header.Get("Content-Type"))
 		if resp.StatusCode == http.StatusGone {
-			err = fmt.Errorf("%w: %w", errListGone, err)
+			err = fmt.Errorf("%w: %w", absorb.ErrListGone, err)
 		}
 		return nil, 0, err
 	}
@@ -464,149 +290,17 @@ func (f *feed) listPage(codec absorbCodec, cont, exact string, plan upstream.Pla
 		return nil, 0, fmt.Errorf("reading the list from %s: %w", at.Backend, err)
 	}
 	if int64(len(body)) > max {
-		return nil, 0, errListBudget
+		return nil, 0, absorb.ErrListBudget
 	}
-	page, err := codec.decodeList(body)
+	page, err := codec.DecodeList(body)
 	if err != nil {
 		return nil, 0, fmt.Errorf("the list from %s: %w", at.Backend, err)
 	}
 	return page, int64(len(body)), nil
 }
 
-// synthetic is one event of an absorb; gone: a DELETED at the last delivered RV.
-type synthetic struct {
-	ev   *stream.Event
-	gone bool
-}
-
-// diff is the events that take the state to the list l, in the order they are sent, the
-// bookmark at l's resourceVersion last; R is the last delivered resourceVersion. An error: the
-// list does not agree with a complete state at R (an object unchanged since at or before R
-// that the state does not hold as it is), and nothing may be sent.
-func (f *feed) diff(l *listed, R uint64) ([]synthetic, error) {
-	if l.rv < R {
-		return nil, fmt.Errorf("the list's resourceVersion %d is before the last delivered %d", l.rv, R)
-	}
-	s := f.state
-	var out []synthetic
-	var gone []string
-	for key, o := range s.objs {
-		if it := l.items[key]; it == nil || it.uid != o.uid {
-			gone = append(gone, key)
-		}
-	}
-	sort.Strings(gone)
-	rv := strconv.FormatUint(R, 10)
-	for _, key := range gone {
-		obj, err := l.codec.objectOf(s.objs[key].frame)
-		if err != nil {
-			return nil, fmt.Errorf("the state's %s: %w", key, err)
-		}
-		ev, err := f.synthesize(l.codec, stream.Deleted, obj, rv)
-		if err != nil {
-			return nil, fmt.Errorf("a DELETED for %s: %w", key, err)
-		}
-		out = append(out, synthetic{ev: ev, gone: true})
-	}
-	type change struct {
-		typ string
-		it  *listItem
-	}
-	var changes []change
-	for key, it := range l.items {
-		o := s.objs[key]
-		typ := stream.Added
-		switch {
-		case o != nil && o.uid == it.uid && o.rv == it.rv:
-			continue // unchanged
-		case o != nil && o.uid == it.uid:
-			typ = stream.Modified
-		}
-		if it.rv <= R || it.rv > l.rv {
-			return nil, fmt.Errorf("%s (%s) at resourceVersion %d, outside (%d, %d]", key, typ, it.rv, R, l.rv)
-		}
-		changes = append(changes, change{typ, it})
-	}
-	sort.Slice(changes, func(i, j int) bool { return changes[i].it.rv < changes[j].it.rv })
-	for _, c := range changes {
-		ev, err := f.synthesize(l.codec, c.typ, c.it.obj, "")
-		if err != nil {
-			return nil, fmt.Errorf("an %s: %w", c.typ, err)
-		}
-		out = append(out, synthetic{ev: ev})
-	}
-	ev, err := f.synthesize(l.codec, stream.Bookmark, l.codec.bookmark(l, strconv.FormatUint(l.rv, 10)), "")
-	if err != nil {
-		return nil, fmt.Errorf("the bookmark: %w", err)
-	}
-	return append(out, synthetic{ev: ev}), nil
-}
-
-func (jsonAbsorb) bookmark(l *listed, rv string) []byte {
-	return fmt.Appendf(nil, `{"kind":%q,"apiVersion":%q,"metadata":{"resourceVersion":%q}}`, l.kind, l.apiVersion, rv)
-}
-
-func (jsonAbsorb) objectOf(frame []byte) ([]byte, error) {
-	var e struct {
-		Object json.RawMessage `json:"object"`
-	}
-	if err := json.Unmarshal(frame, &e); err != nil {
-		return nil, err
-	}
-	if len(e.Object) == 0 {
-		return nil, errors.New("no object")
-	}
-	return e.Object, nil
-}
-
-func (jsonAbsorb) frame(typ string, obj []byte) []byte {
-	frame := make([]byte, 0, len(obj)+40)
-	frame = append(frame, `{"type":`...)
-	frame = strconv.AppendQuote(frame, typ)
-	frame = append(frame, `,"object":`...)
-	frame = append(frame, obj...)
-	return append(frame, "}\n"...)
-}
-
-// synthesize makes a watch event of type typ with object obj in the feed's format (codec's),
-// as the feed's Reader reads one (so the policy, the writers and the ring take it as any
-// other), its resourceVersion set to rv when rv is not "" (stream.Writer's in-place rewrite,
-// as a delete's rewrite is made).
-func (f *feed) synthesize(codec absorbCodec, typ string, obj []byte, rv string) (*stream.Event, error) {
-	ev, err := readOne(f.format, codec.frame(typ, obj), f.h.cfg.MaxFrameSize)
-	if err != nil || rv == "" || ev.RV == rv {
-		return ev, err
-	}
-	var buf bytes.Buffer
-	if err := stream.NewWriter(f.format, &buf).WriteWithRV(ev, rv); err != nil {
-		return nil, err
-	}
-	return readOne(f.format, buf.Bytes(), f.h.cfg.MaxFrameSize)
-}
-
-// readOne reads the one event in frame, in format.
-func readOne(format stream.Format, frame []byte, maxFrame int) (*stream.Event, error) {
-	ev, err := stream.NewReader(format, bytes.NewReader(frame), maxFrame).Next()
-	if err != nil {
-		return nil, err
-	}
-	return ev.Clone(), nil
-}
-
-// completeListTimeout bounds a completing list (completeByList): the client's stream waits for
-// it before its first event.
-const completeListTimeout = 10 * time.Second
-
-// The values of watchsan_watch_absorb_completing_lists_total's result label.
-const (
-	completeDone       = "complete"
-	completeGone       = "gone"
-	completeOverBudget = "over-budget"
-	completeFailed     = "failed"
-)
-
 // CompletingListResults lists watchsan_watch_absorb_completing_lists_total's results.
-var CompletingListResults = []string{completeDone, completeGone, completeOverBudget, completeFailed}
+var CompletingListResults = absorb.CompletingListResults
 
 // completeByList makes the state of a private feed that begins at a client's resourceVersion
 // C, and adopted none, complete at C (docs/design.md section 12): the scope's list at exactly
@@ -615,41 +309,26 @@ var CompletingListResults = []string{completeDone, completeGone, completeOverBud
 // minutes behind), and the list is one request of the client's own. When C is gone
 // (compacted: an old re-watch) or the list fails or passes the budget, the feed keeps no state,
 // as before. It is called before the feed's first read: nothing is delivered meanwhile.
-func (f *feed) completeByList(c string) {
-	f.state = newFeedState(f.h.stateBudget, f.format)
-	m := f.h.deps.Metrics
-	fail := func(result string, err error) {
-		m.AbsorbCompletingLists.WithLabelValues(result).Inc()
+func (f *feed) completeByList(key, c string) {
+	l, err := f.list(false, c)
+	result, err := f.abs.Complete(f.h.stateBudget, f.format, key, c, l, err)
+	f.h.deps.Metrics.AbsorbCompletingLists.WithLabelValues(result).Inc()
+	if result != absorb.CompleteDone {
 		f.log.Debug("no complete state for the watch: a 410 at its resume point will reach its client",
 			zap.String("path", f.client.URL.Path), zap.String("fromRV", c), zap.String("result", result), zap.Error(err))
-		f.state.free()
-		f.state, f.noState = nil, absorbNotComplete
 	}
-	l, err := f.list(false, c)
-	if err != nil {
-		switch {
-		case errors.Is(err, errListGone):
-			fail(completeGone, err)
-		case errors.Is(err, errListBudget):
-			fail(completeOverBudget, err)
-		default:
-			fail(completeFailed, err)
-		}
-		return
+}
+
+// stateKey is what a state is parked and adopted by, but for its resourceVersion: the watch's
+// path, every parameter but the per-subscriber ones (perSubscriber: its resourceVersion, its
+// timeoutSeconds, bookmarks, timeout) and the initial-state ones (sendInitialEvents,
+// resourceVersionMatch: the re-watch of a watch-list is a plain watch), its Accept, and the
+// principal the upstream takes it for (cred.Principal, a digest): a state is only ever handed
+// to the same identity's watch of the same scope.
+func stateKey(r *http.Request, cred upstream.Credentials) string {
+	q := r.URL.Query()
+	for _, k := range append(perSubscriber, "sendInitialEvents", "resourceVersionMatch") {
+		q.Del(k)
 	}
-	defer l.free()
-	if want, _ := stream.ParseRV(c); l.rv != want {
-		fail(completeFailed, fmt.Errorf("the exact list answered at %d", l.rv))
-		return
-	}
-	s := f.state
-	for key, it := range l.items {
-		frame := l.codec.frame(stream.Added, it.obj)
-		if !s.put(key, &stateObj{uid: it.uid, rv: it.rv, frame: frame}) {
-			fail(completeOverBudget, errListBudget)
-			return
-		}
-	}
-	f.noState = ""
-	m.AbsorbCompletingLists.WithLabelValues(completeDone).Inc()
+	return r.URL.Path + "?" + q.Encode() + "\x00accept=" + r.Header.Get("Accept") + "\x00as=" + cred.Principal()
 }

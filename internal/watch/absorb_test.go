@@ -13,6 +13,7 @@ import (
 
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/watchsan/watchsan/internal/absorb"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/testutil"
 )
@@ -222,7 +223,7 @@ func testAbsorbed(t *testing.T, format stream.Format, resume func(w http.Respons
 		t.Fatalf("list requests %q: want 2 pages, limit=500, the second with the first's continue token, no resourceVersion (a consistent list)", lists)
 	}
 	m := f.m
-	if v := promtest.ToFloat64(m.GoneAbsorbed.WithLabelValues(absorbAbsorbed)); v != 1 {
+	if v := promtest.ToFloat64(m.GoneAbsorbed.WithLabelValues(absorb.Absorbed)); v != 1 {
 		t.Fatalf("gone_absorbed{absorbed} = %v, want 1", v)
 	}
 	if v := promtest.ToFloat64(m.RelistsForced); v != 0 {
@@ -269,7 +270,7 @@ func TestGoneNotAbsorbedWithoutCompleteState(t *testing.T) {
 	if _, lists := g.snapshot(); len(lists) != 0 {
 		t.Fatalf("listed %q without a complete state", lists)
 	}
-	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(absorbNotComplete)); v != 1 {
+	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(absorb.NotComplete)); v != 1 {
 		t.Fatalf("gone_absorbed{not-complete} = %v, want 1", v)
 	}
 	if v := promtest.ToFloat64(f.m.RelistsForced); v != 1 {
@@ -302,12 +303,12 @@ func testGoneOverBudgetPassesThe410(t *testing.T, format stream.Format) {
 	g.format = format
 	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){g.step}}
 	// Room for three objects (each its frame in the format, key and uid, and the overhead).
-	f := newFixture(t, Config{AbsorbStateBytes: 3 * int64(stateOverhead+frameLen(t, format)+20)}, up)
+	f := newFixture(t, Config{AbsorbStateBytes: 3 * int64(absorb.Overhead+frameLen(t, format)+20)}, up)
 	got := f.watchUntilIn(t, format, "resourceVersion=0&allowWatchBookmarks=true", 20)
 	if s, want := joinEvents(got), gapInitial+", ERROR 410"; s != want {
 		t.Fatalf("client saw [%s], want [%s]", s, want)
 	}
-	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(absorbOverBudget)); v != 1 {
+	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(absorb.OverBudget)); v != 1 {
 		t.Fatalf("gone_absorbed{over-budget} = %v, want 1", v)
 	}
 	if v := promtest.ToFloat64(f.m.AbsorbStatesDropped); v != 1 {
@@ -341,64 +342,11 @@ func TestGoneListFailingBacksOffThenPassesThe410(t *testing.T) {
 	if len(waits()) < len(lists)-1 {
 		t.Fatalf("%d list requests, %d waits between them: not backed off", len(lists), len(waits()))
 	}
-	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(absorbListFailed)); v != 1 {
+	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(absorb.ListFailed)); v != 1 {
 		t.Fatalf("gone_absorbed{list-failed} = %v, want 1", v)
 	}
 	if v := promtest.ToFloat64(f.m.RelistsForced); v != 1 {
 		t.Fatalf("relists forced = %v, want 1", v)
-	}
-}
-
-// The budgets are real bounds: a state never holds more than its feed's budget, the states
-// together never more than the total, an object's overhead counted, and what a dropped or
-// ended state held is given back.
-func TestStateBudgetsHold(t *testing.T) {
-	b := &stateBudget{perFeed: 2000, total: 3000}
-	s1, s2 := newFeedState(b, stream.JSON), newFeedState(b, stream.JSON)
-	ev := func(typ, name, rv string) *stream.Event {
-		e, err := readOne(stream.JSON, []byte(cmU(typ, name, "u"+name, rv)), 1<<20)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return e
-	}
-	for i := 0; i < 100 && s1.dropped == ""; i++ {
-		s1.observe(ev("ADDED", fmt.Sprint("a", i), fmt.Sprint(10+i)))
-		if s1.dropped == "" && (s1.bytes > b.perFeed || b.held.Load() > b.total) {
-			t.Fatalf("state holds %d bytes (all: %d), over its budget", s1.bytes, b.held.Load())
-		}
-		if s1.dropped == "" && s1.bytes < int64(len(s1.objs))*(stateOverhead+int64(len(ev("ADDED", "a1", "11").Raw))) {
-			t.Fatalf("state counts %d bytes for %d objects: their frames and overhead not counted", s1.bytes, len(s1.objs))
-		}
-	}
-	if s1.dropped != absorbOverBudget || s1.objs != nil || s1.bytes != 0 {
-		t.Fatalf("a state over its feed's budget: dropped %q, %d objects, %d bytes: want dropped over-budget, nothing held", s1.dropped, len(s1.objs), s1.bytes)
-	}
-	if b.held.Load() != 0 {
-		t.Fatalf("the budget holds %d bytes after the only state was dropped", b.held.Load())
-	}
-	// Two states under their own budget together pass the total: the second is dropped.
-	s1 = newFeedState(b, stream.JSON)
-	for i := 0; i < 6; i++ {
-		s1.observe(ev("ADDED", fmt.Sprint("a", i), fmt.Sprint(10+i)))
-	}
-	for i := 0; i < 100 && s2.dropped == ""; i++ {
-		s2.observe(ev("ADDED", fmt.Sprint("b", i), fmt.Sprint(10+i)))
-		if b.held.Load() > b.total {
-			t.Fatalf("the states hold %d bytes, over the total %d", b.held.Load(), b.total)
-		}
-	}
-	if s1.dropped != "" || s2.dropped != absorbOverBudget {
-		t.Fatalf("dropped %q and %q: want the second state over the total dropped", s1.dropped, s2.dropped)
-	}
-	held := b.held.Load()
-	s1.observe(ev("DELETED", "a0", "30"))
-	if b.held.Load() >= held || len(s1.objs) != 5 {
-		t.Fatalf("a delete gave back nothing (%d -> %d bytes, %d objects)", held, b.held.Load(), len(s1.objs))
-	}
-	s1.free()
-	if b.held.Load() != 0 {
-		t.Fatalf("the budget holds %d bytes after every state ended", b.held.Load())
 	}
 }
 
@@ -432,8 +380,8 @@ func testReWatchAdoptsTheEndedWatchsState(t *testing.T, format stream.Format) {
 	if s := joinEvents(first); s != gapInitial {
 		t.Fatalf("first watch saw [%s], want [%s]", s, gapInitial)
 	}
-	if !testutil.Until(5*time.Second, func() bool { return f.h.parkedCount() == 1 }) {
-		t.Fatalf("%d states parked after the first watch ended, want 1", f.h.parkedCount())
+	if !testutil.Until(5*time.Second, func() bool { return f.h.parked.Len() == 1 }) {
+		t.Fatalf("%d states parked after the first watch ended, want 1", f.h.parked.Len())
 	}
 	got := f.watchUntilIn(t, format, "resourceVersion=14&allowWatchBookmarks=true", 7)
 	want := strings.TrimPrefix(gapAbsorbed, gapInitial+", ")
@@ -441,10 +389,10 @@ func testReWatchAdoptsTheEndedWatchsState(t *testing.T, format stream.Format) {
 		t.Fatalf("the re-watch saw [%s]\nwant         [%s]", s, want)
 	}
 	// (The re-watch's own state may be parked by now, at 22, once its client went.)
-	if parkedAt(f.h, "14") {
+	if f.h.parked.At("14") {
 		t.Fatalf("the state is still parked after its re-watch adopted it")
 	}
-	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(absorbAbsorbed)); v != 1 {
+	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(absorb.Absorbed)); v != 1 {
 		t.Fatalf("gone_absorbed{absorbed} = %v, want 1", v)
 	}
 }
@@ -459,20 +407,20 @@ func TestParkedStateExpires(t *testing.T) {
 	clk := newStepClock()
 	f := newFixtureClock(t, Config{}, up, clk)
 	f.watchUntil(t, "resourceVersion=0&allowWatchBookmarks=true", 2)
-	if !testutil.Until(5*time.Second, func() bool { return f.h.parkedCount() == 1 }) {
-		t.Fatalf("%d states parked, want 1", f.h.parkedCount())
+	if !testutil.Until(5*time.Second, func() bool { return f.h.parked.Len() == 1 }) {
+		t.Fatalf("%d states parked, want 1", f.h.parked.Len())
 	}
 	if got := joinEvents(f.watchUntil(t, "resourceVersion=12&allowWatchBookmarks=true", 5)); got != "ERROR 410" {
 		t.Fatalf("a re-watch from another resourceVersion saw [%s], want [ERROR 410]", got)
 	}
-	if f.h.parkedCount() != 1 || promtest.ToFloat64(f.m.AbsorbStateBytes) == 0 {
+	if f.h.parked.Len() != 1 || promtest.ToFloat64(f.m.AbsorbStateBytes) == 0 {
 		t.Fatalf("a re-watch from another resourceVersion took the parked state")
 	}
 	clk.Step(DefaultAbsorbParkTime)
 	if !testutil.Until(5*time.Second, func() bool {
-		return f.h.parkedCount() == 0 && promtest.ToFloat64(f.m.AbsorbStateBytes) == 0
+		return f.h.parked.Len() == 0 && promtest.ToFloat64(f.m.AbsorbStateBytes) == 0
 	}) {
-		t.Fatalf("after the park time: %d parked, %v bytes held; want none", f.h.parkedCount(), promtest.ToFloat64(f.m.AbsorbStateBytes))
+		t.Fatalf("after the park time: %d parked, %v bytes held; want none", f.h.parked.Len(), promtest.ToFloat64(f.m.AbsorbStateBytes))
 	}
 }
 
@@ -497,7 +445,7 @@ func TestGoneAbsorbedAgainAfterABackoff(t *testing.T) {
 	if w := waits(); len(w) != 1 || w[0] < 600*time.Millisecond || w[0] > time.Second {
 		t.Fatalf("waits %v: want one of the absorb backoff's first step (~800ms) before the second list", w)
 	}
-	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(absorbAbsorbed)); v != 2 {
+	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(absorb.Absorbed)); v != 2 {
 		t.Fatalf("gone_absorbed{absorbed} = %v, want 2", v)
 	}
 }
@@ -526,7 +474,7 @@ func testCompletingListMakesAWatchFromAClientRVAbsorb(t *testing.T, format strea
 		!strings.Contains(lists[1], "continue=exact-page-1") || strings.Contains(lists[1], "resourceVersion=") {
 		t.Fatalf("lists %q: want the exact list at 14 in two pages (the second by its continue token alone), then the absorb's two", lists)
 	}
-	if v := promtest.ToFloat64(f.m.AbsorbCompletingLists.WithLabelValues(completeDone)); v != 1 {
+	if v := promtest.ToFloat64(f.m.AbsorbCompletingLists.WithLabelValues(absorb.CompleteDone)); v != 1 {
 		t.Fatalf("completing_lists{complete} = %v, want 1", v)
 	}
 }
@@ -541,39 +489,11 @@ func TestCompletingListGoneLeavesTheWatchIncomplete(t *testing.T) {
 	if s, want := joinEvents(f.watchUntil(t, "resourceVersion=14&allowWatchBookmarks=true", 7)), "ERROR 410"; s != want {
 		t.Fatalf("client saw [%s], want [%s]", s, want)
 	}
-	if v := promtest.ToFloat64(f.m.AbsorbCompletingLists.WithLabelValues(completeGone)); v != 1 {
+	if v := promtest.ToFloat64(f.m.AbsorbCompletingLists.WithLabelValues(absorb.CompleteGone)); v != 1 {
 		t.Fatalf("completing_lists{gone} = %v, want 1", v)
 	}
-	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(absorbNotComplete)); v != 1 {
+	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(absorb.NotComplete)); v != 1 {
 		t.Fatalf("gone_absorbed{not-complete} = %v, want 1", v)
-	}
-}
-
-// A parked entry is counted in the budget on its own, not only the state it holds: an empty
-// state's entry costs its key and stateOverhead until adopted or expired, and with the budget
-// spent nothing is parked (the state is freed).
-func TestParkedEntryIsCounted(t *testing.T) {
-	clk := newStepClock()
-	f := newFixtureClock(t, Config{}, &upstreamScript{}, clk)
-	b := &stateBudget{perFeed: 1 << 20, total: 1 << 20}
-	s := newFeedState(b, stream.JSON)
-	f.h.park("scope", "5", s)
-	if want := int64(len("scope\x00rv=5")) + stateOverhead; b.held.Load() != want || f.h.parkedCount() != 1 {
-		t.Fatalf("an empty state parked: %d bytes held, %d parked; want %d and 1", b.held.Load(), f.h.parkedCount(), want)
-	}
-	if got := f.h.adopt("scope", "5"); got != s || b.held.Load() != 0 {
-		t.Fatalf("adopted %p (want %p), %d bytes held after; want 0", got, s, b.held.Load())
-	}
-	f.h.park("scope", "6", s)
-	clk.Step(DefaultAbsorbParkTime)
-	if !testutil.Until(5*time.Second, func() bool { return f.h.parkedCount() == 0 && b.held.Load() == 0 }) {
-		t.Fatalf("after the park time: %d parked, %d bytes held; want none", f.h.parkedCount(), b.held.Load())
-	}
-	tight := &stateBudget{perFeed: 1 << 20, total: 10}
-	s2 := newFeedState(tight, stream.JSON)
-	f.h.park("scope", "7", s2)
-	if f.h.parkedCount() != 0 || tight.held.Load() != 0 || s2.dropped == "" {
-		t.Fatalf("over the budget: %d parked, %d bytes held, dropped %q; want nothing parked and the state freed", f.h.parkedCount(), tight.held.Load(), s2.dropped)
 	}
 }
 
@@ -601,7 +521,7 @@ func TestGoneListInAnotherFormatPassesThe410(t *testing.T) {
 		}
 		up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){g.step}}
 		f := newFixture(t, Config{}, up)
-		f.requireListedThenGone(t, g, format, absorbListFailed)
+		f.requireListedThenGone(t, g, format, absorb.ListFailed)
 	})
 }
 
@@ -635,27 +555,15 @@ func TestGoneListOverBudgetPassesThe410(t *testing.T) {
 		}
 		up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){g.step}}
 		// Room for the state's four objects and two more; the list has 24.
-		f := newFixture(t, Config{AbsorbStateBytes: 6 * int64(stateOverhead+frameLen(t, format)+10)}, up)
-		f.requireListedThenGone(t, g, format, absorbOverBudget) // the list, not the state, passed the budget
+		f := newFixture(t, Config{AbsorbStateBytes: 6 * int64(absorb.Overhead+frameLen(t, format)+10)}, up)
+		f.requireListedThenGone(t, g, format, absorb.OverBudget) // the list, not the state, passed the budget
 		// The ended watch's state is parked (its client may re-watch from 14); the list's
 		// bytes, at least its items' overhead, are given back.
-		if !testutil.Until(5*time.Second, func() bool { return f.h.parkedCount() == 1 }) {
-			t.Fatalf("%d states parked after the watch ended, want 1", f.h.parkedCount())
+		if !testutil.Until(5*time.Second, func() bool { return f.h.parked.Len() == 1 }) {
+			t.Fatalf("%d states parked after the watch ended, want 1", f.h.parked.Len())
 		}
-		if held := promtest.ToFloat64(f.m.AbsorbStateBytes); held >= 24*stateOverhead {
+		if held := promtest.ToFloat64(f.m.AbsorbStateBytes); held >= 24*absorb.Overhead {
 			t.Fatalf("%v bytes held after the list failed: the list's not given back", held)
 		}
 	})
-}
-
-// parkedAt says whether a state is parked at resourceVersion rv.
-func parkedAt(h *Handler, rv string) bool {
-	h.parked.mu.Lock()
-	defer h.parked.mu.Unlock()
-	for k := range h.parked.states {
-		if strings.HasSuffix(k, "\x00rv="+rv) {
-			return true
-		}
-	}
-	return false
 }

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/watchsan/watchsan/internal/reqinfo"
+	"github.com/watchsan/watchsan/internal/review"
 	"github.com/watchsan/watchsan/internal/testutil"
 )
 
@@ -123,7 +124,7 @@ func (a *authAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, apierrors.NewUnauthorized("Unauthorized").ErrStatus)
 		return
 	}
-	if r.Method == http.MethodPost && r.URL.Path == reviewPath {
+	if r.Method == http.MethodPost && r.URL.Path == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews" {
 		var ssar authorizationv1.SelfSubjectAccessReview
 		if err := json.NewDecoder(r.Body).Decode(&ssar); err != nil || ssar.Spec.ResourceAttributes == nil {
 			writeStatus(w, apierrors.NewBadRequest(fmt.Sprintf("not a review: %v", err)).ErrStatus)
@@ -143,7 +144,7 @@ func (a *authAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	info := reqinfo.Parse(r)
-	ra := reviewAttributes(r, &info)
+	ra := review.Attributes(r, &info)
 	ra.Verb = info.Verb
 	if !u.may(ra) {
 		writeStatus(w, apierrors.NewForbidden(schema.GroupResource{Group: info.APIGroup, Resource: info.Resource}, info.Name, fmt.Errorf("not allowed")).ErrStatus)
@@ -213,8 +214,8 @@ func TestShareReviewedTokensShareOneWatch(t *testing.T) {
 		t.Errorf("the feed's watch went with %v, want its opener's token (alice)", got)
 	}
 	sent := x.auth.sent()
-	if len(sent) != 3 || x.reviews(reviewAllowed) != 3 {
-		t.Errorf("%d reviews sent (%v allowed), want 3: one per join", len(sent), x.reviews(reviewAllowed))
+	if len(sent) != 3 || x.reviews(review.ResultAllowed) != 3 {
+		t.Errorf("%d reviews sent (%v allowed), want 3: one per join", len(sent), x.reviews(review.ResultAllowed))
 	}
 	for _, ra := range sent {
 		want := authorizationv1.ResourceAttributes{Verb: "watch", Version: "v1", Resource: "configmaps", Namespace: "d"}
@@ -262,8 +263,8 @@ func TestShareRefusedTokenGetsTheApiserversAnswer(t *testing.T) {
 	if got := promtest.ToFloat64(x.m.PrivateFeeds.WithLabelValues(privateDenied)); got != 3 {
 		t.Errorf("private feeds (access-denied) %v, want 3", got)
 	}
-	if x.reviews(reviewDenied) != 2 || x.reviews(reviewUnauthorized) != 1 {
-		t.Errorf("reviews denied %v, unauthorized %v, want 2 and 1", x.reviews(reviewDenied), x.reviews(reviewUnauthorized))
+	if x.reviews(review.ResultDenied) != 2 || x.reviews(review.ResultUnauthorized) != 1 {
+		t.Errorf("reviews denied %v, unauthorized %v, want 2 and 1", x.reviews(review.ResultDenied), x.reviews(review.ResultUnauthorized))
 	}
 	if got := promtest.ToFloat64(x.m.SharedSubscribers); got != 1 {
 		t.Errorf("%v subscribers, want alice's alone", got)
@@ -304,8 +305,8 @@ func TestShareReviewAllowanceNotReusedDenialKept(t *testing.T) {
 	clk.Step(2 * time.Second)
 	answer(t, carol, bearer("carol"))
 	sent(5, "carol's watch 31 s after her denial")
-	if x.reviews(reviewAllowed) != 3 || x.reviews(reviewCachedDeny) != 2 {
-		t.Errorf("allowed %v, cached-denied %v, want 3 and 2", x.reviews(reviewAllowed), x.reviews(reviewCachedDeny))
+	if x.reviews(review.ResultAllowed) != 3 || x.reviews(review.ResultCachedDeny) != 2 {
+		t.Errorf("allowed %v, cached-denied %v, want 3 and 2", x.reviews(review.ResultAllowed), x.reviews(review.ResultCachedDeny))
 	}
 }
 
@@ -380,8 +381,8 @@ func TestShareOpenersRevokedTokenEndsTheFeedCleanly(t *testing.T) {
 	if got := x.auth.watchTokens(); len(got) != 2 || got[0] != "alice" || got[1] != "bob" {
 		t.Errorf("watches that reached the apiserver went with %v, want alice's feed, then bob's new one (the refused resume is refused before)", got)
 	}
-	if x.reviews(reviewUnauthorized) != 1 || x.reviews(reviewAllowed) != 3 {
-		t.Errorf("alice's re-watch: unauthorized %v; allowed %v (alice's, bob's and bob's re-watch); want 1 and 3", x.reviews(reviewUnauthorized), x.reviews(reviewAllowed))
+	if x.reviews(review.ResultUnauthorized) != 1 || x.reviews(review.ResultAllowed) != 3 {
+		t.Errorf("alice's re-watch: unauthorized %v; allowed %v (alice's, bob's and bob's re-watch); want 1 and 3", x.reviews(review.ResultUnauthorized), x.reviews(review.ResultAllowed))
 	}
 }
 
@@ -421,20 +422,13 @@ func TestShareReviewsCoalesceOnlyOntoLaterReviews(t *testing.T) {
 		}()
 	}
 	flight := func() (sent, next int) {
-		x.h.reviews.mu.Lock()
-		defer x.h.reviews.mu.Unlock()
-		for _, fl := range x.h.reviews.flights {
-			if fl.sent {
-				sent = fl.waiters
-			}
-			if fl.next != nil {
-				next = fl.next.waiters
-			}
-		}
-		return sent, next
+		s := x.h.reviews.Size()
+		return s.Sent, s.Next
 	}
 	watch(0)
-	testutil.Eventually(t, 10*time.Second, "watch 1's review on the wire", func() bool { s, _ := flight(); return s == 1 })
+	// On the wire and arrived (the apiserver took it for alice, bound, before the unbind): bob's
+	// review and watch 1's.
+	testutil.Eventually(t, 10*time.Second, "watch 1's review on the wire", func() bool { s, _ := flight(); return s == 1 && len(x.auth.sent()) == 2 })
 	x.auth.unbind("alice")
 	for i := 1; i < n; i++ {
 		watch(i)
@@ -455,8 +449,8 @@ func TestShareReviewsCoalesceOnlyOntoLaterReviews(t *testing.T) {
 	if got := len(x.auth.sent()); got != 3 {
 		t.Errorf("%d reviews sent for bob and %d identical watches of alice, want 3", got, n)
 	}
-	if x.reviews(reviewAllowed) != 2 || x.reviews(reviewDenied) != 1 || x.reviews(reviewCoalesced) != n-1 {
-		t.Errorf("allowed %v, denied %v, coalesced %v, want 2 (bob, watch 1), 1 and %d", x.reviews(reviewAllowed), x.reviews(reviewDenied), x.reviews(reviewCoalesced), n-1)
+	if x.reviews(review.ResultAllowed) != 2 || x.reviews(review.ResultDenied) != 1 || x.reviews(review.ResultCoalesced) != n-1 {
+		t.Errorf("allowed %v, denied %v, coalesced %v, want 2 (bob, watch 1), 1 and %d", x.reviews(review.ResultAllowed), x.reviews(review.ResultDenied), x.reviews(review.ResultCoalesced), n-1)
 	}
 }
 
@@ -484,11 +478,9 @@ func TestShareReviewAbandonedByResetCountsNothing(t *testing.T) {
 	cancel()
 	<-done
 	testutil.Eventually(t, 10*time.Second, "the abandoned review ended", func() bool {
-		x.h.reviews.mu.Lock()
-		defer x.h.reviews.mu.Unlock()
-		return len(x.h.reviews.flights) == 0
+		return x.h.reviews.Size().Flights == 0
 	})
-	for _, r := range ReviewResults {
+	for _, r := range review.Results {
 		if got := x.reviews(r); got != 0 {
 			t.Errorf("reviews %s: %v, want none counted", r, got)
 		}
@@ -513,9 +505,7 @@ func TestShareReviewCacheBounded(t *testing.T) {
 	if got := len(x.auth.sent()); got != 4 {
 		t.Errorf("%d reviews sent, want 4: the first (d) was out of a cache of 2 by the third", got)
 	}
-	x.h.reviews.mu.Lock()
-	defer x.h.reviews.mu.Unlock()
-	if n := x.h.reviews.order.Len(); n != 2 || len(x.h.reviews.denied) != 2 {
+	if n := x.h.reviews.Size().Denied; n != 2 {
 		t.Errorf("%d cached denials, want 2", n)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 
+	"github.com/watchsan/watchsan/internal/absorb"
 	"github.com/watchsan/watchsan/internal/budget"
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/stream"
@@ -115,12 +116,10 @@ type feed struct {
 	events   uint64 // upstream events handed to the sink
 	progress uint64 // events it did not drop (object events and bookmarks, shown or not)
 
-	// state is what the feed's subscribers hold, kept to absorb a 410 at the resume point
-	// (state.go, absorb.go); nil: none kept, noState says why (an AbsorbOutcomes value; "":
-	// absorbing is off). pacing, made at the first absorb, paces a run of them.
-	state   *feedState
-	noState string
-	pacing  *absorbPacing
+	// abs is the feed's hold on what its subscribers hold, kept to absorb a 410 at the resume
+	// point, and the pacing of its absorbs (package absorb; the zero value: none kept,
+	// absorbing off). Changed only through its methods, called in absorb.go alone.
+	abs absorb.Holder
 
 	// handoff, for a watch-list that may move onto a shared feed at its initial-events-end
 	// bookmark (handoff.go); nil: none.
@@ -457,7 +456,7 @@ func (f *feed) pass(ev *stream.Event, d fix.Decision) error {
 	if d.Action == fix.Drop {
 		return nil
 	}
-	if f.state != nil {
+	if f.keepsState() {
 		f.observeState(ev)
 	}
 	if ho := f.handoff; ho != nil && ev.RVIsInt && d.Action == fix.Pass && ev.Type != stream.Bookmark && ev.Type != stream.Error {

@@ -27,12 +27,14 @@ import (
 	"go.uber.org/zap/zapcore"
 	"k8s.io/utils/clock"
 
+	"github.com/watchsan/watchsan/internal/absorb"
 	"github.com/watchsan/watchsan/internal/apistatus"
 	"github.com/watchsan/watchsan/internal/budget"
 	"github.com/watchsan/watchsan/internal/chunked"
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/metrics"
 	"github.com/watchsan/watchsan/internal/reqinfo"
+	"github.com/watchsan/watchsan/internal/review"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -91,19 +93,19 @@ type Config struct {
 	// keeps no state.
 	AbsorbCompleteByList bool
 	// AbsorbParkTime is how long an ended watch's complete state waits for its client's
-	// re-watch from its last resourceVersion (state.go); 0: DefaultAbsorbParkTime.
+	// re-watch from its last resourceVersion (package absorb); 0: DefaultAbsorbParkTime.
 	AbsorbParkTime time.Duration
 
 	// Shared feeds (share.go). Share serves identical watches of the
 	// lent identity from one upstream watch, and those of clients with their own credentials
-	// that an access review allowed (access.go) from another; the bounds' zero values are their
+	// that an access review allowed (package review) from another; the bounds' zero values are their
 	// defaults.
 	Share                bool
 	ShareRingBytes       int           // a feed's ring of recent events, bytes; 0: DefaultShareRingBytes
 	ShareRingEvents      int           // and events; 0: DefaultShareRingEvents
 	ShareSubscriberBytes int           // how far behind its feed a subscriber may be; 0: DefaultShareSubscriberBytes
 	ShareGrace           time.Duration // how long a feed outlives its last subscriber; 0: DefaultShareGrace
-	// ShareReviewEntries bounds the cache of access reviews (access.go), oldest out; 0:
+	// ShareReviewEntries bounds the cache of access reviews (package review), oldest out; 0:
 	// DefaultShareReviewEntries.
 	ShareReviewEntries int
 	// ShareExclude lists resources ("secrets", "coordination.k8s.io/leases") whose watches
@@ -169,8 +171,9 @@ type Handler struct {
 	log    *zap.Logger
 	clk    clock.WithDelayedExecution // deps.Clock
 	feeds  *registry                  // the open shared feeds (Config.Share, share.go)
-	// reviews caches what the apiserver said of clients' own credentials (access.go).
-	reviews *reviews
+	// reviews caches what the apiserver said of clients' own credentials (package review,
+	// review.go); set by New.
+	reviews *review.Cache
 	// live holds every open watch's feed while Done is open; at shutdown each one's context
 	// is ended (errShutdown) and stopped is set, so that a watch opened after ends at once. A
 	// set, not a callback per watch (context.AfterFunc on a shutdown context was about 200
@@ -192,9 +195,9 @@ type Handler struct {
 	shareExclude map[string]bool
 
 	// stateBudget is what all feeds' states share, parked holds those of ended watches for
-	// their clients' re-watches (state.go).
-	stateBudget *stateBudget
-	parked      *parked
+	// their clients' re-watches (package absorb); both set by New.
+	stateBudget *absorb.Budget
+	parked      *absorb.Parked
 }
 
 // New builds a Handler.
@@ -249,12 +252,13 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	}
 	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, clk: d.Clock,
 		feeds: &registry{feeds: map[string]*sharedFeed{}, rings: newRingBudget(cfg.ShareRingTotalBytes, d.Metrics.SharedRingBytes),
-			ringBytes: cfg.ShareRingBytes, ringEvents: cfg.ShareRingEvents, evictions: d.Metrics.SharedRingEvictions}, reviews: newReviews(cfg.ShareReviewEntries)}
+			ringBytes: cfg.ShareRingBytes, ringEvents: cfg.ShareRingEvents, evictions: d.Metrics.SharedRingEvictions}}
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
 	}
-	h.parked = &parked{states: map[string]*parkedState{}}
-	h.stateBudget = &stateBudget{perFeed: cfg.AbsorbStateBytes, total: cfg.AbsorbTotalBytes, gauge: d.Metrics.AbsorbStateBytes, mem: d.Budget}
+	h.reviews = review.New(cfg.ShareReviewEntries, d.Attempts, h.clk, h.log, d.Metrics.SharedAccessReviews)
+	h.parked = absorb.NewParked(h.clk, cfg.AbsorbParkTime)
+	h.stateBudget = absorb.NewBudget(cfg.AbsorbStateBytes, cfg.AbsorbTotalBytes, d.Metrics.AbsorbStateBytes, d.Budget)
 	h.feeds.rings.mem = d.Budget
 	for _, o := range AbsorbOutcomes { // every series from the start
 		d.Metrics.GoneAbsorbed.WithLabelValues(o)
@@ -510,25 +514,7 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 		mode = fix.PassAll
 	}
 	f.format = format
-	f.state, f.noState = h.stateFor(r, p, format)
-	if f.noState == absorbNotComplete && isIntRV(p.rv) {
-		// From a client's resourceVersion: complete if it follows a watch of this client's
-		// that ended there, else if the list at exactly that resourceVersion can be had
-		// (state.go, absorb.go).
-		if s := h.adopt(stateKey(r, cred), p.rv); s != nil && s.format == format {
-			f.state, f.noState = s, ""
-		} else {
-			if s != nil {
-				s.free() // built from frames of another format than this stream's
-			}
-			if h.cfg.AbsorbCompleteByList {
-				f.completeByList(p.rv)
-			}
-		}
-	}
-	if f.state != nil {
-		f.state.key = stateKey(r, cred)
-	}
+	f.openState(r, cred, p, format) // the state it keeps to absorb a 410 (absorb.go)
 	sub.start(format, first.Resp.Header, fix.NewStream(fix.Options{
 		Scope: scopeOf(p.scope, cred), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
 		Mode: mode, Memory: h.deps.Memory,
@@ -591,16 +577,9 @@ func (f *feed) release() {
 		f.unfollow()
 	}
 	f.mem.Close()
-	if s := f.state; s != nil {
-		// Complete at the last delivered resourceVersion: parked for the client's re-watch
-		// from it (state.go); else nothing anyone can use.
-		if rv := f.sub.LastDelivered(); s.dropped == "" && !f.sub.InInitialPhase() && absorbCodecFor(f.format) != nil && isIntRV(rv) && (f.handoff == nil || f.handoff.sf == nil) {
-			f.h.park(s.key, rv, s)
-		} else {
-			s.free()
-		}
-		f.state = nil
-	}
+	// Complete at the last delivered resourceVersion: parked for the client's re-watch from it
+	// (absorb.go); after a handoff onto a shared feed, nothing anyone can use.
+	f.parkState(f.handoff == nil || f.handoff.sf == nil)
 	f.cancel(nil)
 }
 

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/watchsan/watchsan/internal/reqinfo"
+	"github.com/watchsan/watchsan/internal/review"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -30,7 +31,7 @@ import (
 // response, goes on with the member's frames. Whatever keeps it from moving, it stays
 // private for its life, as without the handoff.
 //
-// A client with credentials of its own moves as any reviewed watch joins (access.go): only once
+// A client with credentials of its own moves as any reviewed watch joins (package review): only once
 // an access review sent at the bookmark allowed it to watch the scope (the apiserver authorized
 // its watch-list when it began, which is older than the join), onto the feed of its own
 // principal, or of every reviewed client for a group-version the apiserver serves itself
@@ -83,7 +84,7 @@ type handoff struct {
 	info reqinfo.Info // the watch's, for the feed it may open
 	sub  *subscriber  // the private feed's
 	// access is what the client's access review is made with when its credentials need one
-	// (needsReview); nil for the lent identity, which asks no review.
+	// (review.NeedsReview); nil for the lent identity, which asks no review.
 	access *memberAccess
 	// newest is the highest resourceVersion of an object event the private stream delivered:
 	// a feed that has not delivered it yet is behind.
@@ -108,8 +109,8 @@ func handoffFor(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, 
 		return nil
 	}
 	ho := &handoff{info: *info}
-	if needsReview(cred) {
-		ho.access = newMemberAccess(r, info, cred, credentialsKey(r, cred))
+	if review.NeedsReview(cred) {
+		ho.access = newMemberAccess(r, info, cred, review.CredentialsKey(r, cred))
 	}
 	return ho
 }

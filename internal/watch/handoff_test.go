@@ -13,6 +13,7 @@ import (
 
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/watchsan/watchsan/internal/review"
 	"github.com/watchsan/watchsan/internal/testutil"
 )
 
@@ -474,8 +475,8 @@ func TestHandoffReviewedTokens(t *testing.T) {
 			watches++
 		}
 	}
-	if watches != 2 || x.reviews(reviewAllowed) != 2 {
-		t.Errorf("%d watch reviews sent (%v allowed), want 2: one per handoff", watches, x.reviews(reviewAllowed))
+	if watches != 2 || x.reviews(review.ResultAllowed) != 2 {
+		t.Errorf("%d watch reviews sent (%v allowed), want 2: one per handoff", watches, x.reviews(review.ResultAllowed))
 	}
 	x.write(t, "cm", 2, 10)
 	want := direct.waitFor(t, "the direct watch-list", 6)

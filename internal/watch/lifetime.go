@@ -18,7 +18,7 @@ const DefaultMaxLifetime = 30 * time.Minute
 // the same way from Config.MaxLifetime, or its own timeoutSeconds when that is shorter, and
 // then ends cleanly, as the apiserver's does: the client re-watches from its last
 // resourceVersion (through a feed, missing nothing), is authorized again by the apiserver or,
-// for a reviewed subscriber, by a new access review (access.go), and lands on a backend picked
+// for a reviewed subscriber, by a new access review (package review), and lands on a backend picked
 // afresh. Spread over [max, 2*max), the re-watches of clients that came at once (a restart)
 // do not come back at once.
 

@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/watchsan/watchsan/internal/review"
 )
 
 // Who shares with whom (docs/design.md section 11): what decides the apiserver's answer
@@ -70,7 +72,7 @@ func TestShareLentImpersonationNeverJoinsTheLentFeed(t *testing.T) {
 	if got := x.gate.watches.Load(); got != 2 {
 		t.Errorf("%d upstream watches, want 2: the lent feed and the one impersonating alice", got)
 	}
-	if got := x.reviews(reviewAllowed); got != 1 {
+	if got := x.reviews(review.ResultAllowed); got != 1 {
 		t.Errorf("%v allowed reviews, want alice's (the impersonating watch was reviewed)", got)
 	}
 }

@@ -14,10 +14,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
 
+	"github.com/watchsan/watchsan/internal/absorb"
 	"github.com/watchsan/watchsan/internal/budget"
 	"github.com/watchsan/watchsan/internal/chunked"
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/reqinfo"
+	"github.com/watchsan/watchsan/internal/review"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -38,7 +40,7 @@ import (
 // Sharing is only where the identity question has an answer: a client that gets the lent
 // identity shares with the others that get it, and a client with credentials of its own (a
 // token, an asserted certificate) shares only once the apiserver said that it may watch that
-// scope (access.go). Everything else gets a private feed, counted by reason.
+// scope (package review). Everything else gets a private feed, counted by reason.
 
 // Defaults of the sharing bounds, the flags' defaults.
 const (
@@ -111,10 +113,10 @@ var PrivateFeedReasons = []string{privateIdentity, privateDenied, privateReviewF
 // (it still needs a feed whose ring covers its resourceVersion), else why not, a
 // PrivateFeedReasons value. The lent identity shares: every client that gets it is the same
 // user to the apiserver, which the lending guard decided it may be. A client's own credentials
-// may share once an access review allowed them (needsReview; serveShared asks only for a watch
+// may share once an access review allowed them (review.NeedsReview; serveShared asks only for a watch
 // this rule lets share, so a review is spent only where it can matter).
 func shareRule(r *http.Request, cred upstream.Credentials, p params) string {
-	if !lentPlain(cred) && !needsReview(cred) {
+	if !lentPlain(cred) && !review.NeedsReview(cred) {
 		return privateIdentity
 	}
 	q := r.URL.Query()
@@ -210,7 +212,7 @@ func (g *registry) newRing(start uint64) *ring {
 // initial events (handoff.go) gets a private feed too, and its handoff, counted there.
 func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, requestID string) (bool, *handoff) {
 	// Its stream's lifetime bounds, for a reviewed subscriber, how long its review is trusted:
-	// it is reviewed again when it re-watches (access.go, lifetime.go).
+	// it is reviewed again when it re-watches (package review, lifetime.go).
 	p := h.bound(parseParams(r))
 	reason := privateExcluded // the operator's word first: no other rule is asked
 	if !h.shareExclude[info.GroupResource()] {
@@ -219,14 +221,14 @@ func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqi
 	// A watch-list hands off onto a feed with the lent identity itself, or with credentials
 	// of its own once reviewed at its bookmark (handoff.go); the lent identity impersonating
 	// keeps its watch-list private.
-	if reason == privateWatchList && (lentPlain(cred) || needsReview(cred)) {
+	if reason == privateWatchList && (lentPlain(cred) || review.NeedsReview(cred)) {
 		if ho := handoffFor(r, info, cred, p); ho != nil {
 			return false, ho
 		}
 	}
-	var ck *credKey // the client's credentials' digest when they were reviewed
-	if reason == "" && needsReview(cred) {
-		k := credentialsKey(r, cred)
+	var ck *review.CredKey // the client's credentials' digest when they were reviewed
+	if reason == "" && review.NeedsReview(cred) {
+		k := review.CredentialsKey(r, cred)
 		ck = &k
 		if reason = h.review(r, info, cred, k); reason == reviewClientGone {
 			return true, nil // its client left (a reset stream): nothing to serve, no feed opened
@@ -258,7 +260,7 @@ func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqi
 
 // join finds the feed of r's key and joins it at p's resourceVersion, or opens the feed with
 // r's request as its template. Else it says why not.
-func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck *credKey, p params) (*sharedFeed, *member, string) {
+func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck *review.CredKey, p params) (*sharedFeed, *member, string) {
 	at, _ := stream.ParseRV(p.rv)
 	key := feedKey(r, cred, !lentPlain(cred) && h.servedLocally(info)) // the lent identity's feeds ask no one
 	// What its review was made with, for an absorb's list review (share_state.go).
@@ -289,11 +291,11 @@ func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Creden
 
 // openFeed opens the feed for key from resourceVersion rv (at), r its template, with a first
 // member at at; the registry's lock is held, and the caller has checked --share-max-feeds. acc
-// is what the first member's access review was made with (access.go), nil for the lent
+// is what the first member's access review was made with (package review), nil for the lent
 // identity: the feed is then a reviewed one. st is the
 // state a handoff moves onto it, complete at rv (nil: none, why says why; both zero: it
 // adopts the one parked at rv, share_state.go).
-func (h *Handler) openFeed(key string, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, acc *memberAccess, rv string, at uint64, bookmarks bool, st *feedState, why string) (*sharedFeed, *member) {
+func (h *Handler) openFeed(key string, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, acc *memberAccess, rv string, at uint64, bookmarks bool, st *absorb.State, why string) (*sharedFeed, *member) {
 	sf := h.newSharedFeed(key, r, info, cred, rv, at)
 	sf.reviewed = acc != nil
 	h.sharedState(sf, sf.f.client, cred, rv, st, why)
@@ -318,7 +320,7 @@ type sharedFeed struct {
 	// policy is what pol's stream is made with once the format is known.
 	policy fix.Options
 	from   uint64
-	// reviewed: its subscribers were admitted by access reviews (access.go); false for the
+	// reviewed: its subscribers were admitted by access reviews (package review); false for the
 	// lent identity's feeds.
 	reviewed bool
 

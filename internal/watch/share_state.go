@@ -9,7 +9,9 @@ import (
 	"go.uber.org/zap"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/watchsan/watchsan/internal/absorb"
 	"github.com/watchsan/watchsan/internal/reqinfo"
+	"github.com/watchsan/watchsan/internal/review"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -20,7 +22,7 @@ import (
 //   - a watch-list's handoff that opens the feed from its bookmark's L moves the private
 //     feed's state, complete at L, onto it (the bytes stay counted, now as the shared feed's);
 //   - a plain watch from X that opens the feed adopts the state parked under the same
-//     stateKey at X, as a private feed would (state.go).
+//     stateKey at X, as a private feed would (absorb.Parked).
 //
 // Whose state: stateKey carries cred.Principal(), and the feed goes upstream as its opener's
 // credentials (the lent identity, or the reviewed opener's own), which are the cred the key is
@@ -36,101 +38,69 @@ import (
 // ring made sound for joiners across the absorb (absorbBegin, absorbEnd). A handoff that
 // joins an open feed changes nothing of that feed's state: the private feed's is freed.
 
-// The value of watchsan_watch_gone_absorbed_total's outcome label for each subscriber of a
-// reviewed shared feed whose credentials may not list the scope.
-const (
-	// absorbListDenied: a subscriber of the shared feed was reviewed for watch, and the
-	// apiserver did not say that it may list the scope (the absorb's events are a list's): it
-	// got the 410 alone.
-	absorbListDenied = "list-denied"
-)
-
 // sharedState gives the shared feed sf, opened from resourceVersion rv by the watch r with
 // cred, its state: moved (a handoff's, complete at rv, or nil) when given, else the one parked
 // under r's stateKey at rv. The registry's lock is held; the feed's goroutine has not started.
-func (h *Handler) sharedState(sf *sharedFeed, r *http.Request, cred upstream.Credentials, rv string, moved *feedState, why string) {
+func (h *Handler) sharedState(sf *sharedFeed, r *http.Request, cred upstream.Credentials, rv string, moved *absorb.State, why string) {
 	f := sf.f
 	switch {
 	case h.cfg.DisableAbsorb:
 		if moved != nil {
-			moved.free()
+			moved.Free()
 		}
 		return
 	case strings.Contains(r.Header.Get("Accept"), "as="):
 		if moved != nil {
-			moved.free()
+			moved.Free()
 		}
-		f.noState = absorbFormat
+		f.noState(absorb.Format)
 		return
 	}
 	key := stateKey(r, cred)
 	if moved == nil && why == "" {
-		moved = h.adopt(key, rv)
-		why = absorbNotComplete // it began at a client's resourceVersion, and nothing was parked there
+		moved = h.parked.Adopt(key, rv)
+		why = absorb.NotComplete // it began at a client's resourceVersion, and nothing was parked there
 	}
 	if moved == nil {
-		f.noState = why
+		f.noState(why)
 		return
 	}
-	moved.key = key
-	f.state, f.noState = moved, ""
+	f.holdState(moved, key)
 }
 
 // stateFormat lets the state go when the feed's first answer is in a format absorbing does not
 // read, or in another one than the state's frames (a handoff's or parked state was built from
 // another stream). The feed's goroutine, at its first answer.
 func (sf *sharedFeed) stateFormat() {
-	if f := sf.f; f.state != nil && (absorbCodecFor(f.format) == nil || f.state.format != f.format) {
-		f.state.free()
-		f.state, f.noState = nil, absorbFormat
-	}
+	sf.f.stateInFormat()
 }
 
 // parkState parks the feed's state, complete at its last delivered resourceVersion, for the
-// next watch from there (state.go), as a private feed's release does; before the feed's
+// next watch from there (absorb.Parked), as a private feed's release does; before the feed's
 // members are ended, so that their re-watches (which open a new feed) find it. A feed whose
 // first attempt failed delivered nothing and keeps nothing. The feed's goroutine.
 func (sf *sharedFeed) parkState() {
-	f := sf.f
-	s := f.state
-	if s == nil {
-		return
-	}
-	f.state = nil
-	if !sf.ok {
-		s.free()
-		return
-	}
-	if rv := sf.LastDelivered(); s.dropped == "" && !sf.InInitialPhase() && absorbCodecFor(f.format) != nil && isIntRV(rv) {
-		sf.h.park(s.key, rv, s)
-		return
-	}
-	s.free()
+	sf.f.parkState(sf.ok)
 }
 
 // handoffState is what a watch-list's private feed f hands a shared feed it opens: its state,
 // complete at its bookmark, moved (f keeps none from then on: if the handoff then fails, f's
 // later 410 is its client's), and why not when it has none.
-func handoffState(f *feed) (*feedState, string) {
-	s, why := f.state, f.noState
-	f.state, f.noState = nil, absorbNotComplete
-	if s == nil && why == "" {
-		why = absorbNotComplete
-	}
-	return s, why
+func handoffState(f *feed) (*absorb.State, string) {
+	return f.takeState()
 }
 
-// memberAccess is what a reviewed subscriber's access review was made with (access.go), kept so
+// memberAccess is what a reviewed subscriber's access review was made with (package review), kept so
 // that an absorb can ask whether it may list the scope too: its request's URL and headers (not
 // the request: a detached member's handler returned), its identity and their digest.
 type memberAccess struct {
 	req  *http.Request
 	info reqinfo.Info
 	cred upstream.Credentials
-	ck   credKey
+	ck   review.CredKey
 }
 
-func newMemberAccess(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck credKey) *memberAccess {
+func newMemberAccess(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck review.CredKey) *memberAccess {
 	u := *r.URL
 	req := &http.Request{Method: r.Method, URL: &u, Header: r.Header.Clone(), Host: r.Host, RemoteAddr: r.RemoteAddr,
 		Proto: r.Proto, ProtoMajor: r.ProtoMajor, ProtoMinor: r.ProtoMinor}
@@ -146,7 +116,7 @@ func newMemberAccess(r *http.Request, info *reqinfo.Info, cred upstream.Credenti
 // would get, and relists (refused, as it would be). Joins are blocked already (absorbBegin),
 // so every member the absorb's events reach is one judged here (docs/design.md section 12).
 // The lent identity is one identity: its opener and subscribers are the same user, and the list
-// goes as it. Each credentials' review is a fresh one (access.go), at most absorbReviews at once.
+// goes as it. Each credentials' review is a fresh one (package review), at most absorbReviews at once.
 // The feed's goroutine.
 func (sf *sharedFeed) absorbAdmit(st *metav1.Status) {
 	if !sf.reviewed {
@@ -157,8 +127,8 @@ func (sf *sharedFeed) absorbAdmit(st *metav1.Status) {
 	// (addLocked).
 	g.mu.Lock()
 	sf.mu.Lock()
-	byCred := map[credKey][]*member{}
-	access := map[credKey]*memberAccess{}
+	byCred := map[review.CredKey][]*member{}
+	access := map[review.CredKey]*memberAccess{}
 	var refused []*member
 	for m := range sf.members {
 		if m.access == nil {
@@ -179,7 +149,7 @@ func (sf *sharedFeed) absorbAdmit(st *metav1.Status) {
 	for ck, a := range access {
 		wg.Add(1)
 		sem <- struct{}{}
-		go func() { // ends with its review, bounded by reviewTimeout and the feed's context
+		go func() { // ends with its review, bounded by the review's timeout and the feed's context
 			defer func() { <-sem; wg.Done() }()
 			if why := sf.h.reviewVerb(sf.f.ctx, a.req, &a.info, a.cred, a.ck, "list"); why != "" {
 				mu.Lock()
@@ -197,7 +167,7 @@ func (sf *sharedFeed) absorbAdmit(st *metav1.Status) {
 	st = goneStatus(st, sf.LastDelivered())
 	for _, m := range refused {
 		sf.relistMember(m, st)
-		sf.h.deps.Metrics.GoneAbsorbed.WithLabelValues(absorbListDenied).Inc()
+		sf.h.deps.Metrics.GoneAbsorbed.WithLabelValues(absorb.ListDenied).Inc()
 		sf.h.deps.Metrics.RelistsForced.Inc()
 		sf.h.note("relist", nil, sf.f.client.URL.Path, "a subscriber may not list the scope the feed absorbed")
 	}

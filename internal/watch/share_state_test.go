@@ -12,6 +12,7 @@ import (
 
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/watchsan/watchsan/internal/absorb"
 	"github.com/watchsan/watchsan/internal/testutil"
 )
 
@@ -181,7 +182,7 @@ func TestShareAbsorbsAHandedOffWatchList(t *testing.T) {
 
 	L := x.outage(t, 0)
 	x.waitStores(t, "after the gap", clients...)
-	if v := x.absorbed(absorbAbsorbed); v != 1 {
+	if v := x.absorbed(absorb.Absorbed); v != 1 {
 		t.Fatalf("gone_absorbed{absorbed} = %v, want 1 (one absorb for the feed)", v)
 	}
 	if v := promtest.ToFloat64(x.m.RelistsForced); v != 0 {
@@ -213,11 +214,11 @@ func TestShareAbsorbsAHandedOffWatchList(t *testing.T) {
 	}
 	D := x.api.ResourceVersion()
 	testutil.Eventually(t, 10*time.Second, "the ended feed's state to be parked", func() bool {
-		return promtest.ToFloat64(x.m.SharedFeeds) == 0 && x.h.parkedCount() == 1
+		return promtest.ToFloat64(x.m.SharedFeeds) == 0 && x.h.parked.Len() == 1
 	})
 	again := []*client{watchAt(t, x.srv.URL, "resourceVersion="+rv(D), nil, true)}
 	x.waitSubscribers(t, 1)
-	if n := x.h.parkedCount(); n != 0 {
+	if n := x.h.parked.Len(); n != 0 {
 		t.Fatalf("%d states parked after a re-watch from %d opened a feed: want it adopted", n, D)
 	}
 	again = append(again, watchAt(t, x.srv.URL, "resourceVersion="+rv(D), nil, true))
@@ -227,7 +228,7 @@ func TestShareAbsorbsAHandedOffWatchList(t *testing.T) {
 	want := x.list(t)
 	for i, c := range again {
 		testutil.Eventually(t, 20*time.Second, fmt.Sprintf("re-watch %d to get the difference", i), func() bool {
-			return x.absorbed(absorbAbsorbed) == 2 && len(c.events()) >= 2
+			return x.absorbed(absorb.Absorbed) == 2 && len(c.events()) >= 2
 		})
 		evs := c.events()
 		if store(evs) == "" || strings.Contains(strings.Join(evs, ","), "ERROR") {
@@ -258,7 +259,7 @@ func (x *gapFixture) parkOwn(t *testing.T, token string) uint64 {
 		t.Fatalf("the watch-list got %v, want its initial events and bookmark", evs)
 	}
 	fmt.Sscan(strings.Fields(evs[len(evs)-1])[2], &B)
-	testutil.Eventually(t, 10*time.Second, "the ended watch-list's state to be parked", func() bool { return x.h.parkedCount() == 1 })
+	testutil.Eventually(t, 10*time.Second, "the ended watch-list's state to be parked", func() bool { return x.h.parked.Len() == 1 })
 	return B
 }
 
@@ -271,7 +272,7 @@ func TestShareStateNeverAcrossPrincipals(t *testing.T) {
 	B := x.parkOwn(t, "alice")
 	bob := watchAt(t, x.srv.URL, "resourceVersion="+rv(B), bearer("bob"), true)
 	x.waitSubscribers(t, 1)
-	if n := x.h.parkedCount(); n != 1 {
+	if n := x.h.parked.Len(); n != 1 {
 		t.Fatalf("%d states parked after bob's feed opened: it adopted alice's", n)
 	}
 	x.outage(t, 0)
@@ -279,7 +280,7 @@ func TestShareStateNeverAcrossPrincipals(t *testing.T) {
 	if got := bob.events(); got[len(got)-1] != "ERROR  " {
 		t.Fatalf("bob got %v, want the 410 (an ERROR)", got)
 	}
-	if v := x.absorbed(absorbNotComplete); v != 1 {
+	if v := x.absorbed(absorb.NotComplete); v != 1 {
 		t.Fatalf("gone_absorbed{not-complete} = %v, want 1", v)
 	}
 	if _, lists := x.lists(); lists != 0 {
@@ -307,7 +308,7 @@ func TestShareReviewedAbsorbReachesOnlySubscribersThatMayList(t *testing.T) {
 			B := x.parkOwn(t, "alice")
 			clients := []*client{watchAt(t, x.srv.URL, "resourceVersion="+rv(B), bearer("alice"), true)}
 			x.waitSubscribers(t, 1)
-			if n := x.h.parkedCount(); n != 0 {
+			if n := x.h.parked.Len(); n != 0 {
 				t.Fatalf("%d states parked after alice's re-watch opened a feed: want hers adopted", n)
 			}
 			clients = append(clients, watchAt(t, x.srv.URL, "resourceVersion="+rv(B), bearer(other), true))
@@ -328,7 +329,7 @@ func TestShareReviewedAbsorbReachesOnlySubscribersThatMayList(t *testing.T) {
 				}
 			}
 			wantDenied := map[string]float64{"bob": 0, "dave": 1}[other]
-			if v, d := x.absorbed(absorbAbsorbed), x.absorbed(absorbListDenied); v != 1 || d != wantDenied {
+			if v, d := x.absorbed(absorb.Absorbed), x.absorbed(absorb.ListDenied); v != 1 || d != wantDenied {
 				t.Fatalf("gone_absorbed{absorbed} = %v, {list-denied} = %v, want 1 and %v", v, d, wantDenied)
 			}
 			reviews, lists := x.lists()
@@ -346,7 +347,7 @@ func TestShareReviewedAbsorbReachesOnlySubscribersThatMayList(t *testing.T) {
 // fits, the feed's later events pass the budget, the state is dropped (counted, its bytes given
 // back), and the 410 then reaches every subscriber, counted as over-budget.
 func TestShareStateOverBudgetDropped(t *testing.T) {
-	x := newGapFixture(t, Config{AbsorbStateBytes: 6 * (stateOverhead + 400)})
+	x := newGapFixture(t, Config{AbsorbStateBytes: 6 * (absorb.Overhead + 400)})
 	x.write(t, "keep", 4, 10)
 	clients := x.watchLists(t, 2, func(int) string { return watchList })
 	if v := promtest.ToFloat64(x.m.AbsorbStatesDropped); v != 0 {
@@ -362,7 +363,7 @@ func TestShareStateOverBudgetDropped(t *testing.T) {
 			return slices.Contains(c.events(), "ERROR  ")
 		})
 	}
-	if v := x.absorbed(absorbOverBudget); v != 1 {
+	if v := x.absorbed(absorb.OverBudget); v != 1 {
 		t.Fatalf("gone_absorbed{over-budget} = %v, want 1", v)
 	}
 	if _, lists := x.lists(); lists != 0 {
@@ -405,7 +406,7 @@ func TestShareAbsorbReachesAHandoffStillSkipping(t *testing.T) {
 	x.held.Store(nil)
 	close(c)
 	x.waitStores(t, "after the gap", clients...)
-	if v := x.absorbed(absorbAbsorbed); v != 1 {
+	if v := x.absorbed(absorb.Absorbed); v != 1 {
 		t.Fatalf("gone_absorbed{absorbed} = %v, want 1", v)
 	}
 	if got := clients[1].events(); !slices.Contains(got, "DELETED keep-0 "+rv(skip)) {

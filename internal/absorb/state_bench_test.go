@@ -1,4 +1,4 @@
-package watch
+package absorb
 
 import (
 	"bytes"
@@ -10,7 +10,7 @@ import (
 	"github.com/watchsan/watchsan/internal/stream"
 )
 
-// BenchmarkFeedState is what keeping a feed's state (state.go) costs per delivered event,
+// BenchmarkFeedState is what keeping a feed's state (State) costs per delivered event,
 // against reading the same event, measured in the same run: a JSON stream of 1 KiB ConfigMap
 // MODIFIED events cycling over 1,000 objects, read by the stream package's Reader (the
 // baseline: what every feed does with an event) and, on the same bytes, also observed into a
@@ -43,17 +43,17 @@ func BenchmarkFeedState(b *testing.B) {
 	b.SetBytes(int64(len(stream1)))
 	var base, with time.Duration
 	for b.Loop() {
-		s := newFeedState(&stateBudget{perFeed: DefaultAbsorbStateBytes, total: DefaultAbsorbTotalBytes}, stream.JSON)
+		s := NewState(NewBudget(DefaultStateBytes, DefaultTotalBytes, nil, nil), stream.JSON)
 		base += read(nil)
 		with += read(func(ev *stream.Event) {
-			if !s.observe(ev) {
+			if !s.Observe(ev) {
 				b.Fatalf("the state was dropped: %s", s.dropped)
 			}
 		})
 		if len(s.objs) != objects {
 			b.Fatalf("the state holds %d objects, want %d", len(s.objs), objects)
 		}
-		s.free()
+		s.Free()
 	}
 	n := float64(b.N) * perRun
 	b.ReportMetric(float64(base.Nanoseconds())/n, "ns/event-read")

@@ -1,4 +1,4 @@
-package watch
+package stream
 
 import (
 	"bytes"
@@ -9,11 +9,9 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-
-	"github.com/watchsan/watchsan/internal/stream"
 )
 
-// protoAbsorb is the protobuf absorbCodec (docs/design.md sections 3 and 12). A list response
+// protobufList is the protobuf ListCodec (docs/design.md sections 3 and 12). A list response
 // is "k8s\x00" and a runtime.Unknown whose raw is the list message:
 //
 //	List     { 1: metadata ListMeta {2: resourceVersion; 3: continue}; 2: items (repeated) }
@@ -23,19 +21,19 @@ import (
 // raw is "k8s\x00" and a runtime.Unknown {typeMeta {apiVersion, kind}, raw: the object's
 // message, contentEncoding "", contentType ""}: an item is wrapped into that as it is, its
 // bytes opaque (the proxy knows no types, and custom resources have no protobuf messages;
-// the item's identity is read by stream.Reader from the frame made of it, as every watch
+// the item's identity is read by Reader from the frame made of it, as every watch
 // event's is). The envelopes are apimachinery's own generated messages (metav1.WatchEvent,
 // runtime.Unknown, metav1.ListMeta), which encode exactly as the apiserver's watch does: a
 // frame made of a watch's own object is that watch's frame byte for byte (the tests hold it
 // to the captured streams).
-type protoAbsorb struct{}
+type protobufList struct{}
 
 // protoMagic starts every protobuf-encoded Kubernetes object.
 var protoMagic = []byte("k8s\x00")
 
-func (protoAbsorb) accept() string { return "application/vnd.kubernetes.protobuf" }
+func (protobufList) Accept() string { return "application/vnd.kubernetes.protobuf" }
 
-func (protoAbsorb) decodeList(body []byte) (*listPage, error) {
+func (protobufList) DecodeList(body []byte) (*ListPage, error) {
 	if !bytes.HasPrefix(body, protoMagic) {
 		return nil, errors.New("no k8s protobuf prefix")
 	}
@@ -46,7 +44,7 @@ func (protoAbsorb) decodeList(body []byte) (*listPage, error) {
 	if u.ContentEncoding != "" {
 		return nil, fmt.Errorf("the list's content encoding %q", u.ContentEncoding)
 	}
-	p := &listPage{kind: u.Kind, apiVersion: u.APIVersion}
+	p := &ListPage{Kind: u.Kind, APIVersion: u.APIVersion}
 	// The list message, read as the generated code reads it: every metadata field merges
 	// into one ListMeta, and each items field is one item; other fields are skipped.
 	var meta metav1.ListMeta
@@ -77,23 +75,16 @@ func (protoAbsorb) decodeList(body []byte) (*listPage, error) {
 			}
 			continue
 		}
-		p.items = append(p.items, v)
+		p.Items = append(p.Items, v)
 	}
-	p.rv, p.cont = meta.ResourceVersion, meta.Continue
+	p.ResourceVersion, p.Continue = meta.ResourceVersion, meta.Continue
 	return p, nil
 }
 
-func (c protoAbsorb) item(l *listed, raw []byte) (string, *listItem, error) {
-	obj := protoObject(l.apiVersion, l.kind, raw)
-	// The item's identity as the feed's Reader would read it in a watch event of it.
-	ev, err := stream.NewReader(stream.Protobuf, bytes.NewReader(c.frame(stream.Added, obj)), len(obj)+64).Next()
-	if err != nil {
-		return "", nil, fmt.Errorf("a list item: %w", err)
-	}
-	if ev.Name == "" || !ev.RVIsInt {
-		return "", nil, fmt.Errorf("a list item without a name or an integer resourceVersion (%q)", ev.RV)
-	}
-	return ev.Namespace + "/" + ev.Name, &listItem{uid: ev.UID, rv: ev.RVInt, obj: obj}, nil
+func (c protobufList) Item(kind, apiVersion string, raw []byte) (string, ListItem, error) {
+	obj := protoObject(apiVersion, kind, raw)
+	// The item's identity as a feed's Reader would read it in a watch event of it.
+	return itemIdentity(Protobuf, obj, c.Frame(Added, obj), len(obj)+64)
 }
 
 // protoObject is the object message msg of apiVersion and kind as a watch event's
@@ -106,7 +97,7 @@ func protoObject(apiVersion, kind string, msg []byte) []byte {
 	return b[:len(protoMagic)+n]
 }
 
-func (protoAbsorb) frame(typ string, obj []byte) []byte {
+func (protobufList) Frame(typ string, obj []byte) []byte {
 	ev := metav1.WatchEvent{Type: typ, Object: runtime.RawExtension{Raw: obj}}
 	b := make([]byte, 4+ev.Size())
 	n, _ := ev.MarshalToSizedBuffer(b[4:]) // sized by Size: cannot fail
@@ -114,7 +105,7 @@ func (protoAbsorb) frame(typ string, obj []byte) []byte {
 	return b[:4+n]
 }
 
-func (protoAbsorb) objectOf(frame []byte) ([]byte, error) {
+func (protobufList) ObjectOf(frame []byte) ([]byte, error) {
 	if len(frame) < 4 {
 		return nil, errors.New("a protobuf frame shorter than its length")
 	}
@@ -128,16 +119,16 @@ func (protoAbsorb) objectOf(frame []byte) ([]byte, error) {
 	return ev.Object.Raw, nil
 }
 
-// bookmark is an object of l's kind with only its ObjectMeta, and of that only the
+// Bookmark is an object of kind with only its ObjectMeta, and of that only the
 // resourceVersion set: the metadata byte for byte as the apiserver's bookmark carries it (the
 // generated code writes every scalar field, empty or not). The apiserver's bookmark of a kind
 // with a spec or status also carries their zero values; a client decodes either into an
 // object whose resourceVersion is all a bookmark means (client-go's reflector reads nothing
-// else of it), as the JSON bookmark (jsonAbsorb) is.
-func (protoAbsorb) bookmark(l *listed, rv string) []byte {
+// else of it), as the JSON bookmark (jsonList) is.
+func (protobufList) Bookmark(kind, apiVersion, rv string) []byte {
 	m := metav1.ObjectMeta{ResourceVersion: rv}
 	msg := protowire.AppendTag(nil, 1, protowire.BytesType)
 	meta, _ := m.Marshal() // a plain ObjectMeta: cannot fail
 	msg = protowire.AppendBytes(msg, meta)
-	return protoObject(l.apiVersion, l.kind, msg)
+	return protoObject(apiVersion, kind, msg)
 }
