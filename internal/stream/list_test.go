@@ -18,11 +18,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	cborserializer "k8s.io/apimachinery/pkg/runtime/serializer/cbor"
 	"k8s.io/apimachinery/pkg/runtime/serializer/cbor/direct"
-	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 	"k8s.io/apimachinery/pkg/runtime/serializer/streaming"
 	restclientwatch "k8s.io/client-go/rest/watch"
+
+	"github.com/watchsan/watchsan/internal/testutil"
 )
 
 // The list codecs against apimachinery: frames made of the captured streams' objects are the
@@ -84,32 +84,8 @@ func listItemJSON(name, uid, rv string) string {
 // writeConfigMapList answers a ConfigMapList in format as apimachinery encodes it; items are
 // JSON ConfigMaps (listItemJSON).
 func writeConfigMapList(w http.ResponseWriter, format Format, rv, cont string, items []string) {
-	if format == JSON {
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"kind":"ConfigMapList","apiVersion":"v1","metadata":{"resourceVersion":%q,"continue":%q},"items":[%s]}`,
-			rv, cont, strings.Join(items, ","))
-		return
-	}
-	l := &corev1.ConfigMapList{TypeMeta: metav1.TypeMeta{Kind: "ConfigMapList", APIVersion: "v1"},
-		ListMeta: metav1.ListMeta{ResourceVersion: rv, Continue: cont}}
-	for _, it := range items {
-		var cm corev1.ConfigMap
-		if err := json.Unmarshal([]byte(it), &cm); err != nil {
-			panic(err)
-		}
-		l.Items = append(l.Items, cm)
-	}
-	var buf bytes.Buffer
-	var enc runtime.Encoder = protobuf.NewSerializer(nil, nil)
-	ct := "application/vnd.kubernetes.protobuf"
-	if format == CBOR {
-		enc, ct = cborserializer.NewSerializer(nil, nil), "application/cbor"
-	}
-	if err := enc.Encode(l, &buf); err != nil {
-		panic(err)
-	}
-	w.Header().Set("Content-Type", ct)
-	w.Write(buf.Bytes())
+	ct := map[Format]string{JSON: testutil.JSON, Protobuf: testutil.Protobuf, CBOR: testutil.CBOR}[format]
+	testutil.WriteConfigMapList(w, ct, rv, cont, items)
 }
 
 // The frames made of an object's message are the apiserver's byte for byte: every event of

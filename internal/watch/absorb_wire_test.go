@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,12 +16,12 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	cborserializer "k8s.io/apimachinery/pkg/runtime/serializer/cbor"
-	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 	"k8s.io/apimachinery/pkg/runtime/serializer/streaming"
 	"k8s.io/client-go/kubernetes/scheme"
 	restclientwatch "k8s.io/client-go/rest/watch"
 
 	"github.com/watchsan/watchsan/internal/stream"
+	"github.com/watchsan/watchsan/internal/testutil"
 )
 
 // The absorb tests run in each format absorbing reads (absorbFormats): their fixtures are
@@ -125,32 +124,8 @@ func (w *wireWatchWriter) Flush() { w.ResponseWriter.(http.Flusher).Flush() }
 
 // writeList answers a list in format: items are the JSON fixtures (cmItem), of a ConfigMapList.
 func writeList(w http.ResponseWriter, format stream.Format, rv, cont string, items []string) {
-	if format == stream.JSON || format == 0 {
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"kind":"ConfigMapList","apiVersion":"v1","metadata":{"resourceVersion":%q,"continue":%q},"items":[%s]}`,
-			rv, cont, strings.Join(items, ","))
-		return
-	}
-	l := &corev1.ConfigMapList{TypeMeta: metav1.TypeMeta{Kind: "ConfigMapList", APIVersion: "v1"},
-		ListMeta: metav1.ListMeta{ResourceVersion: rv, Continue: cont}}
-	for _, it := range items {
-		var cm corev1.ConfigMap
-		if err := json.Unmarshal([]byte(it), &cm); err != nil {
-			panic(err)
-		}
-		l.Items = append(l.Items, cm)
-	}
-	var buf bytes.Buffer
-	var enc runtime.Encoder = protobuf.NewSerializer(nil, nil)
-	ct := "application/vnd.kubernetes.protobuf"
-	if format == stream.CBOR {
-		enc, ct = cborserializer.NewSerializer(nil, nil), "application/cbor"
-	}
-	if err := enc.Encode(l, &buf); err != nil {
-		panic(err)
-	}
-	w.Header().Set("Content-Type", ct)
-	w.Write(buf.Bytes())
+	ct := map[stream.Format]string{0: testutil.JSON, stream.JSON: testutil.JSON, stream.Protobuf: testutil.Protobuf, stream.CBOR: testutil.CBOR}[format]
+	testutil.WriteConfigMapList(w, ct, rv, cont, items)
 }
 
 // watchUntilIn is watchUntil with the watch asked and read in format, by client-go's own
