@@ -429,9 +429,9 @@ func TestDegradedBackendDrainsMakeBeforeBreak(t *testing.T) {
 	}
 	gs = x.finish(t, ch, gs, "MODIFIED a 12")
 	expectStream(t, gs, nil, "ADDED a 10, MODIFIED a 11, MODIFIED a 12")
-	select {
+	select { // the attempt's cancel reaches a's handler when its request is torn down
 	case <-a.canceled:
-	default:
+	case <-time.After(10 * time.Second):
 		t.Fatal("the degraded backend's attempt was not ended after the move")
 	}
 	if q := b.query(0); q.Get("resourceVersion") != "11" {
