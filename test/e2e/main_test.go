@@ -68,6 +68,48 @@ func run(m *testing.M) int {
 	return m.Run()
 }
 
+// shipped is watchsan as shipped, without -race (shippedBin).
+var shipped struct {
+	once     sync.Once
+	bin      string
+	race     bool // bin is a -race build after all (WATCHSAN_E2E_BIN names one)
+	buildErr error
+}
+
+// shippedBin is watchsan as shipped, for the tests that measure memory and service times as
+// in production (the memory table): the race detector's shadow memory and its 5-10 times
+// slower code measure the detector, not watchsan. It is the binary under test when that is
+// already built without -race, or is named by WATCHSAN_E2E_BIN (a -race build only if
+// WATCHSAN_E2E_RACE says so); else built once, on first use, next to it. race says whether it is
+// a -race build.
+func shippedBin(t testing.TB) (bin string, race bool) {
+	t.Helper()
+	shipped.once.Do(func() {
+		switch {
+		case os.Getenv("WATCHSAN_E2E_BIN") != "":
+			shipped.bin, shipped.race = watchsanBin, os.Getenv("WATCHSAN_E2E_RACE") != "0"
+		case os.Getenv("WATCHSAN_E2E_RACE") == "0":
+			shipped.bin = watchsanBin
+		default:
+			root, err := cluster.RepoRoot()
+			if err != nil {
+				shipped.buildErr = err
+				return
+			}
+			shipped.bin = filepath.Join(filepath.Dir(watchsanBin), "watchsan-shipped")
+			build := exec.Command("go", "build", "-o", shipped.bin, "./cmd/watchsan")
+			build.Dir = root
+			if out, err := build.CombinedOutput(); err != nil {
+				shipped.buildErr = fmt.Errorf("building watchsan without -race: %v\n%s", err, out)
+			}
+		}
+	})
+	if shipped.buildErr != nil {
+		t.Fatal(shipped.buildErr)
+	}
+	return shipped.bin, shipped.race
+}
+
 // proxy is a running watchsan process.
 type proxy struct {
 	t        testing.TB
@@ -91,8 +133,14 @@ func startProxy(t testing.TB, args ...string) *proxy {
 // arguments), when wrap is not empty.
 func startProxyUnder(t testing.TB, wrap []string, args ...string) *proxy {
 	t.Helper()
+	return startProxyBin(t, watchsanBin, wrap, args...)
+}
+
+// startProxyBin is startProxyUnder with the binary bin.
+func startProxyBin(t testing.TB, bin string, wrap []string, args ...string) *proxy {
+	t.Helper()
 	all := append([]string{"--listen=127.0.0.1:0", "--admin-listen=127.0.0.1:0", "--log-format=json", "--log-level=debug"}, args...)
-	argv := append(append(append([]string(nil), wrap...), watchsanBin), all...)
+	argv := append(append(append([]string(nil), wrap...), bin), all...)
 	p := &proxy{t: t, cmd: exec.Command(argv[0], argv[1:]...), exited: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), "KUBECONFIG=/nonexistent") // never the developer's kubeconfig
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
