@@ -149,6 +149,9 @@ type Config struct {
 	// never share; ShareMaxFeeds bounds the shared feeds open at once.
 	ShareExcludeResources []string
 	ShareMaxFeeds         int
+	// ShareReviewedWatchLists lets watch-lists with credentials of their own hand off onto
+	// shared feeds once reviewed (watch.Config.ShareReviewedWatchLists); off by default.
+	ShareReviewedWatchLists bool
 
 	// Coalesced reads (package coalesce): CoalesceReads switches them on; the rest bound them
 	// (members per upstream read, keys with a read, bytes a member may lag).

@@ -79,6 +79,7 @@ var shortUsage = map[string]string{
 	"share-exclude-resource":            "resource whose watches never share a feed (repeatable)",
 	"share-access-review-cache-entries": "access review denials kept, for 30 seconds",
 	"share-max-feeds":                   "shared feeds open at most",
+	"share-reviewed-watch-lists":        "let reviewed clients' watch-lists move onto shared feeds",
 	"shutdown-delay":                    "on SIGTERM, how long /readyz fails before the listeners close",
 	"access-log":                        "log one line per request on the main listener",
 	"v":                                 "klog-style verbosity: 0 is --log-level=info, 1 or more debug",

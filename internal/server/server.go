@@ -191,14 +191,15 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 
 		AbsorbCompleteByList: cfg.WatchAbsorbCompleteByList,
 
-		Share:                cfg.ShareWatches,
-		ShareRingBytes:       cfg.ShareRingBytes,
-		ShareRingEvents:      cfg.ShareRingEvents,
-		ShareRingTotalBytes:  cfg.ShareRingTotalBytes,
-		ShareSubscriberBytes: cfg.ShareSubscriberBufferBytes,
-		ShareExclude:         cfg.ShareExcludeResources,
-		ShareMaxFeeds:        cfg.ShareMaxFeeds,
-		ShareReviewEntries:   cfg.ShareReviewCacheEntries,
+		Share:                   cfg.ShareWatches,
+		ShareRingBytes:          cfg.ShareRingBytes,
+		ShareRingEvents:         cfg.ShareRingEvents,
+		ShareRingTotalBytes:     cfg.ShareRingTotalBytes,
+		ShareSubscriberBytes:    cfg.ShareSubscriberBufferBytes,
+		ShareExclude:            cfg.ShareExcludeResources,
+		ShareMaxFeeds:           cfg.ShareMaxFeeds,
+		ShareReviewedWatchLists: cfg.ShareReviewedWatchLists,
+		ShareReviewEntries:      cfg.ShareReviewCacheEntries,
 	}, watch.Deps{Attempts: attempts, Metrics: s.metrics, Memory: memory, Done: s.watchesDone, Logger: log, OnBreak: s.onBreak,
 		ServedLocally: s.local.Local, Budget: mem, CutSlow: cutSlow,
 		Note: func(kind string, b *upstream.Backend, path, detail string) {

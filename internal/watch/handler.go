@@ -114,6 +114,10 @@ type Config struct {
 	// ShareMaxFeeds bounds the shared feeds open at once; a watch that would open one more
 	// gets a private feed (privateFeedLimit). 0: DefaultShareMaxFeeds.
 	ShareMaxFeeds int
+	// ShareReviewedWatchLists lets a watch-list with credentials of its own hand off onto a
+	// shared feed once an access review at its bookmark allowed it (handoff.go); false: only
+	// the lent identity's watch-lists hand off, the others stay private (privateWatchList).
+	ShareReviewedWatchLists bool
 	// ShareRingTotalBytes bounds all feeds' rings together (ring.go, ringBudget); 0:
 	// DefaultShareRingTotalBytes.
 	ShareRingTotalBytes int64

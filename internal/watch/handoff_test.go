@@ -454,13 +454,13 @@ func TestHandoffFeedLimit(t *testing.T) {
 	}
 }
 
-// Watch-lists of clients with tokens of their own hand off too, each once an access review sent
-// at its bookmark allowed it to watch the scope: two tokens' informers end on one upstream
+// With ShareReviewedWatchLists, watch-lists of clients with tokens of their own hand off too,
+// each once an access review sent at its bookmark allowed it to watch the scope: two tokens' informers end on one upstream
 // watch, and each gets what a direct watch-list gets. A client whose rights were taken away
 // after the apiserver began its watch-list is refused at its bookmark: it stays on its own
 // stream, which the apiserver authorized, and joins no feed.
 func TestHandoffReviewedTokens(t *testing.T) {
-	x := newShareFixture(t, Config{})
+	x := newShareFixture(t, Config{ShareReviewedWatchLists: true})
 	x.write(t, "before", 3, 10)
 	direct := watchAt(t, x.direct.URL, watchList, nil, true)
 	direct.waitFor(t, "the direct watch-list", 4)

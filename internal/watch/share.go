@@ -219,9 +219,9 @@ func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqi
 		reason = shareRule(r, cred, p)
 	}
 	// A watch-list hands off onto a feed with the lent identity itself, or with credentials
-	// of its own once reviewed at its bookmark (handoff.go); the lent identity impersonating
-	// keeps its watch-list private.
-	if reason == privateWatchList && (lentPlain(cred) || review.NeedsReview(cred)) {
+	// of its own once reviewed at its bookmark when Config.ShareReviewedWatchLists (handoff.go);
+	// the lent identity impersonating keeps its watch-list private.
+	if reason == privateWatchList && (lentPlain(cred) || h.cfg.ShareReviewedWatchLists && review.NeedsReview(cred)) {
 		if ho := handoffFor(r, info, cred, p); ho != nil {
 			return false, ho
 		}

@@ -16,7 +16,7 @@ import (
 // feeds (killed, then back on its address) costs no informer a relist, a re-watch or an error:
 // each node-local resumes on the other replica from its last resourceVersion. The informers'
 // watch-lists, with their own token, hand off onto the shared feeds once an access review
-// allowed them (docs/design.md section 11).
+// allowed them (--share-reviewed-watch-lists, docs/design.md section 11).
 func TestTierNodeLocalOverFrontends(t *testing.T) {
 	c := newCluster(t, cluster.Options{})
 	ns := resilienceNamespace(t, c, "tier")
@@ -29,7 +29,7 @@ func TestTierNodeLocalOverFrontends(t *testing.T) {
 		ports[i] = strconv.Itoa(p)
 	}
 	front := func(i int) *proxy {
-		return startProxy(t, append(resilienceProxyArgs(c, 0), "--listen=127.0.0.1:"+ports[i], "--no-credentials")...)
+		return startProxy(t, append(resilienceProxyArgs(c, 0), "--listen=127.0.0.1:"+ports[i], "--no-credentials", "--share-reviewed-watch-lists")...)
 	}
 	fronts := []*proxy{front(0), front(1)}
 	for _, f := range fronts {
@@ -39,7 +39,7 @@ func TestTierNodeLocalOverFrontends(t *testing.T) {
 	const nodes, perNode = 3, 2 // three nodes on two replicas: at least two share one
 	var locals []*proxy
 	for n := 0; n < nodes; n++ {
-		p := startProxy(t, append(append([]string(nil), resilienceFlags...), "--upstream="+tierURL(0), "--upstream="+tierURL(1), "--no-credentials")...)
+		p := startProxy(t, append(append([]string(nil), resilienceFlags...), "--upstream="+tierURL(0), "--upstream="+tierURL(1), "--no-credentials", "--share-reviewed-watch-lists")...)
 		for i := range fronts {
 			waitUpstreamUp(t, p, tierURL(i))
 		}
