@@ -53,10 +53,7 @@ type haEnv struct {
 func (e *haEnv) writeConfig(t *testing.T, members ...int) {
 	t.Helper()
 	var b strings.Builder
-	// The HA tests measure how the pool spreads and moves many upstream watches: the informers,
-	// of one token, would share one feed (docs/design.md section 11, the handoff), one
-	// upstream watch to spread. Sharing is off.
-	fmt.Fprintf(&b, "share-watches: false\nupstream-ca-file: %s\nupstream:\n", e.c.CAFile)
+	fmt.Fprintf(&b, "upstream-ca-file: %s\nupstream:\n", e.c.CAFile)
 	for _, i := range members {
 		fmt.Fprintf(&b, "  - %s\n", e.c.APIServers[i].URL)
 	}
@@ -500,8 +497,7 @@ func TestHADiscovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := startProxy(t, "--upstream="+c.APIServers[0].URL, "--upstream-ca-file="+c.CAFile, "--kubeconfig="+kubeconfig,
-		"--upstream-discovery=endpoints", "--upstream-discovery-interval=500ms", "--log-level=info",
-		"--share-watches=false") // four upstream watches to spread, as writeConfig's
+		"--upstream-discovery=endpoints", "--upstream-discovery-interval=500ms", "--log-level=info")
 	e := &haEnv{c: c, p: p, ns: ns}
 	eventually(t, 30*time.Second, "watchsan to discover apiservers 0 and 1", func() bool { return e.known(0) && e.known(1) && !e.known(2) })
 	for i := range 4 {
@@ -537,7 +533,7 @@ func TestHAFreezeFoundByPings(t *testing.T) {
 	c := newCluster(t, cluster.Options{APIServers: 2})
 	e := &haEnv{c: c, ns: resilienceNamespace(t, c, "pings")}
 	e.p = startProxy(t, "--upstream="+c.APIServers[0].URL, "--upstream="+c.APIServers[1].URL, "--upstream-ca-file="+c.CAFile,
-		"--watch-lag-timeout=0", "--log-level=info", "--share-watches=false") // as writeConfig's
+		"--watch-lag-timeout=0", "--log-level=info")
 	for i := range c.APIServers {
 		waitUpstreamUp(t, e.p, c.APIServers[i].URL)
 	}
