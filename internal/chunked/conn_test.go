@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/watchsan/watchsan/internal/testutil"
 )
 
 // taken is the server's side of a connection a test's handler took.
@@ -51,7 +53,7 @@ func serve(t *testing.T, o Options, small bool) (url string, got <-chan *taken) 
 		ch <- tk
 	}))
 	if small {
-		srv.Listener = smallSendBuffers{srv.Listener}
+		srv.Listener = testutil.SmallSendBuffers{Listener: srv.Listener}
 	}
 	srv.Start()
 	t.Cleanup(srv.Close)
@@ -344,16 +346,4 @@ func TestConnBlockedWrite(t *testing.T) {
 			}
 		})
 	}
-}
-
-// smallSendBuffers gives accepted connections a 4 KiB send buffer, so that a client that does
-// not read blocks writes after a few KiB.
-type smallSendBuffers struct{ net.Listener }
-
-func (l smallSendBuffers) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetWriteBuffer(4 << 10)
-	}
-	return c, err
 }

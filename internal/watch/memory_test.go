@@ -26,19 +26,6 @@ import (
 	"github.com/watchsan/watchsan/internal/upstream"
 )
 
-// smallSendBuffers sets each accepted connection's kernel send buffer to its minimum, so that a
-// client that never reads blocks watchsan's writes after a few KiB instead of after the
-// megabytes loopback's autotuning would give it.
-type smallSendBuffers struct{ net.Listener }
-
-func (l smallSendBuffers) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetWriteBuffer(4 << 10)
-	}
-	return c, err
-}
-
 // The audit's case: many HTTP/1.1 subscribers of one busy shared feed that never read. What
 // watchsan holds for them, measured as the heap in use after a GC, stays within what the flags
 // allow: each subscriber at most --share-subscriber-buffer-bytes (its queue, its entries and
@@ -69,7 +56,7 @@ func TestNonReadingSubscribersMemoryBound(t *testing.T) {
 		info, cred := reqinfo.Parse(r), upstream.Decide(r.Header, r.TLS, true, upstream.IdentityOff)
 		x.h.Serve(w, r, &info, &cred, "")
 	}))
-	srv.Listener = smallSendBuffers{srv.Listener}
+	srv.Listener = testutil.SmallSendBuffers{Listener: srv.Listener}
 	srv.Start()
 	// Before the fixture's cleanup (registered first, so run last): shutdown ends the feed,
 	// and the blocked writers fail once their connections are closed.
@@ -164,7 +151,7 @@ func TestBlockedWriterResumesFromTheFrames(t *testing.T) {
 		info, cred := reqinfo.Parse(r), upstream.Decide(r.Header, r.TLS, true, upstream.IdentityOff)
 		x.h.Serve(w, r, &info, &cred, "")
 	}))
-	srv.Listener = smallSendBuffers{srv.Listener}
+	srv.Listener = testutil.SmallSendBuffers{Listener: srv.Listener}
 	srv.Start()
 	t.Cleanup(func() { x.shutdown(); srv.Close() })
 	from := x.write(t, "before", 1, 10)

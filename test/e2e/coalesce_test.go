@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/watchsan/watchsan/internal/faults"
+	"github.com/watchsan/watchsan/internal/testutil"
 	"github.com/watchsan/watchsan/test/cluster"
 )
 
@@ -225,15 +226,13 @@ func TestCoalescedListStormRealAPIServer(t *testing.T) {
 	for i := 2; i < wave; i++ {
 		launch(i, c.Tokens["storm-reader"])
 	}
-	for deadline := time.Now().Add(30 * time.Second); coalesced() < wave-3; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			reviews := map[string]float64{}
-			for _, r := range []string{"allowed", "denied", "unauthorized", "forbidden", "error", "cached-denied", "coalesced"} {
-				reviews[r] = p.Metric("watchsan_shared_feed_access_reviews_total", map[string]string{"result": r})
-			}
-			t.Fatalf("wave 1: %v of %d lists coalesced after 30 s; access reviews %v; upstream lists %v",
-				coalesced(), wave, reviews, p.Metric("watchsan_coalesce_upstream_reads_total", listKind))
+	if !testutil.Until(30*time.Second, func() bool { return coalesced() >= wave-3 }) {
+		reviews := map[string]float64{}
+		for _, r := range []string{"allowed", "denied", "unauthorized", "forbidden", "error", "cached-denied", "coalesced"} {
+			reviews[r] = p.Metric("watchsan_shared_feed_access_reviews_total", map[string]string{"result": r})
 		}
+		t.Fatalf("wave 1: %v of %d lists coalesced after 30 s; access reviews %v; upstream lists %v",
+			coalesced(), wave, reviews, p.Metric("watchsan_coalesce_upstream_reads_total", listKind))
 	}
 	if got := p.Metric("watchsan_coalesce_upstream_reads_total", listKind); got != 2 {
 		t.Errorf("%v upstream lists for wave 1, want 2 (the first alone, the rest of both identities shared once reviewed)", got)

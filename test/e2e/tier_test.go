@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/watchsan/watchsan/internal/testutil"
 	"github.com/watchsan/watchsan/test/cluster"
 )
 
@@ -86,7 +87,7 @@ func TestTierNodeLocalOverFrontends(t *testing.T) {
 		}
 		return true
 	}
-	if !waitFor(20*time.Second, shared) {
+	if !testutil.Until(20*time.Second, shared) {
 		t.Fatalf("not shared: %s", upstreamWatches())
 	}
 	t.Logf("before the loss: %s", upstreamWatches())
@@ -114,7 +115,7 @@ func TestTierNodeLocalOverFrontends(t *testing.T) {
 	for _, w := range informers {
 		w.waitSeen(t, back.Name, 30*time.Second)
 	}
-	if !waitFor(20*time.Second, shared) {
+	if !testutil.Until(20*time.Second, shared) {
 		t.Errorf("not shared after the return: %s", upstreamWatches())
 	}
 	t.Logf("after the return: %s", upstreamWatches())
@@ -126,14 +127,4 @@ func TestTierNodeLocalOverFrontends(t *testing.T) {
 			t.Errorf("node%d told %v clients to relist, want 0", n, got)
 		}
 	}
-}
-
-// waitFor polls cond until it holds or timeout passes; it says whether it held.
-func waitFor(timeout time.Duration, cond func() bool) bool {
-	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			return false
-		}
-	}
-	return true
 }
