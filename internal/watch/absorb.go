@@ -39,9 +39,8 @@ const absorbAgent = "watchsan-absorb"
 // completeFromStart says whether a watch's first upstream request begins with the initial
 // state (every object alive as an ADDED first): resourceVersion "" or "0" unless
 // sendInitialEvents=false, or a watch-list (sendInitialEvents=true).
-func completeFromStart(r *http.Request, p params) bool {
-	q := r.URL.Query()
-	if q.Has("sendInitialEvents") {
+func completeFromStart(p params) bool {
+	if p.hasSendInitialEvents {
 		return p.sendInitialEvents
 	}
 	return p.rv == "" || p.rv == "0"
@@ -53,19 +52,19 @@ func completeFromStart(r *http.Request, p params) bool {
 // when it can be had (completeByList); else none, and why.
 func (f *feed) openState(r *http.Request, cred upstream.Credentials, p params, format stream.Format) {
 	h := f.h
-	key := stateKey(r, cred)
+	key := stateKey(r, p.query, cred)
 	switch {
 	case h.cfg.DisableAbsorb:
 		return // the zero hold: none, absorbing off
 	case stream.ListCodecFor(format) == nil || strings.Contains(r.Header.Get("Accept"), "as="):
 		f.abs.None(absorb.Format)
 		return
-	case completeFromStart(r, p):
+	case completeFromStart(p):
 		f.abs.Hold(absorb.NewState(h.stateBudget, format), key)
 		return
 	}
 	f.abs.None(absorb.NotComplete)
-	if !isIntRV(p.rv) {
+	if !p.rvIsInt {
 		return
 	}
 	if s := h.parked.Adopt(key, p.rv); s != nil && s.Format() == format {
@@ -138,7 +137,7 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 		return false, attemptEnd{}
 	}
 	m := f.h.deps.Metrics
-	R, ok := stream.ParseRV(f.sub.LastDelivered())
+	R, ok := f.resumePoint()
 	why := f.abs.Unable(ok && !f.sub.InInitialPhase())
 	msg := ""
 	if st != nil {
@@ -252,10 +251,9 @@ func (f *feed) list(paced bool, exact string) (*absorb.Listed, error) {
 // listPage gets one page of the scope's list (cont: the previous page's continue token), at
 // most max bytes of body.
 func (f *feed) listPage(codec stream.ListCodec, cont, exact string, plan upstream.Plan, max int64) (*stream.ListPage, int64, error) {
-	q := f.client.URL.Query()
 	lq := url.Values{"limit": {strconv.Itoa(absorb.PageSize)}}
 	for _, k := range []string{"labelSelector", "fieldSelector"} {
-		if v := q.Get(k); v != "" {
+		if v := f.query.Get(k); v != "" {
 			lq.Set(k, v)
 		}
 	}
@@ -324,9 +322,9 @@ func (f *feed) completeByList(key, c string) {
 // timeoutSeconds, bookmarks, timeout) and the initial-state ones (sendInitialEvents,
 // resourceVersionMatch: the re-watch of a watch-list is a plain watch), its Accept, and the
 // principal the upstream takes it for (cred.Principal, a digest): a state is only ever handed
-// to the same identity's watch of the same scope.
-func stateKey(r *http.Request, cred upstream.Credentials) string {
-	q := r.URL.Query()
+// to the same identity's watch of the same scope. query is r's, as parsed (params.query).
+func stateKey(r *http.Request, query url.Values, cred upstream.Credentials) string {
+	q := copyQuery(query)
 	for _, k := range append(perSubscriber, "sendInitialEvents", "resourceVersionMatch") {
 		q.Del(k)
 	}

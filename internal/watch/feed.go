@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,7 +75,10 @@ type sink interface {
 // its first-frame reader with its attempt, which a refusal or the feed's end cancels.
 type feed struct {
 	h      *Handler
-	client *http.Request   // the watch's request: every attempt's path, query and headers
+	client *http.Request // the watch's request: every attempt's path and headers
+	// query is the client's query as parsed once (params.query; a shared feed's, its
+	// template's): every attempt's parameters, copied, never changed. Nil: none.
+	query  url.Values
 	ctx    context.Context // ends with its client, its deadline, or shutdown (with a cause)
 	cred   upstream.Credentials
 	log    *watchLog
@@ -160,6 +164,10 @@ func (f *feed) plan(from uint64, slot *moveSlot) upstream.Plan {
 	return upstream.Plan{Watch: true, Scope: f.scope, Resource: f.groupResource, From: from, Credentials: f.cred,
 		OnMove: func(l *upstream.Lease, r upstream.MoveReason) { f.tryMove(slot, l, r) }}
 }
+
+// resumePoint is the sink's resume point (LastDelivered) as an integer; false when it is none
+// (opaque, or not yet any): the one place it is read as a number.
+func (f *feed) resumePoint() (uint64, bool) { return stream.ParseRV(f.sub.LastDelivered()) }
 
 // movable says whether the watch can resume elsewhere without its client noticing.
 func (f *feed) movable() bool {
@@ -295,9 +303,9 @@ func (f *feed) receiving(src *source) bool {
 	// delivered now: what the old attempt delivered since comes again, in the same order (one
 	// etcd, one scope), and is skipped (docs/design.md section 10.1).
 	if src.dedupe {
-		src.skip, _ = stream.ParseRV(f.sub.LastDelivered())
+		src.skip, _ = f.resumePoint()
 		if p := src.prefix; p != nil {
-			if n, _ := stream.ParseRV(p.RV); n > src.skip {
+			if n := p.RVInt; n > src.skip {
 				f.events++
 				if werr := f.deliver(p); werr != nil {
 					src.end = f.clientEnd()
@@ -335,7 +343,7 @@ func (f *feed) pump(src *source) {
 			return
 		}
 		if src.skip > 0 {
-			if n, ok := stream.ParseRV(ev.RV); ok && n <= src.skip && ev.Type != stream.Error {
+			if ev.RVIsInt && ev.RVInt <= src.skip && ev.Type != stream.Error {
 				continue
 			}
 			src.skip = 0
@@ -478,7 +486,7 @@ func (f *feed) clientEnd() attemptEnd {
 func (f *feed) reportProgress(ev *stream.Event, d fix.Decision) {
 	n, ok := ev.RVInt, ev.RVIsInt
 	if d.Action == fix.Rewrite {
-		n, ok = stream.ParseRV(d.RV)
+		n, ok = d.RVInt, true // a rewrite's resourceVersion is an integer (fix.Decision)
 	}
 	switch {
 	case ev.Type == stream.Error || !ok:
@@ -640,7 +648,7 @@ func (f *feed) resume(end attemptEnd) (upstream.Attempt, EndReason) {
 		avoid = f.backend
 	}
 	fromRV := f.sub.LastDelivered()
-	from, _ := stream.ParseRV(fromRV)
+	from, _ := f.resumePoint()
 	f.nextSlot = &moveSlot{}
 	plan := f.plan(from, f.nextSlot)
 	plan.Avoid, plan.Deadline, plan.Backoff, plan.WaitForBackend = avoid, f.giveUpAt, &f.backoff, true

@@ -62,7 +62,7 @@ func TestFeedKeepsTheSinkContract(t *testing.T) {
 	f := newFixture(t, Config{DisableResume: true}, up)
 	sink := &recordingSink{Stream: fix.NewStream(fix.Options{StartRV: "5"})}
 	req := httptest.NewRequest("GET", "/api/v1/namespaces/d/configmaps?watch=true&resourceVersion=5", nil)
-	fd := &feed{h: f.h, client: req, ctx: context.Background(), log: newWatchLog(f.h.log, "", ""), sub: sink, format: stream.JSON,
+	fd := &feed{h: f.h, client: req, query: parseParams(req).query, ctx: context.Background(), log: newWatchLog(f.h.log, "", ""), sub: sink, format: stream.JSON,
 		backoff: upstream.ResumeBackoff, scope: parseParams(req).scope, groupResource: "configmaps"}
 	slot := &moveSlot{}
 	first, err := f.h.deps.Attempts.Do(fd.ctx, fd.requestFrom(true, ""), fd.plan(5, slot))

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -39,9 +40,9 @@ type feedDesc struct {
 	labelSelector, fieldSelector string
 }
 
-// describe is the feedDesc of the feed the watch r (info: reqinfo.Parse(r)) opens.
-func (h *Handler) describe(r *http.Request, info *reqinfo.Info) feedDesc {
-	q := r.URL.Query()
+// describe is the feedDesc of the feed a watch (info: reqinfo.Parse of it, q its query as
+// parsed) opens.
+func (h *Handler) describe(q url.Values, info *reqinfo.Info) feedDesc {
 	return feedDesc{
 		id: feedIDs.Add(1), opened: h.clk.Now(),
 		group: info.APIGroup, version: info.APIVersion, resource: info.Resource,

@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -321,11 +322,24 @@ var (
 	errOverBudget     = errors.New("the watch held the most of the memory budget past its high mark")
 )
 
-// params are the watch parameters that matter to watchsan.
+// params are the watch parameters that matter to watchsan, read from the request's query
+// once, where the request is classified (Serve), and passed on as a value: nothing below parses
+// the client's query or its resourceVersion again.
 type params struct {
-	rv                string
-	sendInitialEvents bool
-	allowBookmarks    bool
+	// query is the client's query as parsed; never modified: what builds a request of its
+	// own from it copies it first (copyQuery). Nil: no parameters.
+	query url.Values
+	rv    string
+	// rvInt is rv as an integer, rvIsInt says it is one (stream.ParseRV; false for "").
+	rvInt   uint64
+	rvIsInt bool
+	// sendInitialEvents is its value, hasSendInitialEvents says it was given at all;
+	// rvMatch is resourceVersionMatch ("" when not given). Either given: a watch-list.
+	sendInitialEvents    bool
+	hasSendInitialEvents bool
+	rvMatch              string
+	hasRVMatch           bool
+	allowBookmarks       bool
 	// timeout is the client's timeoutSeconds: 0 none given (or 0, which the apiserver takes
 	// as none), negative: already over (the apiserver ends such a watch at once). Once
 	// Handler.bound applied the max lifetime, it is never 0.
@@ -341,14 +355,35 @@ type params struct {
 // parseParams reads r's query once (each parse of it is about 400 bytes of garbage per watch).
 func parseParams(r *http.Request) params {
 	q := r.URL.Query()
-	p := params{rv: q.Get("resourceVersion")}
+	p := params{query: q, rv: q.Get("resourceVersion"), rvMatch: q.Get("resourceVersionMatch")}
+	p.rvInt, p.rvIsInt = stream.ParseRV(p.rv)
 	p.sendInitialEvents = parseBool(q.Get("sendInitialEvents"))
+	p.hasSendInitialEvents, p.hasRVMatch = q.Has("sendInitialEvents"), q.Has("resourceVersionMatch")
 	p.allowBookmarks = parseBool(q.Get("allowWatchBookmarks"))
-	p.scope = strings.Replace(r.URL.Path, "/watch/", "/", 1) + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector")
+	p.scope = selectsOf(r.URL.Path, q)
 	if s, err := strconv.ParseInt(q.Get("timeoutSeconds"), 10, 64); err == nil && s != 0 {
 		p.timeout = time.Duration(max(min(s, 1<<31), -1)) * time.Second
 	}
 	return p
+}
+
+// watchList says whether the watch is a watch-list (sendInitialEvents or resourceVersionMatch
+// given).
+func (p params) watchList() bool { return p.hasSendInitialEvents || p.hasRVMatch }
+
+// selectsOf is params.scope of a watch of path with the query q: its resource's path and its
+// selectors.
+func selectsOf(path string, q url.Values) string {
+	return strings.Replace(path, "/watch/", "/", 1) + "?l=" + q.Get("labelSelector") + "&f=" + q.Get("fieldSelector")
+}
+
+// copyQuery is a copy of q that may be changed without changing q.
+func copyQuery(q url.Values) url.Values {
+	c := make(url.Values, len(q)+1)
+	for k, v := range q {
+		c[k] = v[:len(v):len(v)] // a Set replaces the slice; an Add copies it
+	}
+	return c
 }
 
 // parseBool is strconv.ParseBool, false for what it refuses, without the error it would
@@ -394,14 +429,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // than a quarter of it: the parked handler's frames under 4 KiB are 8 KiB of stack per idle
 // watch instead of 16 (docs/bench/NOTES.md, "Idle memory").
 func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred *upstream.Credentials, requestID string) {
+	// Its stream's lifetime bounds, for a reviewed subscriber of a shared feed, how long its
+	// review is trusted: it is reviewed again when it re-watches (package review, lifetime.go).
+	p := h.bound(parseParams(r))
 	var ho *handoff
 	if h.cfg.Share {
 		var served bool
-		if served, ho = h.serveShared(w, r, info, *cred, requestID); served {
+		if served, ho = h.serveShared(w, r, info, *cred, p, requestID); served {
 			return // served by a shared feed (share.go); else a private feed, as without sharing
 		}
 	}
-	f, sub, src := h.open(w, r, info, cred, requestID)
+	f, sub, src := h.open(w, r, info, cred, p, requestID)
 	if f == nil {
 		if ho != nil {
 			ho.count(h, handoffEndedBefore)
@@ -444,15 +482,15 @@ func serveOwned(f *feed, sub *subscriber, src *source) {
 	serve(f, sub, src)
 }
 
-// open sets a watch up and sends its first attempt: the feed and the attempt's source, or nil
-// when the request was answered (an error, or a response relayed as it came) and there is
-// nothing more to do. Unless it returns nil, the caller calls the feed's release when done.
-func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, credp *upstream.Credentials, requestID string) (*feed, *subscriber, *source) {
+// open sets the watch r (its parameters p) up and sends its first attempt: the feed and the
+// attempt's source, or nil when the request was answered (an error, or a response relayed as it
+// came) and there is nothing more to do. Unless it returns nil, the caller calls the feed's
+// release when done.
+func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, credp *upstream.Credentials, p params, requestID string) (*feed, *subscriber, *source) {
 	cred := *credp
 	if cred.Principal() == "" {
 		cred = upstream.Decide(r.Header, r.TLS, false, upstream.IdentityOff)
 	}
-	p := h.bound(parseParams(r))
 	m := h.deps.Metrics
 
 	// The watch ends with the request's context only while its handler runs: net/http cancels
@@ -463,7 +501,7 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 	mem := h.deps.Budget.OpenEnding(func() { cancel(errOverBudget) })
 	sub := newSubscriber(h, w, r, p, m.Resource(info.FullResource()), log, mem)
 	f := &feed{
-		h: h, client: r, ctx: ctx, cancel: cancel, unfollow: unfollow, cred: cred, log: log, sub: sub, timeout: p.timeout, maxLifetime: p.maxLifetime,
+		h: h, client: r, query: p.query, ctx: ctx, cancel: cancel, unfollow: unfollow, cred: cred, log: log, sub: sub, timeout: p.timeout, maxLifetime: p.maxLifetime,
 		backoff: upstream.ResumeBackoff, scope: p.scope, groupResource: info.GroupResource(),
 	}
 	f.mem = mem
@@ -478,9 +516,8 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 		h.track(f)
 	}
 
-	from, _ := stream.ParseRV(p.rv)
 	slot := &moveSlot{}
-	first, err := h.deps.Attempts.Do(ctx, f.requestFrom(true, ""), f.plan(from, slot))
+	first, err := h.deps.Attempts.Do(ctx, f.requestFrom(true, ""), f.plan(p.rvInt, slot))
 	if err != nil {
 		defer f.release()
 		if r.Context().Err() != nil {
@@ -585,11 +622,6 @@ func (f *feed) release() {
 	// (absorb.go); after a handoff onto a shared feed, nothing anyone can use.
 	f.parkState(f.handoff == nil || f.handoff.sf == nil)
 	f.cancel(nil)
-}
-
-func isIntRV(rv string) bool {
-	_, ok := stream.ParseRV(rv)
-	return ok
 }
 
 func identity(h http.Header) bool {

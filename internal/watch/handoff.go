@@ -12,7 +12,6 @@ import (
 
 	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/review"
-	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
 
@@ -101,11 +100,10 @@ type handoff struct {
 // (sendInitialEvents=true with resourceVersionMatch=NotOlderThan), its resourceVersion is no
 // integer, or its timeoutSeconds is over.
 func handoffFor(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, p params) *handoff {
-	if !p.sendInitialEvents || p.timeout < 0 ||
-		r.URL.Query().Get("resourceVersionMatch") != string(metav1.ResourceVersionMatchNotOlderThan) {
+	if !p.sendInitialEvents || p.timeout < 0 || p.rvMatch != string(metav1.ResourceVersionMatchNotOlderThan) {
 		return nil
 	}
-	if _, ok := stream.ParseRV(p.rv); !ok && p.rv != "" && p.rv != "0" {
+	if !p.rvIsInt && p.rv != "" && p.rv != "0" {
 		return nil
 	}
 	ho := &handoff{info: *info}
@@ -119,17 +117,19 @@ func (ho *handoff) count(h *Handler, result string) {
 	h.deps.Metrics.SharedHandoffs.WithLabelValues(result).Inc()
 }
 
-// plainRequest is the watch-list r as the plain watch from resourceVersion at that it is once
-// its initial events are delivered: without sendInitialEvents and resourceVersionMatch. Its
-// context is none of the client's (a feed it opens outlives the client).
-func plainRequest(r *http.Request, at uint64) *http.Request {
-	q := r.URL.Query()
+// plainRequest is the watch-list r (its query as parsed: query; selects: its params.scope) as
+// the plain watch from resourceVersion at that it is once its initial events are delivered:
+// without sendInitialEvents and resourceVersionMatch, bookmarks as asked; and that watch's
+// parameters. Its context is none of the client's (a feed it opens outlives the client).
+func plainRequest(r *http.Request, query url.Values, selects string, at uint64, bookmarks bool) (*http.Request, params) {
+	q := copyQuery(query)
 	q.Del("sendInitialEvents")
 	q.Del("resourceVersionMatch")
-	q.Set("resourceVersion", strconv.FormatUint(at, 10))
+	rv := strconv.FormatUint(at, 10)
+	q.Set("resourceVersion", rv)
 	out := r.WithContext(context.Background())
 	out.URL = &url.URL{Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: q.Encode()}
-	return out
+	return out, params{query: q, rv: rv, rvInt: at, rvIsInt: true, allowBookmarks: bookmarks, scope: selects}
 }
 
 // try moves the private feed f's client onto a shared feed, right after its initial-events-end
@@ -145,7 +145,7 @@ func (ho *handoff) try(f *feed) bool {
 	}
 	// The private stream in order: no regression judged, and (for an exempt resource, whose
 	// policy judges nothing) a bookmark not below an initial event.
-	at, ok := stream.ParseRV(sub.LastDelivered())
+	at, ok := f.resumePoint() // sub is f's sink
 	if !ok || sub.regressed || ho.newest > at {
 		return ho.stay(f, handoffNotJoinable, at)
 	}
@@ -219,10 +219,10 @@ func (ho *handoff) try(f *feed) bool {
 // first member; nil when none is open and --share-max-feeds are.
 func (ho *handoff) feedFor(f *feed, at uint64) (*sharedFeed, *member) {
 	h := f.h
-	r := plainRequest(f.client, at)
+	r, p := plainRequest(f.client, f.query, f.scope, at, ho.sub.allowBookmarks)
 	// The lent identity's feeds are "lent"; a reviewed client's its principal's, or every
 	// reviewed client's where the apiserver serves the group-version itself.
-	key := feedKey(r, f.cred, ho.access != nil && h.servedLocally(&ho.info))
+	key := feedKey(r, p.query, f.cred, ho.access != nil && h.servedLocally(&ho.info))
 	g := h.feeds
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -234,7 +234,7 @@ func (ho *handoff) feedFor(f *feed, at uint64) (*sharedFeed, *member) {
 	}
 	// The private feed's state, complete at at, goes with it (share_state.go).
 	st, why := handoffState(f)
-	return h.openFeed(key, r, &ho.info, f.cred, ho.access, strconv.FormatUint(at, 10), at, ho.sub.allowBookmarks, st, why)
+	return h.openFeed(key, r, p, &ho.info, f.cred, ho.access, st, why)
 }
 
 func (ho *handoff) moved(f *feed, sf *sharedFeed, m *member, result string, at uint64) bool {

@@ -290,7 +290,7 @@ func (f *feed) goneHere(src *source, ev *stream.Event) bool {
 	if err != nil || st.Code != http.StatusGone || !f.movable() {
 		return false
 	}
-	from, ok := stream.ParseRV(f.sub.LastDelivered())
+	from, ok := f.resumePoint()
 	if !ok {
 		return false
 	}
@@ -333,10 +333,9 @@ func (f *feed) freshPoint(l *upstream.Lease, from uint64) (*stream.Event, uint64
 	t := f.h.clk.AfterFunc(freshTimeout, func() { cancel(errAcceptTimeout) })
 	defer t.Stop()
 
-	q := f.client.URL.Query()
 	list := url.Values{"limit": {"1"}}
 	for _, k := range []string{"labelSelector", "fieldSelector"} {
-		if v := q.Get(k); v != "" {
+		if v := f.query.Get(k); v != "" {
 			list.Set(k, v)
 		}
 	}
@@ -349,11 +348,10 @@ func (f *feed) freshPoint(l *upstream.Lease, from uint64) (*stream.Event, uint64
 		at.Cancel(nil)
 	}
 
-	wr := f.requestFrom(false, fmt.Sprint(from))
-	wr.Header.Set("User-Agent", agent)
-	wq := wr.URL.Query()
+	wq := f.queryFrom(false, fmt.Sprint(from))
 	wq.Set("timeoutSeconds", freshWatchSeconds)
-	wr.URL.RawQuery = wq.Encode()
+	wr := f.requestWith(wq)
+	wr.Header.Set("User-Agent", agent)
 	at, err := f.h.deps.Attempts.Do(ctx, wr, upstream.Plan{Target: b, Credentials: f.cred})
 	if err != nil {
 		return nil, 0
@@ -369,8 +367,8 @@ func (f *feed) freshPoint(l *upstream.Lease, from uint64) (*stream.Event, uint64
 	if err != nil || ev.Type != stream.Bookmark {
 		return nil, 0
 	}
-	n, ok := stream.ParseRV(ev.RV)
-	if !ok || n <= from {
+	n := ev.RVInt
+	if !ev.RVIsInt || n <= from {
 		return nil, 0
 	}
 	f.h.deps.Metrics.WatchFreshPoints.Inc()

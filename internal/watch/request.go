@@ -24,7 +24,12 @@ func (f *feed) upstreamRequest(first bool) *http.Request {
 // requestFrom is upstreamRequest for a resume from rv (when not first); it reads only what
 // does not change during the feed's life, so a move's goroutine may call it.
 func (f *feed) requestFrom(first bool, rv string) *http.Request {
-	q := f.client.URL.Query()
+	return f.requestWith(f.queryFrom(first, rv))
+}
+
+// queryFrom is the query of requestFrom(first, rv): the client's, copied (params.query).
+func (f *feed) queryFrom(first bool, rv string) url.Values {
+	q := copyQuery(f.query)
 	q.Set("allowWatchBookmarks", "true")
 	if !first {
 		q.Set("resourceVersion", rv)
@@ -35,6 +40,11 @@ func (f *feed) requestFrom(first bool, rv string) *http.Request {
 		left := f.deadline.Sub(f.h.clk.Now()).Seconds()
 		q.Set("timeoutSeconds", strconv.Itoa(max(1, int(left+0.999))))
 	}
+	return q
+}
+
+// requestWith is the template of an upstream attempt of the client's watch with the query q.
+func (f *feed) requestWith(q url.Values) *http.Request {
 	// A shallow copy, not a Clone: its URL and Header are replaced, and the Attempter clones
 	// the template anyway for each backend it sends it to, so a deep copy here was garbage.
 	out := f.client.WithContext(f.ctx)

@@ -22,7 +22,7 @@ func BenchmarkWatchSetup(b *testing.B) {
 	r.Header.Set("User-Agent", "kube-controller-manager/v1.31.0 (linux/amd64) kubernetes/9a1b2c3/shared-informers")
 	r.Header.Set("Authorization", "Bearer a-token-of-about-this-length-0123456789abcdef0123456789abcdef")
 	r.Header.Set("Accept-Encoding", "gzip")
-	f := &feed{h: &Handler{clk: clock.RealClock{}}, client: r, ctx: context.Background()}
+	f := &feed{h: &Handler{clk: clock.RealClock{}}, client: r, query: parseParams(r).query, ctx: context.Background()}
 	b.Run("request", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {

@@ -115,20 +115,16 @@ var PrivateFeedReasons = []string{privateIdentity, privateDenied, privateReviewF
 // user to the apiserver, which the lending guard decided it may be. A client's own credentials
 // may share once an access review allowed them (review.NeedsReview; serveShared asks only for a watch
 // this rule lets share, so a review is spent only where it can matter).
-func shareRule(r *http.Request, cred upstream.Credentials, p params) string {
+func shareRule(cred upstream.Credentials, p params) string {
 	if !lentPlain(cred) && !review.NeedsReview(cred) {
 		return privateIdentity
 	}
-	q := r.URL.Query()
 	switch {
-	case q.Has("sendInitialEvents") || q.Has("resourceVersionMatch"):
+	case p.watchList():
 		return privateWatchList
 	case p.rv == "" || p.rv == "0":
 		return privateInitial
-	case p.timeout < 0:
-		return privateRV
-	}
-	if _, ok := stream.ParseRV(p.rv); !ok {
+	case p.timeout < 0, !p.rvIsInt:
 		return privateRV
 	}
 	return ""
@@ -147,9 +143,10 @@ var perSubscriber = []string{"resourceVersion", "timeoutSeconds", "allowWatchBoo
 // feedKey is what makes two watches the same upstream watch: the path (resource, namespace,
 // name; one Handler has one set of upstreams), every query parameter but perSubscriber's
 // (selectors, watch-list options, anything else), the Accept header (the wire format the
-// apiserver answers in) and who it goes as (feedPrincipal).
-func feedKey(r *http.Request, cred upstream.Credentials, local bool) string {
-	q := r.URL.Query()
+// apiserver answers in) and who it goes as (feedPrincipal). query is r's, as parsed
+// (params.query).
+func feedKey(r *http.Request, query url.Values, cred upstream.Credentials, local bool) string {
+	q := copyQuery(query)
 	for _, k := range perSubscriber {
 		q.Del(k)
 	}
@@ -210,13 +207,10 @@ func (g *registry) newRing(start uint64) *ring {
 // it, or opens one; false when it gets a private feed (counted by reason), which the caller
 // serves as without sharing. A watch-list that may hand off onto a shared feed once it has its
 // initial events (handoff.go) gets a private feed too, and its handoff, counted there.
-func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, requestID string) (bool, *handoff) {
-	// Its stream's lifetime bounds, for a reviewed subscriber, how long its review is trusted:
-	// it is reviewed again when it re-watches (package review, lifetime.go).
-	p := h.bound(parseParams(r))
+func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, p params, requestID string) (bool, *handoff) {
 	reason := privateExcluded // the operator's word first: no other rule is asked
 	if !h.shareExclude[info.GroupResource()] {
-		reason = shareRule(r, cred, p)
+		reason = shareRule(cred, p)
 	}
 	// A watch-list hands off onto a feed with the lent identity itself, or with credentials
 	// of its own once reviewed at its bookmark when Config.ShareReviewedWatchLists (handoff.go);
@@ -261,8 +255,8 @@ func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqi
 // join finds the feed of r's key and joins it at p's resourceVersion, or opens the feed with
 // r's request as its template. Else it says why not.
 func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Credentials, ck *review.CredKey, p params) (*sharedFeed, *member, string) {
-	at, _ := stream.ParseRV(p.rv)
-	key := feedKey(r, cred, !lentPlain(cred) && h.servedLocally(info)) // the lent identity's feeds ask no one
+	at := p.rvInt
+	key := feedKey(r, p.query, cred, !lentPlain(cred) && h.servedLocally(info)) // the lent identity's feeds ask no one
 	// What its review was made with, for an absorb's list review (share_state.go).
 	var acc *memberAccess
 	if ck != nil {
@@ -284,23 +278,23 @@ func (h *Handler) join(r *http.Request, info *reqinfo.Info, cred upstream.Creden
 	case len(g.feeds) >= h.cfg.ShareMaxFeeds:
 		return nil, nil, privateFeedLimit
 	default:
-		sf, m = h.openFeed(key, r, info, cred, acc, p.rv, at, p.allowBookmarks, nil, "")
+		sf, m = h.openFeed(key, r, p, info, cred, acc, nil, "")
 	}
 	return sf, m, reason
 }
 
-// openFeed opens the feed for key from resourceVersion rv (at), r its template, with a first
-// member at at; the registry's lock is held, and the caller has checked --share-max-feeds. acc
+// openFeed opens the feed for key from p's resourceVersion, r (its parameters p) its template,
+// with a first member there; the registry's lock is held, and the caller has checked --share-max-feeds. acc
 // is what the first member's access review was made with (package review), nil for the lent
 // identity: the feed is then a reviewed one. st is the
 // state a handoff moves onto it, complete at rv (nil: none, why says why; both zero: it
-// adopts the one parked at rv, share_state.go).
-func (h *Handler) openFeed(key string, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, acc *memberAccess, rv string, at uint64, bookmarks bool, st *absorb.State, why string) (*sharedFeed, *member) {
-	sf := h.newSharedFeed(key, r, info, cred, rv, at)
+// adopts the one parked at its resourceVersion, share_state.go).
+func (h *Handler) openFeed(key string, r *http.Request, p params, info *reqinfo.Info, cred upstream.Credentials, acc *memberAccess, st *absorb.State, why string) (*sharedFeed, *member) {
+	sf := h.newSharedFeed(key, r, p, info, cred)
 	sf.reviewed = acc != nil
-	h.sharedState(sf, sf.f.client, cred, rv, st, why)
+	h.sharedState(sf, sf.f.client, cred, p.rv, st, why)
 	h.feeds.feeds[key] = sf
-	m, _ := sf.add(at, bookmarks, acc)
+	m, _ := sf.add(p.rvInt, p.allowBookmarks, acc)
 	sf.opener = m
 	h.deps.Metrics.SharedFeeds.Inc()
 	go sf.run() // exits when the feed ends: its last subscriber gone, shutdown, or its upstream's end
@@ -365,19 +359,21 @@ type sharedFeed struct {
 	opened time.Time
 }
 
-// newSharedFeed makes the feed for key, opened by the watch r from resourceVersion rv (at),
-// with its own context: it outlives r. Its upstream request is r's without timeoutSeconds.
-func (h *Handler) newSharedFeed(key string, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, rv string, at uint64) *sharedFeed {
+// newSharedFeed makes the feed for key, opened by the watch r (its parameters p) from its
+// resourceVersion, with its own context: it outlives r. Its upstream request is r's without
+// timeoutSeconds.
+func (h *Handler) newSharedFeed(key string, r *http.Request, p params, info *reqinfo.Info, cred upstream.Credentials) *sharedFeed {
+	rv, at, scope := p.rv, p.rvInt, p.scope
 	tmpl := r.Clone(context.Background())
-	q := tmpl.URL.Query()
+	q := copyQuery(p.query)
 	q.Del("timeoutSeconds")
 	q.Del("timeout") // the first client's, ignored on a watch (perSubscriber)
-	tmpl.URL = &url.URL{Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: q.Encode()}
+	raw := q.Encode()
+	tmpl.URL = &url.URL{Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: raw}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	log := newWatchLog(h.log.Named("feed").With(zap.String("feed", r.URL.Path+"?"+q.Encode())), r.RemoteAddr, "")
-	scope := parseParams(r).scope
+	log := newWatchLog(h.log.Named("feed").With(zap.String("feed", r.URL.Path+"?"+raw)), r.RemoteAddr, "")
 	sf := &sharedFeed{h: h, key: key, log: log, from: at, ready: make(chan struct{}), members: map[*member]struct{}{}, last: at,
-		desc: h.describe(r, info), opened: h.clk.Now()}
+		desc: h.describe(q, info), opened: h.clk.Now()}
 	sf.ring = h.feeds.newRing(at)
 	mode := h.cfg.Mode
 	if h.exempt[info.GroupResource()] {
@@ -390,7 +386,7 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, info *reqinfo.Info,
 	// A subscriber with no response: the policy's decisions are counted as a private watch's.
 	sf.pol = newSubscriber(h, nil, tmpl, params{}, h.deps.Metrics.Resource(info.FullResource()), log, nil)
 	sf.f = &feed{
-		h: h, client: tmpl, ctx: ctx, cancel: cancel, cred: cred, log: log, sub: sf,
+		h: h, client: tmpl, query: q, ctx: ctx, cancel: cancel, cred: cred, log: log, sub: sf,
 		backoff: upstream.ResumeBackoff, scope: scope, groupResource: info.GroupResource(),
 	}
 	// The feed's frames are every subscriber's: refused only at the total, never asked to end

@@ -56,7 +56,7 @@ func (h *Handler) sharedState(sf *sharedFeed, r *http.Request, cred upstream.Cre
 		f.noState(absorb.Format)
 		return
 	}
-	key := stateKey(r, cred)
+	key := stateKey(r, f.query, cred)
 	if moved == nil && why == "" {
 		moved = h.parked.Adopt(key, rv)
 		why = absorb.NotComplete // it began at a client's resourceVersion, and nothing was parked there
