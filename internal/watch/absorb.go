@@ -274,7 +274,7 @@ func (f *feed) listPage(codec stream.ListCodec, cont, exact string, plan upstrea
 	}
 	defer at.Cancel(nil)
 	resp := at.Resp
-	if format, ok := stream.FormatOf(resp.Header.Get("Content-Type")); resp.StatusCode != http.StatusOK || !ok || format != f.format || !identity(resp.Header) {
+	if !f.readsAs(resp) {
 		drain(resp)
 		err := fmt.Errorf("%s answered the list %s (%s)", at.Backend, resp.Status, resp.Header.Get("Content-Type"))
 		if resp.StatusCode == http.StatusGone {

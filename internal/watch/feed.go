@@ -78,12 +78,14 @@ type feed struct {
 	client *http.Request // the watch's request: every attempt's path and headers
 	// query is the client's query as parsed once (params.query; a shared feed's, its
 	// template's): every attempt's parameters, copied, never changed. Nil: none.
-	query  url.Values
-	ctx    context.Context // ends with its client, its deadline, or shutdown (with a cause)
-	cred   upstream.Credentials
-	log    *watchLog
-	sub    sink
-	format stream.Format // the upstream's, the first answer's: every attempt must answer in it
+	query url.Values
+	ctx   context.Context // ends with its client, its deadline, or shutdown (with a cause)
+	cred  upstream.Credentials
+	log   *watchLog
+	sub   sink
+	// format is the upstream's, the first answer's: every attempt must answer in it (readsAs).
+	// Written by firstAnswer (feed.go) alone; zero until the first answer is read.
+	format stream.Format
 
 	// deadline is when the feed ends, its subscriber's timeoutSeconds or the max lifetime
 	// (lifetime.go; zero: none, a shared feed's, which outlives its subscribers' deadlines);
@@ -99,6 +101,8 @@ type feed struct {
 	scope         string
 	groupResource string
 
+	// backend is the current attempt's (nil until the first answer); written in feed.go
+	// alone: firstAnswer, and resumedOn for a resume or a move's switch.
 	backend *upstream.Backend
 	lease   *upstream.Lease // the current attempt's place on backend
 	// nextSlot is where a move of the attempt resume just opened leaves its target (move.go).
@@ -111,7 +115,7 @@ type feed struct {
 	brake    resumeBrake // paces resumes after streams that end young, even with progress (brake.go)
 	brokeAt  time.Time
 	giveUpAt time.Time
-	resumes  int
+	resumes  int // resumes and moves so far (resumedOn, feed.go, alone)
 
 	// stallResumedAt is when the attempt after a stall started; zero once its first delivery
 	// has told whether the silent stream had hung (see judgeStall).
@@ -139,7 +143,8 @@ type feed struct {
 	unfollow     func() bool
 
 	// mem is the feed's account of the memory budget, charged for the frames it reads
-	// (source), closed by release; nil: nothing charged.
+	// (source), closed by release; nil: nothing charged. Set at construction (Handler.open,
+	// newSharedFeed), never written after.
 	mem *budget.Account
 }
 
@@ -188,19 +193,24 @@ func (f *feed) run(src *source) EndReason {
 	}
 }
 
-// next is what follows the attempt src that ended (src.end says how): the source of the next
-// attempt (a move's accepted target, or a resume), or nil and how the client's stream ends.
+// next is what follows the attempt src that ended (src.end says how), as decideNext decides
+// (next.go): the source of the next attempt (a move's accepted target, or a resume), or nil
+// and how the client's stream ends.
 func (f *feed) next(src *source) (*source, EndReason) {
 	at, end := src.at, src.end
-	// A move's target that accepted the watch meanwhile is where it goes on, whatever
-	// ended this attempt (the Cut, or a break that came first).
 	moved := src.slot.close()
+	v := decideNext(f.ending(end, moved != nil))
 	if end.end == endNone {
-		end.end = f.resumable(end)
-		if end.end == endNone && f.h.deps.OnBreak != nil {
-			// Told while the attempt still holds its backend (a removed backend is not
-			// forgotten before its watches have left it).
-			f.h.deps.OnBreak(at.Backend, end.resume)
+		switch v.rule {
+		case ruleNoResume:
+			f.log.Info("upstream watch ended; ending the client's stream so it re-watches",
+				zap.String("path", f.client.URL.Path), zap.Stringer("why", end.resume), zap.Bool("initialPhase", f.sub.InInitialPhase()), zap.Error(end.err))
+		case ruleSwitch, ruleResume:
+			if f.h.deps.OnBreak != nil {
+				// Told while the attempt still holds its backend (a removed backend is not
+				// forgotten before its watches have left it).
+				f.h.deps.OnBreak(at.Backend, end.resume)
+			}
 		}
 		if end.resume != ResumeEOF && end.resume != ResumeMoved && end.resume != ResumeGoneAbsorbed {
 			at.Backend.ReportFailure(end.err) // a reset or a silence may be the upstream's health
@@ -208,12 +218,12 @@ func (f *feed) next(src *source) (*source, EndReason) {
 	}
 	at.Cancel(nil)
 	src.close()
-	if end.end != endNone {
+	if v.step == stepEnd {
 		if moved != nil {
 			moved.at.Cancel(nil)
 			moved.close()
 		}
-		return nil, end.end
+		return nil, v.end
 	}
 	brokeAt := f.h.clk.Now()
 	if !end.silentSince.IsZero() {
@@ -243,7 +253,7 @@ func (f *feed) next(src *source) (*source, EndReason) {
 		f.backoff.Reset()
 	}
 	next := moved
-	if moved != nil {
+	if v.step == stepSwitch {
 		f.switchTo(moved, end)
 	} else {
 		resumed, final := f.resume(end)
@@ -259,18 +269,15 @@ func (f *feed) next(src *source) (*source, EndReason) {
 	return next, endNone
 }
 
-// resumable says how the client's stream ends after its upstream watch broke, or endNone
-// when the watch is resumed.
-func (f *feed) resumable(end attemptEnd) EndReason {
-	if f.h.cfg.DisableResume || f.sub.InInitialPhase() || f.sub.LastDelivered() == "" {
-		f.log.Info("upstream watch ended; ending the client's stream so it re-watches",
-			zap.String("path", f.client.URL.Path), zap.Stringer("why", end.resume), zap.Bool("initialPhase", f.sub.InInitialPhase()), zap.Error(end.err))
-		return EndNoResume
+// ending is how the attempt that ended as end ended, for decideNext; moved: a move's target
+// accepted the watch meanwhile.
+func (f *feed) ending(end attemptEnd, moved bool) ending {
+	if end.end != endNone {
+		return ending{how: howEnded, end: end.end}
 	}
-	if !f.deadline.IsZero() && !f.h.clk.Now().Before(f.deadline) {
-		return f.deadlineEnd()
-	}
-	return endNone
+	return ending{how: howBroke, moved: moved, maxLifetime: f.maxLifetime,
+		resumable:    !f.h.cfg.DisableResume && !f.sub.InInitialPhase() && f.sub.LastDelivered() != "",
+		overDeadline: !f.deadline.IsZero() && !f.h.clk.Now().Before(f.deadline)}
 }
 
 // receive reads one attempt until it ends, handing each event to the sink, and leaves in
@@ -396,10 +403,10 @@ func (f *feed) absorbError(src *source, ev *stream.Event) bool {
 	}
 	f.lease.SetMovable(false) // the resume point changes under the absorb
 	ok, end := f.absorbGone(st)
-	if !ok && end.end == endNone {
-		return false
-	}
-	if ok {
+	switch decideNext(absorbEnding(ok, end)).step {
+	case stepRelist:
+		return false // passed on, and the stream ends with it (endAfterError)
+	case stepResume:
 		// The upstream ends its watch after the ERROR: resumed from the list's
 		// resourceVersion at once, the absorb's events counting as progress (a run of
 		// absorbs is paced by its own backoff).
@@ -407,6 +414,17 @@ func (f *feed) absorbError(src *source, ev *stream.Event) bool {
 	}
 	src.end = end
 	return true
+}
+
+// absorbEnding is how an absorb (absorbGone's answer: ok, end) went, for decideNext.
+func absorbEnding(ok bool, end attemptEnd) ending {
+	switch {
+	case ok:
+		return ending{how: howAbsorbed}
+	case end.end != endNone:
+		return ending{how: howEnded, end: end.end}
+	}
+	return ending{how: howNotAbsorbed}
 }
 
 // endAfterError ends the client's stream after the upstream's ERROR event, as the apiserver
@@ -640,8 +658,32 @@ func (f *feed) watchdog(ctx context.Context, at upstream.Attempt, silentSince *a
 // progress: the Attempter waits it out (Plan.AfterFailure), with the watch's one backoff, the
 // same one that paces its retries, so every wait of the watch's resumes is stepped in one
 // place (docs/design.md section 5). It gives up at giveUpAt. It returns the new attempt, or
-// the end reason.
+// the end reason. What follows each answer is decideNext's: a 410 is absorbed when it can be
+// and the watch resumed again from the list's resourceVersion, in this loop.
 func (f *feed) resume(end attemptEnd) (upstream.Attempt, EndReason) {
+	for {
+		at, e, st := f.resumeOnce(end)
+		v := decideNext(e)
+		if v.step == stepAbsorb {
+			v = decideNext(absorbEnding(f.absorbGone(st)))
+		}
+		switch v.step {
+		case stepGoOn:
+			return at, endNone
+		case stepResume: // absorbed: a run of absorbs is paced by its own backoff and bounded (absorbGone)
+			end = attemptEnd{resume: ResumeGoneAbsorbed, progress: true}
+		case stepRelist:
+			return upstream.Attempt{}, f.forceRelist(st)
+		default:
+			return upstream.Attempt{}, v.end
+		}
+	}
+}
+
+// resumeOnce sends one resume of the watch that broke as end (resume) and says how it was
+// answered: the attempt when it is a stream the feed reads (counted and logged as a resume),
+// and for a 410 the status the upstream sent (nil: none readable).
+func (f *feed) resumeOnce(end attemptEnd) (upstream.Attempt, ending, *metav1.Status) {
 	failed := !end.progress && end.resume != ResumeMoved && end.resume != ResumeStall // see run
 	var avoid *upstream.Backend
 	if end.resume != ResumeEOF || !end.progress {
@@ -656,22 +698,18 @@ func (f *feed) resume(end attemptEnd) (upstream.Attempt, EndReason) {
 	at, err := f.h.deps.Attempts.Do(f.ctx, f.upstreamRequest(false), plan)
 	if err != nil {
 		if f.ctx.Err() != nil || f.h.stopping() {
-			return upstream.Attempt{}, f.endFromContext()
+			return upstream.Attempt{}, ending{how: howEnded, end: f.endFromContext()}, nil
 		}
 		if !errors.Is(err, upstream.ErrDeadline) { // else the break's own error says more
 			end.err = err
 		}
-		return upstream.Attempt{}, f.giveUp(end)
+		f.giveUp(end)
+		return upstream.Attempt{}, ending{how: howResumeFailed}, nil
 	}
 	resp := at.Resp
-	format, ok := stream.FormatOf(resp.Header.Get("Content-Type"))
 	switch {
-	case resp.StatusCode == http.StatusOK && ok && format == f.format && identity(resp.Header):
-		gap := f.h.clk.Since(f.brokeAt)
-		f.resumes++
-		f.backend = at.Backend
-		f.h.deps.Metrics.Resumes.WithLabelValues(end.resume.String()).Inc()
-		f.h.deps.Metrics.ResumeSeconds.Observe(gap.Seconds())
+	case f.readsAs(resp):
+		gap := f.resumedOn(at.Backend, end.resume)
 		fields := []zap.Field{zap.String("path", f.client.URL.Path), zap.Stringer("reason", end.resume),
 			zap.Bool("progress", end.progress), zap.String("fromRV", fromRV), zap.Duration("gap", gap), zap.Stringer("upstream", at.Backend),
 			zap.Int("failures", f.backoff.Failures())}
@@ -679,32 +717,47 @@ func (f *feed) resume(end attemptEnd) (upstream.Attempt, EndReason) {
 			fields = append(fields, zap.Stringer("movedBecause", end.move))
 		}
 		f.log.Info("resumed upstream watch", fields...)
-		return at, endNone
+		return at, ending{how: howResumed}, nil
 	case resp.StatusCode == http.StatusGone:
 		st := readStatus(resp)
 		at.Cancel(nil)
-		ok, gone := f.absorbGone(st)
-		switch {
-		case ok:
-			// Resumed from the list's resourceVersion; a run of absorbs is paced by its
-			// own backoff and bounded (absorbGone), and so is this recursion.
-			return f.resume(attemptEnd{resume: ResumeGoneAbsorbed, progress: true})
-		case gone.end != endNone:
-			return upstream.Attempt{}, gone.end
-		}
-		return upstream.Attempt{}, f.forceRelist(st)
+		return upstream.Attempt{}, ending{how: howResumeGone}, st
 	case resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests:
 		drain(resp) // the Attempter ran out of time retrying these
 		at.Cancel(nil)
 		end.err = errors.New("upstream answered " + resp.Status)
-		return upstream.Attempt{}, f.giveUp(end)
+		f.giveUp(end)
+		return upstream.Attempt{}, ending{how: howResumeFailed}, nil
 	default:
 		f.log.Warn("upstream refused the resumed watch; ending the client's stream cleanly",
 			zap.String("path", f.client.URL.Path), zap.Int("code", resp.StatusCode), zap.Stringer("upstream", at.Backend))
 		drain(resp)
 		at.Cancel(nil)
-		return upstream.Attempt{}, EndResumeRefused
+		return upstream.Attempt{}, ending{how: howResumeRefused}, nil
 	}
+}
+
+// resumedOn counts a resume (why: how the last attempt ended) that goes on on b, the feed's
+// backend from now on, and returns how long the client's stream had no upstream (since
+// brokeAt).
+func (f *feed) resumedOn(b *upstream.Backend, why ResumeReason) time.Duration {
+	gap := f.h.clk.Since(f.brokeAt)
+	f.resumes++
+	f.backend = b
+	f.h.deps.Metrics.Resumes.WithLabelValues(why.String()).Inc()
+	f.h.deps.Metrics.ResumeSeconds.Observe(gap.Seconds())
+	return gap
+}
+
+// firstAnswer makes the first attempt's backend the feed's, and its format, when it is a
+// stream the feed reads (readable), every later attempt's: false when it is not.
+func (f *feed) firstAnswer(first upstream.Attempt) (stream.Format, bool) {
+	f.backend = first.Backend
+	format, ok := readable(first.Resp)
+	if ok {
+		f.format = format
+	}
+	return format, ok
 }
 
 // braked waits d, the brake's wait before the next resume (brake.go), or until the feed's
@@ -729,11 +782,11 @@ func (f *feed) braked(d time.Duration) EndReason {
 	}
 }
 
-func (f *feed) giveUp(end attemptEnd) EndReason {
+// giveUp logs that resuming the watch that broke as end is given up (EndResumeTimeout).
+func (f *feed) giveUp(end attemptEnd) {
 	f.log.Warn("could not resume the upstream watch with progress in time; ending the client's stream cleanly",
 		zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()),
 		zap.Duration("after", f.h.clk.Since(f.brokeAt)), zap.Int("failures", f.backoff.Failures()), zap.Error(end.err))
-	return EndResumeTimeout
 }
 
 // forceRelist tells the client its resume point is gone: a well-formed ERROR 410 in its format.

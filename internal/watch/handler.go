@@ -502,9 +502,8 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 	sub := newSubscriber(h, w, r, p, m.Resource(info.FullResource()), log, mem)
 	f := &feed{
 		h: h, client: r, query: p.query, ctx: ctx, cancel: cancel, unfollow: unfollow, cred: cred, log: log, sub: sub, timeout: p.timeout, maxLifetime: p.maxLifetime,
-		backoff: upstream.ResumeBackoff, scope: p.scope, groupResource: info.GroupResource(),
+		backoff: upstream.ResumeBackoff, scope: p.scope, groupResource: info.GroupResource(), mem: mem,
 	}
-	f.mem = mem
 	switch {
 	case p.timeout > 0:
 		f.deadline = h.clk.Now().Add(p.timeout)
@@ -540,9 +539,8 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 		apistatus.Write(w, st)
 		return nil, nil, nil
 	}
-	f.backend = first.Backend
-	format, ok := stream.FormatOf(first.Resp.Header.Get("Content-Type"))
-	if first.Resp.StatusCode != http.StatusOK || !ok || !identity(first.Resp.Header) {
+	format, ok := f.firstAnswer(first)
+	if !ok {
 		// Not a stream we can read (an error status, a content type we do not parse): relay.
 		defer f.release()
 		if relay(sub.w, &sub.out, first) {
@@ -554,7 +552,6 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 	if h.exempt[info.GroupResource()] {
 		mode = fix.PassAll
 	}
-	f.format = format
 	f.openState(r, cred, p, format) // the state it keeps to absorb a 410 (absorb.go)
 	sub.start(format, first.Resp.Header, fix.NewStream(fix.Options{
 		Scope: scopeOf(p.scope, cred), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,

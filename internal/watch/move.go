@@ -229,8 +229,7 @@ func (f *feed) openOn(t *upstream.Backend, from uint64) (*source, error) {
 		return nil, err
 	}
 	resp := at.Resp
-	format, ok := stream.FormatOf(resp.Header.Get("Content-Type"))
-	if resp.StatusCode != http.StatusOK || !ok || format != f.format || !identity(resp.Header) {
+	if !f.readsAs(resp) {
 		if resp.StatusCode == http.StatusGone {
 			f.noteGone(t, readStatus(resp), from)
 		} else {
@@ -306,11 +305,7 @@ func (f *feed) goneHere(src *source, ev *stream.Event) bool {
 
 // switchTo makes a move's accepted target the feed's attempt.
 func (f *feed) switchTo(src *source, end attemptEnd) {
-	f.resumes++
-	f.backend = src.at.Backend
-	gap := f.h.clk.Since(f.brokeAt)
-	f.h.deps.Metrics.Resumes.WithLabelValues(ResumeMoved.String()).Inc()
-	f.h.deps.Metrics.ResumeSeconds.Observe(gap.Seconds())
+	f.resumedOn(src.at.Backend, ResumeMoved)
 	f.log.Info("moved upstream watch (make-before-break)", zap.String("path", f.client.URL.Path),
 		zap.Stringer("movedBecause", src.reason), zap.Stringer("ended", end.resume), zap.String("lastRV", f.sub.LastDelivered()),
 		zap.Stringer("upstream", src.at.Backend))
@@ -358,12 +353,11 @@ func (f *feed) freshPoint(l *upstream.Lease, from uint64) (*stream.Event, uint64
 	}
 	defer at.Cancel(nil)
 	defer at.Resp.Body.Close()
-	format, ok := stream.FormatOf(at.Resp.Header.Get("Content-Type"))
-	if at.Resp.StatusCode != http.StatusOK || !ok || format != f.format || !identity(at.Resp.Header) {
+	if !f.readsAs(at.Resp) {
 		drain(at.Resp)
 		return nil, 0
 	}
-	ev, err := stream.NewReader(format, at.Resp.Body, f.h.cfg.MaxFrameSize).Next()
+	ev, err := stream.NewReader(f.format, at.Resp.Body, f.h.cfg.MaxFrameSize).Next()
 	if err != nil || ev.Type != stream.Bookmark {
 		return nil, 0
 	}

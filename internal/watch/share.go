@@ -388,10 +388,10 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, p params, info *req
 	sf.f = &feed{
 		h: h, client: tmpl, query: q, ctx: ctx, cancel: cancel, cred: cred, log: log, sub: sf,
 		backoff: upstream.ResumeBackoff, scope: scope, groupResource: info.GroupResource(),
+		// The feed's frames are every subscriber's: refused only at the total, never asked to
+		// end for holding more than one client's share (its subscribers' queues are theirs).
+		mem: h.deps.Budget.OpenCommon(),
 	}
-	// The feed's frames are every subscriber's: refused only at the total, never asked to end
-	// for holding more than one client's share (its subscribers' queues are theirs).
-	sf.f.mem = h.deps.Budget.OpenCommon()
 	if h.deps.Done != nil {
 		h.track(sf.f)
 	}
@@ -410,9 +410,8 @@ func (sf *sharedFeed) run() {
 		sf.close(endNone)
 		return
 	}
-	f.backend = first.Backend
-	format, ok := stream.FormatOf(first.Resp.Header.Get("Content-Type"))
-	if first.Resp.StatusCode != http.StatusOK || !ok || !identity(first.Resp.Header) {
+	format, ok := f.firstAnswer(first)
+	if !ok {
 		sf.log.Info("shared feed's first answer is no stream watchsan reads; its subscribers watch on their own",
 			zap.Int("code", first.Resp.StatusCode), zap.String("contentType", first.Resp.Header.Get("Content-Type")))
 		drain(first.Resp)
@@ -420,7 +419,6 @@ func (sf *sharedFeed) run() {
 		sf.close(endNone)
 		return
 	}
-	f.format = format
 	sf.stateFormat()
 	sf.pol.fix = fix.NewStream(sf.policy)
 	sf.writer = stream.NewWriter(format, &sf.frame)
