@@ -320,15 +320,36 @@ func (f *feed) completeByList(key, c string) {
 }
 
 // stateKey is what a state is parked and adopted by, but for its resourceVersion: the watch's
-// path, every parameter but the per-subscriber ones (perSubscriber: its resourceVersion, its
-// timeoutSeconds, bookmarks, timeout) and the initial-state ones (sendInitialEvents,
-// resourceVersionMatch: the re-watch of a watch-list is a plain watch), its Accept, and the
+// path in its list form (listPath), every parameter but the per-subscriber ones
+// (perSubscriber: its resourceVersion, its timeoutSeconds, bookmarks, timeout), the
+// initial-state ones (sendInitialEvents, resourceVersionMatch: the re-watch of a watch-list is
+// a plain watch) and the ones that say list or watch and page (watch, limit, continue: a
+// client's own list is parked under its watch's key, listtee.go), its Accept, and the
 // principal the upstream takes it for (cred.Principal, a digest): a state is only ever handed
-// to the same identity's watch of the same scope.
+// to the same identity's watch of the same scope. A list's key and its watch's are made here,
+// by one rule.
 func stateKey(r *http.Request, cred upstream.Credentials) string {
 	q := r.URL.Query()
-	for _, k := range append(perSubscriber, "sendInitialEvents", "resourceVersionMatch") {
+	for _, k := range append(perSubscriber, "sendInitialEvents", "resourceVersionMatch", "watch", "limit", "continue") {
 		q.Del(k)
 	}
-	return r.URL.Path + "?" + q.Encode() + "\x00accept=" + r.Header.Get("Accept") + "\x00as=" + cred.Principal()
+	return listPath(r.URL.Path) + "?" + q.Encode() + "\x00accept=" + r.Header.Get("Accept") + "\x00as=" + cred.Principal()
+}
+
+// listPath is path with the "watch" segment of a watch by path (/api/v1/watch/namespaces/d/pods,
+// /apis/apps/v1/watch/deployments) taken out: the path of the same scope's list; any other path
+// as it is (a namespace named "watch" is not that segment).
+func listPath(path string) string {
+	seg := strings.SplitN(path, "/", 6)
+	at := 0
+	switch {
+	case len(seg) > 3 && seg[1] == "api":
+		at = 3
+	case len(seg) > 4 && seg[1] == "apis":
+		at = 4
+	}
+	if at == 0 || seg[at] != "watch" {
+		return path
+	}
+	return strings.Join(seg[:at], "/") + path[len(strings.Join(seg[:at+1], "/")):]
 }

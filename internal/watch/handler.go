@@ -270,6 +270,9 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	for _, r := range CompletingListResults {
 		d.Metrics.AbsorbCompletingLists.WithLabelValues(r)
 	}
+	for _, r := range absorb.ClientListResults {
+		d.Metrics.AbsorbClientLists.WithLabelValues(r)
+	}
 	h.shareExclude = map[string]bool{}
 	for _, r := range cfg.ShareExclude {
 		h.shareExclude[r] = true

@@ -1,0 +1,129 @@
+package watch
+
+import (
+	"net/http"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/watchsan/watchsan/internal/absorb"
+	"github.com/watchsan/watchsan/internal/reqinfo"
+	"github.com/watchsan/watchsan/internal/stream"
+	"github.com/watchsan/watchsan/internal/upstream"
+)
+
+// A client's own list as the state at its resourceVersion (docs/design.md section 12, "a
+// client's own list"): a client that lists and then watches from the list's resourceVersion
+// L holds exactly that list, so the list, read as it is sent to the client (never held back
+// from it), is parked as the state complete at L under the key its watch from L looks up
+// (stateKey: the same path, parameters, Accept and principal). The watch adopts it as a
+// re-watch adopts an ended watch's (openState, sharedState), and absorbs a 410 with it.
+
+// TeeList is the ResponseWriter a list request r (classified as info, sent with cred) is
+// answered through, and done, which the caller calls with true when the route returned having
+// written the whole response (false: it was cut short or panicked). For a request that does not
+// qualify it returns w itself and a done that does nothing. Qualifying: a GET list, absorbing
+// on, resourceVersion unset or "0" (a list at "0" with resourceVersionMatch NotOlderThan or
+// none), no continue token (the first page: a paginated list is not kept, absorb.Teed.State),
+// whole objects (no "as=" in Accept).
+func (h *Handler) TeeList(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred upstream.Credentials) (http.ResponseWriter, func(bool)) {
+	if !h.teesList(r, info) {
+		return w, func(bool) {}
+	}
+	if cred.Principal() == "" {
+		cred = upstream.Decide(r.Header, r.TLS, false, upstream.IdentityOff) // as open decides a watch's
+	}
+	t := &listTee{ResponseWriter: w, h: h, r: r, cred: cred}
+	return t, t.done
+}
+
+// teesList says whether the list r is read as the state at its resourceVersion (TeeList).
+func (h *Handler) teesList(r *http.Request, info *reqinfo.Info) bool {
+	if h.cfg.DisableAbsorb || r.Method != http.MethodGet || info.Verb != "list" || strings.Contains(r.Header.Get("Accept"), "as=") {
+		return false
+	}
+	q := r.URL.Query()
+	if q.Get("continue") != "" {
+		return false
+	}
+	switch rv, m := q.Get("resourceVersion"), q.Get("resourceVersionMatch"); {
+	case rv == "" && m == "":
+		return true // a consistent read: etcd's current revision
+	case rv == "0" && (m == "" || m == "NotOlderThan"):
+		return true // any resourceVersion: the watch cache's snapshot at its own
+	}
+	return false
+}
+
+// listTee is a list's ResponseWriter that copies its body into an absorb.Teed once its header
+// says it is a list in a format absorbing reads. Its fields are the request's handler's.
+type listTee struct {
+	http.ResponseWriter
+	h    *Handler
+	r    *http.Request
+	cred upstream.Credentials
+	// teed is the copy; nil until the header is written, and then when the answer is not a
+	// whole list in a format with a list codec.
+	teed *absorb.Teed
+	// header: the header was written.
+	header bool
+}
+
+func (t *listTee) WriteHeader(code int) {
+	if !t.header && code >= 200 {
+		t.header = true
+		h := t.ResponseWriter.Header()
+		format, ok := stream.FormatOf(h.Get("Content-Type"))
+		if code == http.StatusOK && ok && identity(h) && stream.ListCodecFor(format) != nil {
+			t.teed = absorb.NewTeed(t.h.stateBudget, format)
+		}
+	}
+	t.ResponseWriter.WriteHeader(code)
+}
+
+func (t *listTee) Write(p []byte) (int, error) {
+	if !t.header {
+		t.WriteHeader(http.StatusOK)
+	}
+	n, err := t.ResponseWriter.Write(p)
+	if t.teed != nil {
+		if err != nil {
+			t.teed.Abandon(absorb.ClientListUnread) // the client did not get the whole list
+		} else {
+			t.teed.Write(p[:n])
+		}
+	}
+	return n, err
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer (flushes, deadlines).
+func (t *listTee) Unwrap() http.ResponseWriter { return t.ResponseWriter }
+
+// Flush passes a flush on (httputil.ReverseProxy flushes through ResponseController).
+func (t *listTee) Flush() { _ = http.NewResponseController(t.ResponseWriter).Flush() }
+
+// done parks the list read as the state at its resourceVersion, when complete is true and it
+// is one; else gives back what it held.
+func (t *listTee) done(complete bool) {
+	if t.teed == nil {
+		if t.header {
+			t.h.deps.Metrics.AbsorbClientLists.WithLabelValues(absorb.ClientListUnread).Inc()
+		}
+		return
+	}
+	if !complete {
+		t.teed.Abandon(absorb.ClientListUnread)
+	}
+	s, rv, why, err := t.teed.State()
+	if s == nil {
+		t.h.deps.Metrics.AbsorbClientLists.WithLabelValues(why).Inc()
+		t.h.log.Debug("a client's list is not kept as the state at its resourceVersion",
+			zap.String("path", t.r.URL.Path), zap.String("why", why), zap.Error(err))
+		return
+	}
+	result := absorb.ClientListParked
+	if !t.h.parked.Park(stateKey(t.r, t.cred), rv, s) {
+		result = absorb.ClientListOverBudget
+	}
+	t.h.deps.Metrics.AbsorbClientLists.WithLabelValues(result).Inc()
+}
