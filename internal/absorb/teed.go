@@ -44,10 +44,10 @@ type Teed struct {
 	why string
 }
 
-// NewTeed is an empty copy of a list answered in format, within b; one in a format absorbing
-// does not read is abandoned at once.
-func NewTeed(b *Budget, format stream.Format) *Teed {
-	t := &Teed{budget: b, format: format, codec: stream.ListCodecFor(format)}
+// NewTeed is an empty copy of a list answered in format, read with codec (nil: a format
+// absorbing does not read, and the copy is abandoned at once), within b.
+func NewTeed(b *Budget, format stream.Format, codec stream.ListCodec) *Teed {
+	t := &Teed{budget: b, format: format, codec: codec}
 	if t.codec == nil {
 		t.why = ClientListUnread
 	}
@@ -120,7 +120,7 @@ func (t *Teed) State() (s *State, rv string, why string, err error) {
 // stateOfList is the state of the list l, complete at its resourceVersion, in format (the list's
 // codec's), within b; false when it would pass the budget.
 func stateOfList(b *Budget, format stream.Format, l *Listed) (*State, bool) {
-	s := NewState(b, format)
+	s := NewStateOf(b, format, l.codec)
 	for k, it := range l.items {
 		if !s.put(k, &obj{uid: it.uid, rv: it.rv, frame: l.codec.Frame(stream.Added, it.frame)}) {
 			s.Free()

@@ -45,7 +45,7 @@ type Metrics struct {
 	AbsorbCompletingLists *prometheus.CounterVec
 	// result
 	AbsorbClientLists *prometheus.CounterVec
-	Retries               *prometheus.CounterVec // outcome
+	Retries           *prometheus.CounterVec // outcome
 
 	WatchMovesFailed *prometheus.CounterVec // reason (upstream.MoveReason)
 	WatchFreshPoints prometheus.Counter

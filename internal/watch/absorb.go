@@ -57,18 +57,18 @@ func (f *feed) openState(r *http.Request, cred upstream.Credentials, p params, f
 	switch {
 	case h.cfg.DisableAbsorb:
 		return // the zero hold: none, absorbing off
-	case stream.ListCodecFor(format) == nil || strings.Contains(r.Header.Get("Accept"), "as="):
+	case f.listCodec() == nil:
 		f.abs.None(absorb.Format)
 		return
 	case completeFromStart(r, p):
-		f.abs.Hold(absorb.NewState(h.stateBudget, format), key)
+		f.abs.Hold(absorb.NewStateOf(h.stateBudget, format, f.listCodec()), key)
 		return
 	}
 	f.abs.None(absorb.NotComplete)
 	if !isIntRV(p.rv) {
 		return
 	}
-	if s := h.parked.Adopt(key, p.rv); s != nil && s.Format() == format {
+	if s := h.parked.Adopt(key, p.rv); s != nil && s.Format() == format && s.Table() == stream.IsTable(f.listCodec()) {
 		f.abs.Hold(s, key)
 		return
 	} else if s != nil {
@@ -106,10 +106,17 @@ func (f *feed) parkState(usable bool) {
 // keepsState says whether the feed keeps a state (observeState, for every event it delivers).
 func (f *feed) keepsState() bool { return f.abs.State() != nil }
 
+// listCodec is the list codec of the feed's format and its client's Accept
+// (stream.ListCodecForAccept: the Table codec for kubectl's Table rows), nil when absorbing
+// reads none.
+func (f *feed) listCodec() stream.ListCodec {
+	return stream.ListCodecForAccept(f.format, f.client.Header.Get("Accept"))
+}
+
 // stateInFormat lets the state go when the feed's format is one absorbing does not read, or
 // another one than the state's frames'.
 func (f *feed) stateInFormat() {
-	if s := f.abs.State(); s != nil && (stream.ListCodecFor(f.format) == nil || s.Format() != f.format) {
+	if s := f.abs.State(); s != nil && (f.listCodec() == nil || s.Format() != f.format || s.Table() != stream.IsTable(f.listCodec())) {
 		f.noState(absorb.Format)
 	}
 }
@@ -232,9 +239,9 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 // (resourceVersionMatch=Exact, served from etcd until compacted), within
 // absorb.CompleteListTimeout, without waiting for a backend.
 func (f *feed) list(paced bool, exact string) (*absorb.Listed, error) {
-	codec := stream.ListCodecFor(f.format)
+	codec := f.listCodec()
 	if codec == nil {
-		return nil, fmt.Errorf("no list in format %s", f.format)
+		return nil, fmt.Errorf("no list in format %s for Accept %q", f.format, f.client.Header.Get("Accept"))
 	}
 	deadline := f.h.clk.Now().Add(f.h.cfg.ResumeTimeout)
 	if exact != "" {
@@ -254,7 +261,7 @@ func (f *feed) list(paced bool, exact string) (*absorb.Listed, error) {
 func (f *feed) listPage(codec stream.ListCodec, cont, exact string, plan upstream.Plan, max int64) (*stream.ListPage, int64, error) {
 	q := f.client.URL.Query()
 	lq := url.Values{"limit": {strconv.Itoa(absorb.PageSize)}}
-	for _, k := range []string{"labelSelector", "fieldSelector"} {
+	for _, k := range []string{"labelSelector", "fieldSelector", "includeObject"} {
 		if v := q.Get(k); v != "" {
 			lq.Set(k, v)
 		}
@@ -268,7 +275,13 @@ func (f *feed) listPage(codec stream.ListCodec, cont, exact string, plan upstrea
 	}
 	lr := f.requestFrom(true, "")
 	lr.URL = &url.URL{Path: strings.Replace(f.client.URL.Path, "/watch/", "/", 1), RawQuery: lq.Encode()}
-	lr.Header.Set("Accept", codec.Accept())
+	accept := codec.Accept()
+	if stream.IsTable(codec) {
+		// The client's own: the apiserver answers it the Table it answers the client's watch
+		// (its Content-Type says only JSON; the codec refuses a body that is no Table).
+		accept = f.client.Header.Get("Accept")
+	}
+	lr.Header.Set("Accept", accept)
 	lr.Header.Set("User-Agent", absorbAgent+" (for "+f.client.UserAgent()+")")
 	at, err := f.h.deps.Attempts.Do(f.ctx, lr, plan)
 	if err != nil {

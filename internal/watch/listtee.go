@@ -25,7 +25,7 @@ import (
 // qualify it returns w itself and a done that does nothing. Qualifying: a GET list, absorbing
 // on, resourceVersion unset or "0" (a list at "0" with resourceVersionMatch NotOlderThan or
 // none), no continue token (the first page: a paginated list is not kept, absorb.Teed.State),
-// whole objects (no "as=" in Accept).
+// whole objects or Table rows (wholeOrTable).
 func (h *Handler) TeeList(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred upstream.Credentials) (http.ResponseWriter, func(bool)) {
 	if !h.teesList(r, info) {
 		return w, func(bool) {}
@@ -39,7 +39,7 @@ func (h *Handler) TeeList(w http.ResponseWriter, r *http.Request, info *reqinfo.
 
 // teesList says whether the list r is read as the state at its resourceVersion (TeeList).
 func (h *Handler) teesList(r *http.Request, info *reqinfo.Info) bool {
-	if h.cfg.DisableAbsorb || r.Method != http.MethodGet || info.Verb != "list" || strings.Contains(r.Header.Get("Accept"), "as=") {
+	if h.cfg.DisableAbsorb || r.Method != http.MethodGet || info.Verb != "list" || !wholeOrTable(r.Header.Get("Accept")) {
 		return false
 	}
 	q := r.URL.Query()
@@ -74,8 +74,8 @@ func (t *listTee) WriteHeader(code int) {
 		t.header = true
 		h := t.ResponseWriter.Header()
 		format, ok := stream.FormatOf(h.Get("Content-Type"))
-		if code == http.StatusOK && ok && identity(h) && stream.ListCodecFor(format) != nil {
-			t.teed = absorb.NewTeed(t.h.stateBudget, format)
+		if codec := stream.ListCodecForAccept(format, t.r.Header.Get("Accept")); code == http.StatusOK && ok && identity(h) && codec != nil {
+			t.teed = absorb.NewTeed(t.h.stateBudget, format, codec)
 		}
 	}
 	t.ResponseWriter.WriteHeader(code)
@@ -126,4 +126,11 @@ func (t *listTee) done(complete bool) {
 		result = absorb.ClientListOverBudget
 	}
 	t.h.deps.Metrics.AbsorbClientLists.WithLabelValues(result).Inc()
+}
+
+// wholeOrTable says whether a request with accept is answered whole objects (no "as=") or
+// Table rows (stream.TableAccept), which absorbing reads; not metadata only
+// (as=PartialObjectMetadata), whose list and watch a client asks with different Accepts.
+func wholeOrTable(accept string) bool {
+	return !strings.Contains(accept, "as=") || stream.TableAccept(accept)
 }

@@ -19,15 +19,22 @@ import (
 // watchUntilIn's for format. It returns the recorded response.
 func (f *fixture) clientList(t *testing.T, format stream.Format, pathQuery, accept, rv, cont string, items []string) *httptest.ResponseRecorder {
 	t.Helper()
-	r := httptest.NewRequest(http.MethodGet, pathQuery, nil)
 	if accept == "" {
 		accept = map[stream.Format]string{stream.JSON: "application/json", stream.Protobuf: "application/vnd.kubernetes.protobuf, application/json", stream.CBOR: "application/cbor, application/json"}[format]
 	}
+	return f.clientListRaw(t, pathQuery, accept, func(w http.ResponseWriter) { writeList(w, format, rv, cont, items) })
+}
+
+// clientListRaw passes a client's list request with accept through f's TeeList, answered by
+// write.
+func (f *fixture) clientListRaw(t *testing.T, pathQuery, accept string, write func(w http.ResponseWriter)) *httptest.ResponseRecorder {
+	t.Helper()
+	r := httptest.NewRequest(http.MethodGet, pathQuery, nil)
 	r.Header.Set("Accept", accept)
 	info := reqinfo.Parse(r)
 	rec := httptest.NewRecorder()
 	w, done := f.h.TeeList(rec, r, &info, upstream.Credentials{})
-	writeList(w, format, rv, cont, items)
+	write(w)
 	done(true)
 	return rec
 }
