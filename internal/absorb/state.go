@@ -151,8 +151,10 @@ func (s *State) Observe(ev *stream.Event) bool {
 	if s.table {
 		// A Table's identity is its one row's object's (stream.RowOf), which the Reader does
 		// not read: parsed here, for Table feeds alone (kubectl's, few and slow).
-		key, rowUID, rv, err := stream.RowOf(ev.Raw)
-		if err != nil || !ev.RVIsInt || rv != ev.RVInt {
+		// The Table's resourceVersion is the event's (the row's object's, but for an
+		// absorb's DELETED, rewritten to the last delivered one).
+		key, rowUID, _, err := stream.RowOf(ev.Raw)
+		if err != nil || !ev.RVIsInt {
 			s.drop(NotComplete)
 			return false
 		}

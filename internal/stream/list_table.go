@@ -33,12 +33,27 @@ type tableList struct{}
 // TableAccept says whether accept's first media range asks for a Table of meta.k8s.io (v1 or
 // v1beta1) in JSON: what the apiserver answers such a request with.
 func TableAccept(accept string) bool {
-	first, _, _ := strings.Cut(accept, ",")
-	mt, params, err := mime.ParseMediaType(strings.TrimSpace(first))
-	if err != nil || mt != "application/json" || params["as"] != "Table" || params["g"] != "meta.k8s.io" {
+	mt, params := firstMediaRange(accept)
+	if mt != "application/json" || params["as"] != "Table" || params["g"] != "meta.k8s.io" {
 		return false
 	}
 	return params["v"] == "v1" || params["v"] == "v1beta1"
+}
+
+// AcceptAs is the transformation accept's first media range asks for ("Table",
+// "PartialObjectMetadata"; its "as" parameter), "" for none.
+func AcceptAs(accept string) string {
+	_, params := firstMediaRange(accept)
+	return params["as"]
+}
+
+func firstMediaRange(accept string) (string, map[string]string) {
+	first, _, _ := strings.Cut(accept, ",")
+	mt, params, err := mime.ParseMediaType(strings.TrimSpace(first))
+	if err != nil {
+		return "", nil
+	}
+	return mt, params
 }
 
 // ListCodecForAccept is the ListCodec of a watch or list answered in format to a request with
@@ -149,10 +164,7 @@ func RowOf(frame []byte) (key, uid string, rv uint64, err error) {
 // Bookmark is a Table of no row at rv. (The apiserver transforms a bookmark too: a row of the
 // bookmark's empty object, with the resource's cells; a bookmark means only its
 // resourceVersion to a client.)
-func (tableList) Bookmark(_, apiVersion, rv string) []byte {
-	obj := tableOf(apiVersion, rv, nil)
-	return obj
-}
+func (tableList) Bookmark(_, apiVersion, rv string) []byte { return tableOf(apiVersion, rv, nil) }
 
 // jsonString is s as a JSON string.
 func jsonString(s string) []byte {

@@ -202,6 +202,9 @@ type Handler struct {
 	// their clients' re-watches (package absorb); both set by New.
 	stateBudget *absorb.Budget
 	parked      *absorb.Parked
+	// clientLists are the clients' lists being read to be parked (listtee.go, its only
+	// writer); the zero value: none.
+	clientLists clientLists
 }
 
 // New builds a Handler.
@@ -397,6 +400,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // than a quarter of it: the parked handler's frames under 4 KiB are 8 KiB of stack per idle
 // watch instead of 16 (docs/bench/NOTES.md, "Idle memory").
 func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred *upstream.Credentials, requestID string) {
+	h.awaitClientList(r, *cred) // its own list's state, parked as the list ends (listtee.go)
 	var ho *handoff
 	if h.cfg.Share {
 		var served bool

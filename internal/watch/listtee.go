@@ -3,6 +3,8 @@ package watch
 import (
 	"net/http"
 	"strings"
+	"sync"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -33,8 +35,88 @@ func (h *Handler) TeeList(w http.ResponseWriter, r *http.Request, info *reqinfo.
 	if cred.Principal() == "" {
 		cred = upstream.Decide(r.Header, r.TLS, false, upstream.IdentityOff) // as open decides a watch's
 	}
-	t := &listTee{ResponseWriter: w, h: h, r: r, cred: cred}
+	t := &listTee{ResponseWriter: w, h: h, r: r, cred: cred, key: stateKey(r, cred)}
+	t.release = h.clientLists.begin(t.key)
 	return t, t.done
+}
+
+// clientLists are the clients' lists being read (TeeList), by stateKey. A client's watch from
+// its list's resourceVersion may arrive before the list is parked: the client has the list's
+// last byte (a JSON decoder stops at the closing brace) before the handler returns and
+// TeeList's done parks it. So a watch from a resourceVersion waits for the lists of its key
+// in flight (awaitClientList), at most clientListWait. mu guards m; the zero value is empty.
+type clientLists struct {
+	mu sync.Mutex
+	m  map[string]*listsInFlight
+}
+
+// listsInFlight are the lists of one key being read: n of them, done closed when the last ends.
+type listsInFlight struct {
+	n    int
+	done chan struct{}
+}
+
+// clientListWait bounds how long a watch waits for its client's list to be parked: the list
+// is whole by then (its client has it), and only its decoding is left.
+const clientListWait = 2 * time.Second
+
+// begin counts a list of key in flight; the func it returns ends it, once.
+func (c *clientLists) begin(key string) func() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]*listsInFlight{}
+	}
+	l := c.m[key]
+	if l == nil {
+		l = &listsInFlight{done: make(chan struct{})}
+		c.m[key] = l
+	}
+	l.n++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if l.n--; l.n == 0 {
+				delete(c.m, key)
+				close(l.done)
+			}
+		})
+	}
+}
+
+// inFlight is the channel closed when the lists of key in flight end, nil when there are none.
+func (c *clientLists) inFlight(key string) <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l := c.m[key]; l != nil {
+		return l.done
+	}
+	return nil
+}
+
+// awaitClientList waits, at most clientListWait and while r's client is there, for the lists
+// of r's key being read (clientLists) when r is a watch from a resourceVersion that may have
+// come from one, so that the state parked for it is there when it looks.
+func (h *Handler) awaitClientList(r *http.Request, cred upstream.Credentials) {
+	if h.cfg.DisableAbsorb || !isIntRV(r.URL.Query().Get("resourceVersion")) {
+		return
+	}
+	if cred.Principal() == "" {
+		cred = upstream.Decide(r.Header, r.TLS, false, upstream.IdentityOff) // as open decides it
+	}
+	done := h.clientLists.inFlight(stateKey(r, cred))
+	if done == nil {
+		return
+	}
+	t := h.clk.NewTimer(clientListWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C():
+	case <-r.Context().Done():
+	}
 }
 
 // teesList says whether the list r is read as the state at its resourceVersion (TeeList).
@@ -62,6 +144,9 @@ type listTee struct {
 	h    *Handler
 	r    *http.Request
 	cred upstream.Credentials
+	key  string // stateKey(r, cred): what it is parked by
+	// release ends the list's count in h.clientLists (done calls it, after parking).
+	release func()
 	// teed is the copy; nil until the header is written, and then when the answer is not a
 	// whole list in a format with a list codec.
 	teed *absorb.Teed
@@ -105,6 +190,7 @@ func (t *listTee) Flush() { _ = http.NewResponseController(t.ResponseWriter).Flu
 // done parks the list read as the state at its resourceVersion, when complete is true and it
 // is one; else gives back what it held.
 func (t *listTee) done(complete bool) {
+	defer t.release()
 	if t.teed == nil {
 		if t.header {
 			t.h.deps.Metrics.AbsorbClientLists.WithLabelValues(absorb.ClientListUnread).Inc()
@@ -122,7 +208,7 @@ func (t *listTee) done(complete bool) {
 		return
 	}
 	result := absorb.ClientListParked
-	if !t.h.parked.Park(stateKey(t.r, t.cred), rv, s) {
+	if !t.h.parked.Park(t.key, rv, s) {
 		result = absorb.ClientListOverBudget
 	}
 	t.h.deps.Metrics.AbsorbClientLists.WithLabelValues(result).Inc()

@@ -5,14 +5,18 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"k8s.io/utils/clock"
 
 	"github.com/watchsan/watchsan/internal/absorb"
+	"github.com/watchsan/watchsan/internal/reqinfo"
+	"github.com/watchsan/watchsan/internal/stream"
 )
 
 // kubectlAccept is kubectl get's Accept (v1.37): Table rows, else whole objects.
@@ -152,4 +156,20 @@ func watchTable(t *testing.T, f *fixture, query string, n int) []string {
 		out = append(out, s)
 	}
 	return out
+}
+
+// /debug/feeds shows a feed's format as its watch asked it: kubectl's Table rows are
+// "json;as=Table", not "json" (what the apiserver's Content-Type says).
+func TestFeedsListingShowsTheFormatAsAsked(t *testing.T) {
+	h := &Handler{clk: clock.RealClock{}}
+	for accept, want := range map[string]string{kubectlAccept: "json;as=Table", "application/json": "json"} {
+		r := httptest.NewRequest(http.MethodGet, "/api/v1/namespaces/d/configmaps?watch=true", nil)
+		r.Header.Set("Accept", accept)
+		info := reqinfo.Parse(r)
+		sf := &sharedFeed{desc: h.describe(r, &info)}
+		sf.snap.Store(&feedSnapshot{format: stream.JSON})
+		if got := sf.info(time.Now()).Format; got != want {
+			t.Errorf("a watch with Accept %q is listed as %q, want %q", accept, got, want)
+		}
+	}
 }
