@@ -17,8 +17,9 @@ import (
 // the 410. It is kept only where it can be complete: a feed whose upstream watch began with the
 // initial state (resourceVersion "" or "0" without sendInitialEvents=false, or a watch-list),
 // or adopted the state of the watch its client's re-watch follows (Parked), or a shared feed
-// handed one, in a format absorbing reads (stream.ListCodecFor: JSON, protobuf, CBOR), of
-// whole objects (no "as=" in Accept). A watch from a client's resourceVersion never sees the
+// handed one, or began at its client's own list's resourceVersion with that list parked
+// (Teed), in a format absorbing reads (stream.ListCodecForAccept: JSON, protobuf, CBOR), of
+// whole objects or Table rows (keyed by the row: NewStateOf). A watch from a client's resourceVersion never sees the
 // objects that did not change since, so a state built from its events alone would miss them,
 // and a diff against a list would miss their deletes.
 

@@ -137,6 +137,13 @@ func TestAbsorbListThenWatchAcrossRestarts(t *testing.T) {
 		}
 	}
 	requireAbsorbed(t, p, "watchsan")
+	t.Logf("clients' lists kept as their watches' state: parked %v, over-budget %v, unread %v",
+		p.Metric("watchsan_watch_absorb_client_lists_total", map[string]string{"result": "parked"}),
+		p.Metric("watchsan_watch_absorb_client_lists_total", map[string]string{"result": "over-budget"}),
+		p.Metric("watchsan_watch_absorb_client_lists_total", map[string]string{"result": "unread"}))
+	if n := p.Metric("watchsan_watch_relists_forced_total", nil); n != 0 {
+		t.Errorf("watchsan told %v clients to relist, want 0", n)
+	}
 }
 
 func lastOf(s []string, n int) string {
