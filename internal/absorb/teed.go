@@ -1,7 +1,12 @@
 package absorb
 
 import (
+	"bytes"
+	"compress/gzip"
+	"errors"
 	"fmt"
+	"io"
+	"strconv"
 
 	"github.com/watchsan/watchsan/internal/stream"
 )
@@ -23,7 +28,8 @@ const (
 	// --watch-absorb-total-bytes.
 	ClientListOverBudget = "over-budget"
 	// ClientListUnread: not a list absorbing reads (an error status, a format without a list
-	// codec, a compressed body, a page of a paginated list), malformed, or cut short.
+	// codec, a compressed body, a page at another resourceVersion than the list's first),
+	// malformed, or cut short.
 	ClientListUnread = "unread"
 )
 
@@ -42,12 +48,16 @@ type Teed struct {
 	// why, once set, says why the list is abandoned (a ClientListResults value); "": it is
 	// being read.
 	why string
+	// gzip: the body is gzip-encoded (the apiserver compresses a response over 128 KiB to a
+	// client that accepts gzip: kubectl, client-go); false: identity.
+	gzip bool
 }
 
 // NewTeed is an empty copy of a list answered in format, read with codec (nil: a format
-// absorbing does not read, and the copy is abandoned at once), within b.
-func NewTeed(b *Budget, format stream.Format, codec stream.ListCodec) *Teed {
-	t := &Teed{budget: b, format: format, codec: codec}
+// absorbing does not read, and the copy is abandoned at once), within b; gzipped: its body is
+// gzip-encoded.
+func NewTeed(b *Budget, format stream.Format, codec stream.ListCodec, gzipped bool) *Teed {
+	t := &Teed{budget: b, format: format, codec: codec, gzip: gzipped}
 	if t.codec == nil {
 		t.why = ClientListUnread
 	}
@@ -77,6 +87,9 @@ func (t *Teed) Write(p []byte) {
 	t.buf = append(t.buf, p...)
 }
 
+// Format is the format the list is answered in.
+func (t *Teed) Format() stream.Format { return t.format }
+
 // Abandon lets the copy go: why (a ClientListResults value) is the result.
 func (t *Teed) Abandon(why string) {
 	if t.why == "" {
@@ -90,31 +103,64 @@ func (t *Teed) free() {
 	t.held, t.buf = 0, nil
 }
 
-// State is the state of the whole list copied, complete at its resourceVersion rv, or the
-// ClientListResults value why there is none. The copy is given back either way.
-func (t *Teed) State() (s *State, rv string, why string, err error) {
+// Page reads the page copied into the list read so far, prev (nil: this is the list's first
+// page), and returns the list so far and the page's continue token ("": it was the list's
+// last). The pages of one list are one snapshot (the apiserver's continue token carries the
+// first page's resourceVersion), so a page at another resourceVersion is refused. With no list
+// (why, a ClientListResults value), prev was freed. The copy is given back either way.
+func (t *Teed) Page(prev *Listed) (l *Listed, cont string, why string, err error) {
+	fail := func(why string, err error) (*Listed, string, string, error) {
+		if l != nil {
+			l.Free()
+		} else if prev != nil {
+			prev.Free()
+		}
+		return nil, "", why, err
+	}
 	if t.why != "" {
-		return nil, "", t.why, nil
+		return fail(t.why, nil)
 	}
-	defer t.free()
-	page, err := t.codec.DecodeList(t.buf)
+	body := t.buf
+	if t.gzip {
+		if body, err = gunzip(body, t.budget.perFeed); err != nil {
+			t.free()
+			if errors.Is(err, ErrListBudget) {
+				return fail(ClientListOverBudget, err)
+			}
+			return fail(ClientListUnread, err)
+		}
+	}
+	page, err := t.codec.DecodeList(body)
+	n := int64(len(body))
+	t.free()
 	if err != nil {
-		return nil, "", ClientListUnread, err
+		return fail(ClientListUnread, err)
 	}
-	if page.Continue != "" {
-		// One page of a paginated list: the client holds the whole list only after its last.
-		return nil, "", ClientListUnread, fmt.Errorf("a page of a paginated list")
+	l = prev
+	if l == nil {
+		l = &Listed{codec: t.codec, budget: t.budget, items: map[string]*obj{}}
+	} else if rv, ok := stream.ParseRV(page.ResourceVersion); page.ResourceVersion != "" && (!ok || rv != l.rv) {
+		return fail(ClientListUnread, fmt.Errorf("a page at resourceVersion %q of a list at %d", page.ResourceVersion, l.rv))
 	}
-	l, err := List(t.codec, t.budget, func(string, int64) (*stream.ListPage, int64, error) { return page, 0, nil })
-	if err != nil {
-		return nil, "", ClientListUnread, err
+	if err := l.add(page, n); err != nil {
+		if errors.Is(err, ErrListBudget) {
+			return fail(ClientListOverBudget, err)
+		}
+		return fail(ClientListUnread, err)
 	}
+	return l, page.Continue, "", nil
+}
+
+// State is the state of the whole list l, complete at its resourceVersion rv, in format (the
+// format its frames are read in), or the ClientListResults value why there is none. l is
+// freed either way.
+func (l *Listed) State(format stream.Format) (s *State, rv string, why string) {
 	defer l.Free()
-	s, ok := stateOfList(t.budget, t.format, l)
+	s, ok := stateOfList(l.budget, format, l)
 	if !ok {
-		return nil, "", ClientListOverBudget, ErrListBudget
+		return nil, "", ClientListOverBudget
 	}
-	return s, page.ResourceVersion, "", nil
+	return s, strconv.FormatUint(l.rv, 10), ""
 }
 
 // stateOfList is the state of the list l, complete at its resourceVersion, in format (the list's
@@ -128,4 +174,23 @@ func stateOfList(b *Budget, format stream.Format, l *Listed) (*State, bool) {
 		}
 	}
 	return s, true
+}
+
+// gunzip is the gzip body z decoded, at most max bytes (ErrListBudget past them). Its bytes
+// are counted when the page decoded from them is added to its list (Listed.add), the
+// compressed copy given back first.
+func gunzip(z []byte, max int64) ([]byte, error) {
+	zr, err := gzip.NewReader(bytes.NewReader(z))
+	if err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	n, err := out.ReadFrom(io.LimitReader(zr, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if n > max {
+		return nil, ErrListBudget
+	}
+	return out.Bytes(), nil
 }

@@ -202,9 +202,11 @@ type Handler struct {
 	// their clients' re-watches (package absorb); both set by New.
 	stateBudget *absorb.Budget
 	parked      *absorb.Parked
-	// clientLists are the clients' lists being read to be parked (listtee.go, its only
-	// writer); the zero value: none.
+	// clientLists are the clients' lists being read to be parked, clientPages those read a
+	// page at a time waiting for their next page (listtee.go, their only writer); the zero
+	// values: none.
 	clientLists clientLists
+	clientPages clientPages
 }
 
 // New builds a Handler.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"k8s.io/utils/clock"
 
 	"github.com/watchsan/watchsan/internal/absorb"
 	"github.com/watchsan/watchsan/internal/reqinfo"
@@ -26,8 +27,8 @@ import (
 // written the whole response (false: it was cut short or panicked). For a request that does not
 // qualify it returns w itself and a done that does nothing. Qualifying: a GET list, absorbing
 // on, resourceVersion unset or "0" (a list at "0" with resourceVersionMatch NotOlderThan or
-// none), no continue token (the first page: a paginated list is not kept, absorb.Teed.State),
-// whole objects or Table rows (wholeOrTable).
+// none), whole objects or Table rows (wholeOrTable); a later page (a continue token) only when
+// its list's pages before were read (clientPages).
 func (h *Handler) TeeList(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred upstream.Credentials) (http.ResponseWriter, func(bool)) {
 	if !h.teesList(r, info) {
 		return w, func(bool) {}
@@ -36,8 +37,68 @@ func (h *Handler) TeeList(w http.ResponseWriter, r *http.Request, info *reqinfo.
 		cred = upstream.Decide(r.Header, r.TLS, false, upstream.IdentityOff) // as open decides a watch's
 	}
 	t := &listTee{ResponseWriter: w, h: h, r: r, cred: cred, key: stateKey(r, cred)}
+	if cont := r.URL.Query().Get("continue"); cont != "" {
+		// A later page: read only onto the pages of its list read before.
+		if t.prev = h.clientPages.take(t.key, cont); t.prev == nil {
+			return w, func(bool) {}
+		}
+	}
 	t.release = h.clientLists.begin(t.key)
 	return t, t.done
+}
+
+// clientPages are the clients' lists read so far, a page at a time, each waiting for its next
+// page (a client's request with the continue token its last page gave), by stateKey and that
+// token, for the park time at most. What they hold stays counted in the states' budget. mu
+// guards m; the zero value is empty.
+type clientPages struct {
+	mu sync.Mutex
+	m  map[string]*pagesRead
+}
+
+type pagesRead struct {
+	l     *absorb.Listed
+	timer clock.Timer
+}
+
+// put keeps l for the request of its next page, continue token cont, for ttl on clk; then
+// frees it.
+func (c *clientPages) put(clk clock.WithDelayedExecution, ttl time.Duration, key, cont string, l *absorb.Listed) {
+	k := key + "\x00continue=" + cont
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]*pagesRead{}
+	}
+	if old := c.m[k]; old != nil {
+		old.timer.Stop()
+		old.l.Free()
+	}
+	pr := &pagesRead{l: l}
+	pr.timer = clk.AfterFunc(ttl, func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.m[k] == pr {
+			delete(c.m, k)
+			pr.l.Free()
+		}
+	})
+	c.m[k] = pr
+}
+
+// take is the list read so far whose next page's request is key's with the continue token
+// cont, nil when none is kept.
+func (c *clientPages) take(key, cont string) *absorb.Listed {
+	k := key + "\x00continue=" + cont
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	pr := c.m[k]
+	if pr == nil {
+		return nil
+	}
+	delete(c.m, k)
+	pr.timer.Stop()
+	return pr.l
 }
 
 // clientLists are the clients' lists being read (TeeList), by stateKey. A client's watch from
@@ -125,9 +186,6 @@ func (h *Handler) teesList(r *http.Request, info *reqinfo.Info) bool {
 		return false
 	}
 	q := r.URL.Query()
-	if q.Get("continue") != "" {
-		return false
-	}
 	switch rv, m := q.Get("resourceVersion"), q.Get("resourceVersionMatch"); {
 	case rv == "" && m == "":
 		return true // a consistent read: etcd's current revision
@@ -145,6 +203,8 @@ type listTee struct {
 	r    *http.Request
 	cred upstream.Credentials
 	key  string // stateKey(r, cred): what it is parked by
+	// prev is the list's pages read before this one (clientPages); nil: this is its first.
+	prev *absorb.Listed
 	// release ends the list's count in h.clientLists (done calls it, after parking).
 	release func()
 	// teed is the copy; nil until the header is written, and then when the answer is not a
@@ -159,8 +219,9 @@ func (t *listTee) WriteHeader(code int) {
 		t.header = true
 		h := t.ResponseWriter.Header()
 		format, ok := stream.FormatOf(h.Get("Content-Type"))
-		if codec := stream.ListCodecForAccept(format, t.r.Header.Get("Accept")); code == http.StatusOK && ok && identity(h) && codec != nil {
-			t.teed = absorb.NewTeed(t.h.stateBudget, format, codec)
+		ce := h.Get("Content-Encoding")
+		if codec := stream.ListCodecForAccept(format, t.r.Header.Get("Accept")); code == http.StatusOK && ok && (identity(h) || ce == "gzip") && codec != nil {
+			t.teed = absorb.NewTeed(t.h.stateBudget, format, codec, ce == "gzip")
 		}
 	}
 	t.ResponseWriter.WriteHeader(code)
@@ -191,18 +252,31 @@ func (t *listTee) Flush() { _ = http.NewResponseController(t.ResponseWriter).Flu
 // is one; else gives back what it held.
 func (t *listTee) done(complete bool) {
 	defer t.release()
+	m := t.h.deps.Metrics.AbsorbClientLists
 	if t.teed == nil {
+		if t.prev != nil {
+			t.prev.Free()
+		}
 		if t.header {
-			t.h.deps.Metrics.AbsorbClientLists.WithLabelValues(absorb.ClientListUnread).Inc()
+			m.WithLabelValues(absorb.ClientListUnread).Inc()
 		}
 		return
 	}
 	if !complete {
 		t.teed.Abandon(absorb.ClientListUnread)
 	}
-	s, rv, why, err := t.teed.State()
+	l, cont, why, err := t.teed.Page(t.prev)
+	if l != nil && cont != "" {
+		t.h.clientPages.put(t.h.clk, t.h.cfg.AbsorbParkTime, t.key, cont, l) // for the next page's request
+		return
+	}
+	var s *absorb.State
+	rv := ""
+	if l != nil {
+		s, rv, why = l.State(t.teed.Format())
+	}
 	if s == nil {
-		t.h.deps.Metrics.AbsorbClientLists.WithLabelValues(why).Inc()
+		m.WithLabelValues(why).Inc()
 		t.h.log.Debug("a client's list is not kept as the state at its resourceVersion",
 			zap.String("path", t.r.URL.Path), zap.String("why", why), zap.Error(err))
 		return
@@ -211,7 +285,7 @@ func (t *listTee) done(complete bool) {
 	if !t.h.parked.Park(t.key, rv, s) {
 		result = absorb.ClientListOverBudget
 	}
-	t.h.deps.Metrics.AbsorbClientLists.WithLabelValues(result).Inc()
+	m.WithLabelValues(result).Inc()
 }
 
 // wholeOrTable says whether a request with accept is answered whole objects (no "as=") or

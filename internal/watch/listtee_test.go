@@ -1,6 +1,8 @@
 package watch
 
 import (
+	"bytes"
+	"compress/gzip"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -122,10 +124,11 @@ func TestClientListKeyedAsItsWatch(t *testing.T) {
 	}
 }
 
-// Only a whole list at resourceVersion unset or "0" is kept: a page of a paginated list, a list
-// at another resourceVersion, a list of Table rows, an error, or one over the state's budget is
-// not (the client's watch from it keeps no state, and its 410 is its client's), and what any of
-// them held is given back.
+// Only a whole list at resourceVersion unset or "0" is kept: pages that are not one snapshot
+// (a later page at another resourceVersion), a page of a list whose first page was not read, a
+// list at another resourceVersion, an error, or one over the state's budget is not (the
+// client's watch from it keeps no state, and its 410 is its client's), and what any of them
+// held is given back.
 func TestClientListKeptOnlyWhenWhole(t *testing.T) {
 	g := gapWatches(events(gone410))
 	g.watches = g.watches[1:]
@@ -133,7 +136,8 @@ func TestClientListKeptOnlyWhenWhole(t *testing.T) {
 	f := newFixture(t, Config{AbsorbStateBytes: 4096}, up)
 	base := "/api/v1/namespaces/d/configmaps"
 	f.clientList(t, stream.JSON, base+"?limit=2", "", "14", "page-1", clientListAt14[:2])                             // a first page
-	f.clientList(t, stream.JSON, base+"?limit=2&continue=page-1", "", "14", "", clientListAt14[2:])                   // its last
+	f.clientList(t, stream.JSON, base+"?limit=2&continue=page-1", "", "15", "", clientListAt14[2:])                   // its last, at another resourceVersion
+	f.clientList(t, stream.JSON, base+"?limit=2&continue=page-7", "", "14", "", clientListAt14[2:])                   // a page of no list read
 	f.clientList(t, stream.JSON, base+"?resourceVersion=14&resourceVersionMatch=Exact", "", "14", "", clientListAt14) // not "" or 0
 	f.clientList(t, stream.JSON, base+"?resourceVersion=0", "", "14", "", []string{strings.Repeat("x", 5000)})        // over the budget (and no object)
 	r := httptest.NewRequest(http.MethodGet, base, nil)
@@ -154,5 +158,61 @@ func TestClientListKeptOnlyWhenWhole(t *testing.T) {
 	}
 	if s := joinEvents(f.watchUntil(t, "resourceVersion=14&allowWatchBookmarks=true", 7)); s != "ERROR 410" {
 		t.Fatalf("client saw [%s], want [ERROR 410]", s)
+	}
+}
+
+// A list in pages (limit and continue, kubectl's and client-go's for more than 500 objects) is
+// kept once its last page is read: each page onto the ones before, by the continue token the
+// client's next request carries.
+func TestClientListInPagesMakesItsWatchAbsorb(t *testing.T) {
+	g := gapWatches(events(gone410))
+	g.watches = g.watches[1:]
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){g.step}}
+	f := newFixture(t, Config{}, up)
+	base := "/api/v1/namespaces/d/configmaps"
+	f.clientList(t, stream.JSON, base+"?limit=2", "", "14", "page-1", clientListAt14[:2])
+	if f.h.parked.Len() != 0 {
+		t.Fatal("a first page was parked as the whole list")
+	}
+	f.clientList(t, stream.JSON, base+"?limit=2&continue=page-1", "", "14", "", clientListAt14[2:])
+	if v := promtest.ToFloat64(f.m.AbsorbClientLists.WithLabelValues(absorb.ClientListParked)); v != 1 || !f.h.parked.At("14") {
+		t.Fatalf("client_lists{parked} = %v, parked at 14: %v; want 1 and true", v, f.h.parked.At("14"))
+	}
+	got := f.watchUntil(t, "resourceVersion=14&allowWatchBookmarks=true", 7)
+	if s, want := joinEvents(got), strings.TrimPrefix(gapAbsorbed, gapInitial+", "); s != want {
+		t.Fatalf("client saw [%s]\nwant       [%s]", s, want)
+	}
+}
+
+// A list the apiserver gzipped (over 128 KiB, to a client that accepts gzip: kubectl's and
+// client-go's requests do) is read as its client gets it, decoded, and kept as any other.
+func TestClientListGzippedMakesItsWatchAbsorb(t *testing.T) {
+	g := gapWatches(events(gone410))
+	g.watches = g.watches[1:]
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){g.step}}
+	f := newFixture(t, Config{}, up)
+	var plain httptest.ResponseRecorder
+	plain.Body = new(bytes.Buffer)
+	writeList(&plain, stream.JSON, "14", "", clientListAt14)
+	var z bytes.Buffer
+	zw := gzip.NewWriter(&z)
+	_, _ = zw.Write(plain.Body.Bytes())
+	_ = zw.Close()
+	rec := f.clientListRaw(t, "/api/v1/namespaces/d/configmaps?limit=500", "application/json", func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Encoding", "gzip")
+		for b := z.Bytes(); len(b) > 0; b = b[min(len(b), 16):] { // in several writes, as a proxy copies it
+			_, _ = w.Write(b[:min(len(b), 16)])
+		}
+	})
+	if !bytes.Equal(rec.Body.Bytes(), z.Bytes()) {
+		t.Fatal("the client did not get the gzipped body as it was")
+	}
+	if v := promtest.ToFloat64(f.m.AbsorbClientLists.WithLabelValues(absorb.ClientListParked)); v != 1 {
+		t.Fatalf("client_lists{parked} = %v, want 1", v)
+	}
+	got := f.watchUntil(t, "resourceVersion=14&allowWatchBookmarks=true", 7)
+	if s, want := joinEvents(got), strings.TrimPrefix(gapAbsorbed, gapInitial+", "); s != want {
+		t.Fatalf("client saw [%s]\nwant       [%s]", s, want)
 	}
 }
