@@ -36,8 +36,9 @@ const listWatchRestarts = 6
 
 // TestAbsorbListThenWatchAcrossRestarts runs three clients that list and then watch from the
 // list's resourceVersion through one watchsan in front of apiserver-0 alone, sharing on as by
-// default, lending the admin identity to kubectl: a plain JSON client (GET the list, then GET ?watch=true from its resourceVersion), the
-// real kubectl get -w (Table rows, its default output) and kubectl get -w -o json. Across six
+// default, lending the admin identity to kubectl: a plain JSON client (GET the list, then GET
+// ?watch=true from its resourceVersion), the real kubectl get -w (Table rows, its default
+// output; listing in pages of 10) and kubectl get -w -o json. Across six
 // restarts none may see an ERROR or an end of its watch; the JSON client's store must equal a
 // fresh list after every restart, with every change delivered exactly once and no
 // resourceVersion going back; both kubectls must show every change made meanwhile.
@@ -66,7 +67,9 @@ func TestAbsorbListThenWatchAcrossRestarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	kubectls := []*kubectlWatch{
-		startKubectlWatch(t, ctx, c, kc, "kubectl get -w (Table)", ns, false),
+		// The Table one lists in pages of 10 (the namespace has 25 configmaps): a list in
+		// pages, each its own request, kept once its last page is read.
+		startKubectlWatch(t, ctx, c, kc, "kubectl get -w --chunk-size=10 (Table)", ns, false, "--chunk-size=10"),
 		startKubectlWatch(t, ctx, c, kc, "kubectl get -w -o json", ns, true),
 	}
 	for _, k := range kubectls {
@@ -320,8 +323,8 @@ func (c *listWatchClient) exactlyOnce() string {
 	return ""
 }
 
-// kubectlWatch is a running kubectl get cm -w --output-watch-events: its output read as events
-// (type and name), in Table rows or, with asJSON, in -o json.
+// kubectlWatch is a running kubectl get cm -w --output-watch-events (and extra): its output
+// read as events (type and name), in Table rows or, with asJSON, in -o json.
 type kubectlWatch struct {
 	name   string
 	mu     sync.Mutex
@@ -332,9 +335,9 @@ type kubectlWatch struct {
 	err    error
 }
 
-func startKubectlWatch(t *testing.T, ctx context.Context, c *cluster.Cluster, kubeconfig, name, ns string, asJSON bool) *kubectlWatch {
+func startKubectlWatch(t *testing.T, ctx context.Context, c *cluster.Cluster, kubeconfig, name, ns string, asJSON bool, extra ...string) *kubectlWatch {
 	t.Helper()
-	args := []string{"get", "configmaps", "-n", ns, "-w", "--output-watch-events"}
+	args := append([]string{"get", "configmaps", "-n", ns, "-w", "--output-watch-events"}, extra...)
 	if asJSON {
 		args = append(args, "-o", "json")
 	}
