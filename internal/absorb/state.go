@@ -43,6 +43,10 @@ type obj struct {
 type Budget struct {
 	perFeed, total int64
 	held           atomic.Int64
+	// copies counts what clients' lists' copies hold of held (Teed), at most a quarter of
+	// total: a storm of lists in flight never takes the budget the feeds' states live in (a
+	// state that cannot grow is dropped for good).
+	copies atomic.Int64
 	gauge          prometheus.Gauge // bytes held; nil: not exported
 	// mem is the process's memory budget, which a state's bytes come out of too; nil: only
 	// total bounds them.
@@ -75,6 +79,26 @@ func (b *Budget) take(n int64) bool {
 		b.gauge.Add(float64(n))
 	}
 	return true
+}
+
+// takeCopy is take for a client's list's copy (Teed), within a quarter of the total for all
+// copies.
+func (b *Budget) takeCopy(n int64) bool {
+	if b.copies.Add(n) > b.total/4 {
+		b.copies.Add(-n)
+		return false
+	}
+	if !b.take(n) {
+		b.copies.Add(-n)
+		return false
+	}
+	return true
+}
+
+// giveCopy returns n bytes takeCopy took.
+func (b *Budget) giveCopy(n int64) {
+	b.copies.Add(-n)
+	b.give(n)
 }
 
 // give returns n bytes taken.

@@ -64,8 +64,9 @@ func NewTeed(b *Budget, format stream.Format, codec stream.ListCodec, gzipped bo
 	return t
 }
 
-// Write copies p, the body's next bytes as the client got them, within one state's bound and
-// the total; past either the list is abandoned and what it held given back.
+// Write copies p, the body's next bytes as the client got them, within one state's bound, the
+// total, and the quarter of the total all copies may hold (Budget.takeCopy); past any the list
+// is abandoned and what it held given back.
 func (t *Teed) Write(p []byte) {
 	if t.why != "" || len(p) == 0 {
 		return
@@ -77,7 +78,7 @@ func (t *Teed) Write(p []byte) {
 	if len(t.buf)+len(p) > cap(t.buf) {
 		n := max(2*cap(t.buf), len(t.buf)+len(p), 4096)
 		n = int(min(int64(n), t.budget.perFeed))
-		if !t.budget.take(int64(n) - t.held) {
+		if !t.budget.takeCopy(int64(n) - t.held) {
 			t.Abandon(ClientListOverBudget)
 			return
 		}
@@ -99,7 +100,7 @@ func (t *Teed) Abandon(why string) {
 }
 
 func (t *Teed) free() {
-	t.budget.give(t.held)
+	t.budget.giveCopy(t.held)
 	t.held, t.buf = 0, nil
 }
 
