@@ -47,7 +47,7 @@ type Budget struct {
 	// total: a storm of lists in flight never takes the budget the feeds' states live in (a
 	// state that cannot grow is dropped for good).
 	copies atomic.Int64
-	gauge          prometheus.Gauge // bytes held; nil: not exported
+	gauge  prometheus.Gauge // bytes held; nil: not exported
 	// mem is the process's memory budget, which a state's bytes come out of too; nil: only
 	// total bounds them.
 	mem *budget.Budget
