@@ -161,8 +161,8 @@ func (c *clientLists) inFlight(key string) <-chan struct{} {
 // of r's key being read (clientLists) when r is a watch from a resourceVersion that may have
 // come from one, so that the state parked for it is there when it looks.
 func (h *Handler) awaitClientList(r *http.Request, cred upstream.Credentials) {
-	if h.cfg.DisableAbsorb || !isIntRV(r.URL.Query().Get("resourceVersion")) {
-		return
+	if rv := r.URL.Query().Get("resourceVersion"); h.cfg.DisableAbsorb || rv == "0" || !isIntRV(rv) {
+		return // a watch from "0" begins with the initial state and needs no list's
 	}
 	if cred.Principal() == "" {
 		cred = upstream.Decide(r.Header, r.TLS, false, upstream.IdentityOff) // as open decides it
