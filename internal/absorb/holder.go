@@ -183,14 +183,10 @@ func (h *Holder) Complete(b *Budget, format stream.Format, key string, c string,
 		h.None(NotComplete)
 		return CompleteFailed, fmt.Errorf("the exact list answered at %d", l.rv)
 	}
-	s := NewState(b, format)
-	for k, it := range l.items {
-		frame := l.codec.Frame(stream.Added, it.frame)
-		if !s.put(k, &obj{uid: it.uid, rv: it.rv, frame: frame}) {
-			s.Free()
-			h.None(NotComplete)
-			return CompleteOverBudget, ErrListBudget
-		}
+	s, ok := stateOfList(b, format, l)
+	if !ok {
+		h.None(NotComplete)
+		return CompleteOverBudget, ErrListBudget
 	}
 	h.Hold(s, key)
 	return CompleteDone, nil

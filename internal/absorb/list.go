@@ -46,37 +46,44 @@ func List(codec stream.ListCodec, b *Budget, page Pager) (*Listed, error) {
 	cont := ""
 	for {
 		p, n, err := page(cont, b.perFeed-l.held)
+		if err == nil {
+			err = l.add(p, n)
+		}
 		if err != nil {
 			l.Free()
 			return nil, err
-		}
-		cost := n + int64(len(p.Items))*Overhead
-		if l.held+cost > b.perFeed || !b.take(cost) {
-			l.Free()
-			return nil, ErrListBudget
-		}
-		l.held += cost
-		l.pages++
-		if l.pages == 1 {
-			l.kind, l.apiVersion = strings.TrimSuffix(p.Kind, "List"), p.APIVersion
-			rv, ok := stream.ParseRV(p.ResourceVersion)
-			if !ok || l.kind == "" || l.apiVersion == "" {
-				l.Free()
-				return nil, fmt.Errorf("the list's kind %q, apiVersion %q or resourceVersion %q is not one watchsan reads", p.Kind, p.APIVersion, p.ResourceVersion)
-			}
-			l.rv = rv
-		}
-		for _, raw := range p.Items {
-			key, it, err := l.codec.Item(l.kind, l.apiVersion, raw)
-			if err != nil {
-				l.Free()
-				return nil, err
-			}
-			l.items[key] = &obj{uid: it.UID, rv: it.RV, frame: it.Object}
 		}
 		cont = p.Continue
 		if cont == "" {
 			return l, nil
 		}
 	}
+}
+
+// add reads the page p, of n bytes, into l, holding them against the budget (with each item's
+// Overhead), within one state's bound. The first page sets the list's kind, apiVersion and
+// resourceVersion.
+func (l *Listed) add(p *stream.ListPage, n int64) error {
+	cost := n + int64(len(p.Items))*Overhead
+	if l.held+cost > l.budget.perFeed || !l.budget.take(cost) {
+		return ErrListBudget
+	}
+	l.held += cost
+	l.pages++
+	if l.pages == 1 {
+		l.kind, l.apiVersion = strings.TrimSuffix(p.Kind, "List"), p.APIVersion
+		rv, ok := stream.ParseRV(p.ResourceVersion)
+		if !ok || l.kind == "" || l.apiVersion == "" {
+			return fmt.Errorf("the list's kind %q, apiVersion %q or resourceVersion %q is not one watchsan reads", p.Kind, p.APIVersion, p.ResourceVersion)
+		}
+		l.rv = rv
+	}
+	for _, raw := range p.Items {
+		key, it, err := l.codec.Item(l.kind, l.apiVersion, raw)
+		if err != nil {
+			return err
+		}
+		l.items[key] = &obj{uid: it.UID, rv: it.RV, frame: it.Object}
+	}
+	return nil
 }

@@ -14,9 +14,9 @@ const (
 	// OverBudget: the state, or the list, would pass --watch-absorb-state-bytes or
 	// --watch-absorb-total-bytes; the state was dropped.
 	OverBudget = "over-budget"
-	// Format: the feed's objects are not whole objects (a Table, metadata only: Accept with
-	// "as="), or its format is not one absorbing reads (stream.ListCodecFor: JSON, protobuf
-	// and CBOR are).
+	// Format: the feed's objects are neither whole objects nor Table rows (metadata only:
+	// Accept with "as=PartialObjectMetadata"), or its format is not one absorbing reads
+	// (stream.ListCodecForAccept: JSON, protobuf, CBOR, and Tables in JSON are).
 	Format = "format"
 	// ListFailed: the list did not succeed in time (backed off within the resume timeout),
 	// was malformed, or did not agree with the state.

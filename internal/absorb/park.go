@@ -45,8 +45,8 @@ func NewParked(clk clock.WithDelayedExecution, ttl time.Duration) *Parked {
 }
 
 // Park keeps s, complete at resourceVersion rv, for a re-watch from rv under key; an older one
-// parked under the same key is freed.
-func (p *Parked) Park(key, rv string, s *State) {
+// parked under the same key is freed. False: the budget is spent, and s was freed.
+func (p *Parked) Park(key, rv string, s *State) bool {
 	k := key + "\x00rv=" + rv
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -58,7 +58,7 @@ func (p *Parked) Park(key, rv string, s *State) {
 	cost := int64(len(k)) + Overhead
 	if !s.budget.take(cost) {
 		s.Free() // the budget is spent: the re-watch goes without, as if none were parked
-		return
+		return false
 	}
 	ps := &parkedState{s: s, cost: cost}
 	ps.timer = p.clk.AfterFunc(p.ttl, func() {
@@ -70,6 +70,7 @@ func (p *Parked) Park(key, rv string, s *State) {
 		}
 	})
 	p.states[k] = ps
+	return true
 }
 
 // release frees a parked state nobody adopted, and the entry's own cost.

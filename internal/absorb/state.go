@@ -17,8 +17,9 @@ import (
 // the 410. It is kept only where it can be complete: a feed whose upstream watch began with the
 // initial state (resourceVersion "" or "0" without sendInitialEvents=false, or a watch-list),
 // or adopted the state of the watch its client's re-watch follows (Parked), or a shared feed
-// handed one, in a format absorbing reads (stream.ListCodecFor: JSON, protobuf, CBOR), of
-// whole objects (no "as=" in Accept). A watch from a client's resourceVersion never sees the
+// handed one, or began at its client's own list's resourceVersion with that list parked
+// (Teed), in a format absorbing reads (stream.ListCodecForAccept: JSON, protobuf, CBOR), of
+// whole objects or Table rows (keyed by the row: NewStateOf). A watch from a client's resourceVersion never sees the
 // objects that did not change since, so a state built from its events alone would miss them,
 // and a diff against a list would miss their deletes.
 
@@ -42,7 +43,11 @@ type obj struct {
 type Budget struct {
 	perFeed, total int64
 	held           atomic.Int64
-	gauge          prometheus.Gauge // bytes held; nil: not exported
+	// copies counts what clients' lists' copies hold of held (Teed), at most a quarter of
+	// total: a storm of lists in flight never takes the budget the feeds' states live in (a
+	// state that cannot grow is dropped for good).
+	copies atomic.Int64
+	gauge  prometheus.Gauge // bytes held; nil: not exported
 	// mem is the process's memory budget, which a state's bytes come out of too; nil: only
 	// total bounds them.
 	mem *budget.Budget
@@ -76,6 +81,26 @@ func (b *Budget) take(n int64) bool {
 	return true
 }
 
+// takeCopy is take for a client's list's copy (Teed), within a quarter of the total for all
+// copies.
+func (b *Budget) takeCopy(n int64) bool {
+	if b.copies.Add(n) > b.total/4 {
+		b.copies.Add(-n)
+		return false
+	}
+	if !b.take(n) {
+		b.copies.Add(-n)
+		return false
+	}
+	return true
+}
+
+// giveCopy returns n bytes takeCopy took.
+func (b *Budget) giveCopy(n int64) {
+	b.copies.Add(-n)
+	b.give(n)
+}
+
 // give returns n bytes taken.
 func (b *Budget) give(n int64) {
 	if n == 0 {
@@ -103,12 +128,26 @@ type State struct {
 	// dropped, once set, says why the state is gone for good (an Outcomes value): the
 	// feed answers a later 410 as without state.
 	dropped string
+	// table: its frames are Table watch events (stream.IsTable), keyed by their row; false:
+	// by their object, as the Reader reads it.
+	table bool
 }
 
 // NewState is an empty state, complete, of frames in format, within b.
 func NewState(b *Budget, format stream.Format) *State {
 	return &State{budget: b, format: format, objs: map[string]*obj{}}
 }
+
+// NewStateOf is an empty state, complete, of frames in format as codec makes them (the Table
+// codec's: Table watch events), within b.
+func NewStateOf(b *Budget, format stream.Format, codec stream.ListCodec) *State {
+	s := NewState(b, format)
+	s.table = stream.IsTable(codec)
+	return s
+}
+
+// Table says whether the state's frames are Table watch events.
+func (s *State) Table() bool { return s.table }
 
 // Format is the format of the state's frames.
 func (s *State) Format() stream.Format { return s.format }
@@ -133,14 +172,29 @@ func (s *State) Observe(ev *stream.Event) bool {
 	default:
 		return true // a bookmark, an ERROR: no object
 	}
-	if ev.Name == "" || !ev.RVIsInt {
-		// Nothing to key it by, or a resourceVersion a list cannot be compared with.
-		s.drop(NotComplete)
-		return false
+	uid := ev.UID
+	if s.table {
+		// A Table's identity is its one row's object's (stream.RowOf), which the Reader does
+		// not read: parsed here, for Table feeds alone (kubectl's, few and slow).
+		// The Table's resourceVersion is the event's (the row's object's, but for an
+		// absorb's DELETED, rewritten to the last delivered one).
+		key, rowUID, _, err := stream.RowOf(ev.Raw)
+		if err != nil || !ev.RVIsInt {
+			s.drop(NotComplete)
+			return false
+		}
+		s.scratch, uid = append(s.scratch[:0], key...), rowUID
+	} else {
+		if ev.Name == "" || !ev.RVIsInt {
+			// Nothing to key it by, or a resourceVersion a list cannot be compared with.
+			s.drop(NotComplete)
+			return false
+		}
+		// The key is built in scratch and looked up without a string of its own (the
+		// compiler's map index by string(bytes)): most events are a MODIFIED of an object the
+		// state holds.
+		s.scratch = append(append(append(s.scratch[:0], ev.Namespace...), '/'), ev.Name...)
 	}
-	// The key is built in scratch and looked up without a string of its own (the compiler's
-	// map index by string(bytes)): most events are a MODIFIED of an object the state holds.
-	s.scratch = append(append(append(s.scratch[:0], ev.Namespace...), '/'), ev.Name...)
 	old := s.objs[string(s.scratch)]
 	if ev.Type == stream.Deleted {
 		if old != nil {
@@ -150,7 +204,7 @@ func (s *State) Observe(ev *stream.Event) bool {
 		}
 		return true
 	}
-	if old != nil && old.uid == ev.UID && cap(old.frame) >= len(ev.Raw) {
+	if old != nil && old.uid == uid && cap(old.frame) >= len(ev.Raw) {
 		// The same object again, in a frame that fits the one held: overwritten in place (the
 		// state is the frame's only holder, obj). Its cost, counted by capacity, is unchanged.
 		old.frame = append(old.frame[:0], ev.Raw...)
@@ -160,7 +214,7 @@ func (s *State) Observe(ev *stream.Event) bool {
 	// The key is a new string, the uid cloned (ev's strings share a block with other events',
 	// stream.Event, which a state of many objects would keep alive) and Raw copied: the state
 	// holds only its own bytes, as its budget counts them.
-	return s.put(string(s.scratch), &obj{uid: strings.Clone(ev.UID), rv: ev.RVInt, frame: append(make([]byte, 0, len(ev.Raw)), ev.Raw...)})
+	return s.put(string(s.scratch), &obj{uid: strings.Clone(uid), rv: ev.RVInt, frame: append(make([]byte, 0, len(ev.Raw)), ev.Raw...)})
 }
 
 // put holds o under key, within the budgets; false when they would be passed (the state is

@@ -43,7 +43,9 @@ type Metrics struct {
 	AbsorbStatesDropped prometheus.Counter
 	// result
 	AbsorbCompletingLists *prometheus.CounterVec
-	Retries               *prometheus.CounterVec // outcome
+	// result
+	AbsorbClientLists *prometheus.CounterVec
+	Retries           *prometheus.CounterVec // outcome
 
 	WatchMovesFailed *prometheus.CounterVec // reason (upstream.MoveReason)
 	WatchFreshPoints prometheus.Counter
@@ -127,6 +129,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	m.AbsorbStateBytes = prometheus.NewGauge(prometheus.GaugeOpts{Name: "watchsan_watch_absorb_state_bytes", Help: "Bytes held by watches' states (objects and overhead), kept to absorb a 410 at their resume point, and by absorbs' lists while they are diffed (--watch-absorb-total-bytes bounds them)."})
 	m.AbsorbStatesDropped = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_absorb_states_dropped_total", Help: "Watches whose state was dropped because it passed --watch-absorb-state-bytes or --watch-absorb-total-bytes: a 410 at their resume point reaches their client."})
 	m.AbsorbCompletingLists = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_absorb_completing_lists_total", Help: "Lists at exactly a client's resourceVersion, made when a private watch from it starts (and adopted no state of its ended watch), to know what the client holds so that a 410 at its resume point can be absorbed, by result: complete (the watch holds a complete state), gone (the resourceVersion was compacted), over-budget, failed."}, []string{"result"})
+	m.AbsorbClientLists = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_absorb_client_lists_total", Help: "Clients' own lists (resourceVersion unset or 0, answered whole) read as they were sent, to be the state a watch from the list's resourceVersion by the same client absorbs a 410 with, by result: parked (kept for the park time), over-budget, unread (not a list absorbing reads: another format, a page at another resourceVersion than its first, malformed or cut short). A list in pages is counted once, at its last."}, []string{"result"})
 	m.WatchMovesFailed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_moves_failed_total", Help: "Watch moves not made because no target accepted the watch's resume point (make-before-break: the watch stayed where it was), by the move's reason."}, []string{"reason"})
 	m.WatchFreshPoints = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_fresh_resume_points_total", Help: "Quiet watches given a newer resume point (a bookmark of a same-scope probe watch on their backend) so that they could move."})
 	m.Retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_request_retries_total", Help: "Retries of requests that failed before their response started, by outcome."}, []string{"outcome"})
@@ -142,7 +145,7 @@ func New(deleteMemoryLen func() float64) *Metrics {
 		m.TLSReloads.WithLabelValues(result)
 	}
 	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_build_info", Help: "Always 1; its labels say which build runs: version, VCS revision and Go version."}, []string{"version", "revision", "goversion"})
-	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.StallsHung, m.SlowClients, m.ResumeSeconds, m.ResumeBrake, m.RelistsForced, m.GoneAbsorbed, m.AbsorbEvents, m.AbsorbStateBytes, m.AbsorbStatesDropped, m.AbsorbCompletingLists, m.SharedFeeds, m.SharedSubscribers, m.SharedJoins, m.PrivateFeeds, m.SharedAccessReviews, m.APIServiceReads, m.SharedRingEvictions, m.SharedRingBytes, m.SharedSlowSubscribers, m.SharedHandoffs, m.CoalescedReads, m.CoalesceUpstreamReads, m.CoalesceMembers, m.CoalesceLagging, m.CoalesceBypassed, m.WatchMovesFailed, m.WatchFreshPoints, m.Retries, m.Refused, m.Connections, m.ConnectionLimit, m.ConnectionsShed} {
+	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.StallsHung, m.SlowClients, m.ResumeSeconds, m.ResumeBrake, m.RelistsForced, m.GoneAbsorbed, m.AbsorbEvents, m.AbsorbStateBytes, m.AbsorbStatesDropped, m.AbsorbCompletingLists, m.AbsorbClientLists, m.SharedFeeds, m.SharedSubscribers, m.SharedJoins, m.PrivateFeeds, m.SharedAccessReviews, m.APIServiceReads, m.SharedRingEvictions, m.SharedRingBytes, m.SharedSlowSubscribers, m.SharedHandoffs, m.CoalescedReads, m.CoalesceUpstreamReads, m.CoalesceMembers, m.CoalesceLagging, m.CoalesceBypassed, m.WatchMovesFailed, m.WatchFreshPoints, m.Retries, m.Refused, m.Connections, m.ConnectionLimit, m.ConnectionsShed} {
 		f(c)
 	}
 	m.Upstream.register(reg)

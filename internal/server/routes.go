@@ -29,6 +29,9 @@ func (s *Server) Handler() http.Handler {
 		// (watch.Handler.Serve).
 		r, c, next := s.classify(w, r, table)
 		defer c.releaseHeaders()
+		if c.ref == nil && c.info.Verb == "list" {
+			next = s.teeList(next)
+		}
 		s.serveInstrumented(w, r, c, next)
 	})
 }
@@ -59,6 +62,20 @@ func (s *Server) classify(w http.ResponseWriter, r *http.Request, table *mux.Rou
 	table.Match(r.WithContext(context.WithValue(r.Context(), classifiedKey{}, c)), &m) // the last route matches every request
 	c.route = m.Route.GetName()
 	return r, c, m.Handler.(route)
+}
+
+// teeList is next with the list it answers read as it is written to the client, to be kept as
+// the state at the list's resourceVersion for the client's watch from there (watch.TeeList,
+// docs/design.md section 12, "a client's own list"), whichever route answers it (the coalescer,
+// the time-travel guard's, the pass-through).
+func (s *Server) teeList(next route) route {
+	return func(w http.ResponseWriter, r *http.Request, c *classified) {
+		tw, done := s.watch.TeeList(w, r, &c.info, c.cred)
+		complete := false
+		defer func() { done(complete) }()
+		next(tw, r, c)
+		complete = r.Context().Err() == nil
+	}
 }
 
 // route serves a request the main listener classified as c.

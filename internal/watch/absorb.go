@@ -56,18 +56,18 @@ func (f *feed) openState(r *http.Request, cred upstream.Credentials, p params, f
 	switch {
 	case h.cfg.DisableAbsorb:
 		return // the zero hold: none, absorbing off
-	case stream.ListCodecFor(format) == nil || strings.Contains(r.Header.Get("Accept"), "as="):
+	case f.listCodec() == nil:
 		f.abs.None(absorb.Format)
 		return
 	case completeFromStart(p):
-		f.abs.Hold(absorb.NewState(h.stateBudget, format), key)
+		f.abs.Hold(absorb.NewStateOf(h.stateBudget, format, f.listCodec()), key)
 		return
 	}
 	f.abs.None(absorb.NotComplete)
 	if !p.rvIsInt {
 		return
 	}
-	if s := h.parked.Adopt(key, p.rv); s != nil && s.Format() == format {
+	if s := h.parked.Adopt(key, p.rv); s != nil && s.Format() == format && s.Table() == stream.IsTable(f.listCodec()) {
 		f.abs.Hold(s, key)
 		return
 	} else if s != nil {
@@ -105,10 +105,17 @@ func (f *feed) parkState(usable bool) {
 // keepsState says whether the feed keeps a state (observeState, for every event it delivers).
 func (f *feed) keepsState() bool { return f.abs.State() != nil }
 
+// listCodec is the list codec of the feed's format and its client's Accept
+// (stream.ListCodecForAccept: the Table codec for kubectl's Table rows), nil when absorbing
+// reads none.
+func (f *feed) listCodec() stream.ListCodec {
+	return stream.ListCodecForAccept(f.format, f.client.Header.Get("Accept"))
+}
+
 // stateInFormat lets the state go when the feed's format is one absorbing does not read, or
 // another one than the state's frames'.
 func (f *feed) stateInFormat() {
-	if s := f.abs.State(); s != nil && (stream.ListCodecFor(f.format) == nil || s.Format() != f.format) {
+	if s := f.abs.State(); s != nil && (f.listCodec() == nil || s.Format() != f.format || s.Table() != stream.IsTable(f.listCodec())) {
 		f.noState(absorb.Format)
 	}
 }
@@ -231,9 +238,9 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 // (resourceVersionMatch=Exact, served from etcd until compacted), within
 // absorb.CompleteListTimeout, without waiting for a backend.
 func (f *feed) list(paced bool, exact string) (*absorb.Listed, error) {
-	codec := stream.ListCodecFor(f.format)
+	codec := f.listCodec()
 	if codec == nil {
-		return nil, fmt.Errorf("no list in format %s", f.format)
+		return nil, fmt.Errorf("no list in format %s for Accept %q", f.format, f.client.Header.Get("Accept"))
 	}
 	deadline := f.h.clk.Now().Add(f.h.cfg.ResumeTimeout)
 	if exact != "" {
@@ -252,7 +259,7 @@ func (f *feed) list(paced bool, exact string) (*absorb.Listed, error) {
 // most max bytes of body.
 func (f *feed) listPage(codec stream.ListCodec, cont, exact string, plan upstream.Plan, max int64) (*stream.ListPage, int64, error) {
 	lq := url.Values{"limit": {strconv.Itoa(absorb.PageSize)}}
-	for _, k := range []string{"labelSelector", "fieldSelector"} {
+	for _, k := range []string{"labelSelector", "fieldSelector", "includeObject"} {
 		if v := f.query.Get(k); v != "" {
 			lq.Set(k, v)
 		}
@@ -266,7 +273,13 @@ func (f *feed) listPage(codec stream.ListCodec, cont, exact string, plan upstrea
 	}
 	lr := f.requestFrom(true, "")
 	lr.URL = &url.URL{Path: strings.Replace(f.client.URL.Path, "/watch/", "/", 1), RawQuery: lq.Encode()}
-	lr.Header.Set("Accept", codec.Accept())
+	accept := codec.Accept()
+	if stream.IsTable(codec) {
+		// The client's own: the apiserver answers it the Table it answers the client's watch
+		// (its Content-Type says only JSON; the codec refuses a body that is no Table).
+		accept = f.client.Header.Get("Accept")
+	}
+	lr.Header.Set("Accept", accept)
 	lr.Header.Set("User-Agent", absorbAgent+" (for "+f.client.UserAgent()+")")
 	at, err := f.h.deps.Attempts.Do(f.ctx, lr, plan)
 	if err != nil {
@@ -318,15 +331,36 @@ func (f *feed) completeByList(key, c string) {
 }
 
 // stateKey is what a state is parked and adopted by, but for its resourceVersion: the watch's
-// path, every parameter but the per-subscriber ones (perSubscriber: its resourceVersion, its
-// timeoutSeconds, bookmarks, timeout) and the initial-state ones (sendInitialEvents,
-// resourceVersionMatch: the re-watch of a watch-list is a plain watch), its Accept, and the
+// path in its list form (listPath), every parameter but the per-subscriber ones
+// (perSubscriber: its resourceVersion, its timeoutSeconds, bookmarks, timeout), the
+// initial-state ones (sendInitialEvents, resourceVersionMatch: the re-watch of a watch-list is
+// a plain watch) and the ones that say list or watch and page (watch, limit, continue: a
+// client's own list is parked under its watch's key, listtee.go), its Accept, and the
 // principal the upstream takes it for (cred.Principal, a digest): a state is only ever handed
-// to the same identity's watch of the same scope. query is r's, as parsed (params.query).
+// to the same identity's watch of the same scope. A list's key and its watch's are made here,
+// by one rule. query is r's, as parsed (params.query for a watch).
 func stateKey(r *http.Request, query url.Values, cred upstream.Credentials) string {
 	q := copyQuery(query)
-	for _, k := range append(perSubscriber, "sendInitialEvents", "resourceVersionMatch") {
+	for _, k := range append(perSubscriber, "sendInitialEvents", "resourceVersionMatch", "watch", "limit", "continue") {
 		q.Del(k)
 	}
-	return r.URL.Path + "?" + q.Encode() + "\x00accept=" + r.Header.Get("Accept") + "\x00as=" + cred.Principal()
+	return listPath(r.URL.Path) + "?" + q.Encode() + "\x00accept=" + r.Header.Get("Accept") + "\x00as=" + cred.Principal()
+}
+
+// listPath is path with the "watch" segment of a watch by path (/api/v1/watch/namespaces/d/pods,
+// /apis/apps/v1/watch/deployments) taken out: the path of the same scope's list; any other path
+// as it is (a namespace named "watch" is not that segment).
+func listPath(path string) string {
+	seg := strings.SplitN(path, "/", 6)
+	at := 0
+	switch {
+	case len(seg) > 3 && seg[1] == "api":
+		at = 3
+	case len(seg) > 4 && seg[1] == "apis":
+		at = 4
+	}
+	if at == 0 || seg[at] != "watch" {
+		return path
+	}
+	return strings.Join(seg[:at], "/") + path[len(strings.Join(seg[:at+1], "/")):]
 }

@@ -38,16 +38,20 @@ type feedDesc struct {
 	group, version, resource     string
 	namespace, name              string
 	labelSelector, fieldSelector string
+	// as is the transformation its Accept asks for (stream.AcceptAs: "Table"), shown with its
+	// format; "": whole objects.
+	as string
 }
 
 // describe is the feedDesc of the feed a watch (info: reqinfo.Parse of it, q its query as
-// parsed) opens.
-func (h *Handler) describe(q url.Values, info *reqinfo.Info) feedDesc {
+// parsed, accept its Accept header) opens.
+func (h *Handler) describe(q url.Values, accept string, info *reqinfo.Info) feedDesc {
 	return feedDesc{
 		id: feedIDs.Add(1), opened: h.clk.Now(),
 		group: info.APIGroup, version: info.APIVersion, resource: info.Resource,
 		namespace: info.Namespace, name: info.Name,
 		labelSelector: q.Get("labelSelector"), fieldSelector: q.Get("fieldSelector"),
+		as: stream.AcceptAs(accept),
 	}
 }
 
@@ -105,7 +109,8 @@ type FeedInfo struct {
 	FieldSelector string `json:"fieldSelector,omitempty"`
 	// Opening: its first attempt has not answered yet; what follows is not known.
 	Opening bool `json:"opening,omitempty"`
-	// Format is the upstream's wire format: json, protobuf or cbor.
+	// Format is the upstream's wire format: json, protobuf or cbor, with the transformation
+	// the watch asked for when any ("json;as=Table": kubectl's Table rows).
 	Format      string   `json:"format,omitempty"`
 	Subscribers int      `json:"subscribers"`
 	Ring        FeedRing `json:"ring"`
@@ -213,6 +218,9 @@ func (sf *sharedFeed) info(now time.Time) FeedInfo {
 		return fi
 	}
 	fi.Format = s.format.String()
+	if d.as != "" {
+		fi.Format += ";as=" + d.as
+	}
 	if s.backend != nil {
 		fi.Backend = s.backend.String()
 	}

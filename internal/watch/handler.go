@@ -203,6 +203,11 @@ type Handler struct {
 	// their clients' re-watches (package absorb); both set by New.
 	stateBudget *absorb.Budget
 	parked      *absorb.Parked
+	// clientLists are the clients' lists being read to be parked, clientPages those read a
+	// page at a time waiting for their next page (listtee.go, their only writer); the zero
+	// values: none.
+	clientLists clientLists
+	clientPages clientPages
 }
 
 // New builds a Handler.
@@ -270,6 +275,9 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	}
 	for _, r := range CompletingListResults {
 		d.Metrics.AbsorbCompletingLists.WithLabelValues(r)
+	}
+	for _, r := range absorb.ClientListResults {
+		d.Metrics.AbsorbClientLists.WithLabelValues(r)
 	}
 	h.shareExclude = map[string]bool{}
 	for _, r := range cfg.ShareExclude {
@@ -432,6 +440,7 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info *reqinfo.In
 	// Its stream's lifetime bounds, for a reviewed subscriber of a shared feed, how long its
 	// review is trusted: it is reviewed again when it re-watches (package review, lifetime.go).
 	p := h.bound(parseParams(r))
+	h.awaitClientList(r, p, *cred) // its own list's state, parked as the list ends (listtee.go)
 	var ho *handoff
 	if h.cfg.Share {
 		var served bool

@@ -373,7 +373,7 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, p params, info *req
 	ctx, cancel := context.WithCancelCause(context.Background())
 	log := newWatchLog(h.log.Named("feed").With(zap.String("feed", r.URL.Path+"?"+raw)), r.RemoteAddr, "")
 	sf := &sharedFeed{h: h, key: key, log: log, from: at, ready: make(chan struct{}), members: map[*member]struct{}{}, last: at,
-		desc: h.describe(q, info), opened: h.clk.Now()}
+		desc: h.describe(q, r.Header.Get("Accept"), info), opened: h.clk.Now()}
 	sf.ring = h.feeds.newRing(at)
 	mode := h.cfg.Mode
 	if h.exempt[info.GroupResource()] {

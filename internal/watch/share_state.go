@@ -3,7 +3,6 @@ package watch
 import (
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 
 	"go.uber.org/zap"
@@ -49,7 +48,7 @@ func (h *Handler) sharedState(sf *sharedFeed, r *http.Request, cred upstream.Cre
 			moved.Free()
 		}
 		return
-	case strings.Contains(r.Header.Get("Accept"), "as="):
+	case !wholeOrTable(r.Header.Get("Accept")):
 		if moved != nil {
 			moved.Free()
 		}
