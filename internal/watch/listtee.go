@@ -43,6 +43,14 @@ func (h *Handler) TeeList(w http.ResponseWriter, r *http.Request, info *reqinfo.
 		if t.prev = h.clientPages.take(t.key, cont); t.prev == nil {
 			return w, func(bool) {}
 		}
+	} else if h.clientLists.inFlight(t.key) != nil {
+		// The same principal's list of the same scope is being read already: one copy at a
+		// time. In a relist storm, identical lists are coalesced (docs/design.md section 18) and
+		// answer at one resourceVersion, whose one parked state serves their feed; decoding each
+		// member's copy would cost watchsan a list's decoding per client (about 25 ns a byte).
+		// A list left uncopied is as before this: its watch absorbs a 410 only through a feed
+		// that holds a state. Not counted in AbsorbClientLists.
+		return w, func(bool) {}
 	}
 	t.release = h.clientLists.begin(t.key)
 	return t, t.done

@@ -217,3 +217,40 @@ func TestClientListGzippedMakesItsWatchAbsorb(t *testing.T) {
 		t.Fatalf("client saw [%s]\nwant       [%s]", s, want)
 	}
 }
+
+// Two identical lists of one principal in flight at once (a relist storm's coalesced members)
+// are copied once: the second is answered through the writer it came with, uncopied, and the
+// first is still parked whole. A list of another scope is copied alongside.
+func TestClientListCopiedOnceWhileInFlight(t *testing.T) {
+	f := newFixture(t, Config{}, &upstreamScript{})
+	list := func(pathQuery string) (*http.Request, *reqinfo.Info) {
+		r := httptest.NewRequest(http.MethodGet, pathQuery, nil)
+		r.Header.Set("Accept", "application/json")
+		info := reqinfo.Parse(r)
+		return r, &info
+	}
+	r1, i1 := list("/api/v1/namespaces/d/configmaps")
+	rec1 := httptest.NewRecorder()
+	w1, done1 := f.h.TeeList(rec1, r1, i1, upstream.Credentials{})
+	if w1 == http.ResponseWriter(rec1) {
+		t.Fatal("the first list is not copied")
+	}
+	r2, i2 := list("/api/v1/namespaces/d/configmaps?limit=500")
+	rec2 := httptest.NewRecorder()
+	if w2, done2 := f.h.TeeList(rec2, r2, i2, upstream.Credentials{}); w2 != http.ResponseWriter(rec2) {
+		t.Error("an identical list in flight is copied a second time")
+		done2(false)
+	}
+	r3, i3 := list("/api/v1/namespaces/e/configmaps")
+	rec3 := httptest.NewRecorder()
+	w3, done3 := f.h.TeeList(rec3, r3, i3, upstream.Credentials{})
+	if w3 == http.ResponseWriter(rec3) {
+		t.Error("another scope's list is not copied")
+	}
+	done3(false)
+	writeList(w1, stream.JSON, "14", "", clientListAt14)
+	done1(true)
+	if f.h.parked.Len() != 1 {
+		t.Fatalf("%d parked, want the first list's", f.h.parked.Len())
+	}
+}
