@@ -2,6 +2,7 @@ package watch
 
 import (
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -30,13 +31,13 @@ import (
 // none), whole objects or Table rows (wholeOrTable); a later page (a continue token) only when
 // its list's pages before were read (clientPages).
 func (h *Handler) TeeList(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred upstream.Credentials) (http.ResponseWriter, func(bool)) {
-	if !h.teesList(r, info) {
+	q := r.URL.Query() // the list's, parsed once here
+	if !h.teesList(r, q, info) {
 		return w, func(bool) {}
 	}
 	if cred.Principal() == "" {
 		cred = upstream.Decide(r.Header, r.TLS, false, upstream.IdentityOff) // as open decides a watch's
 	}
-	q := r.URL.Query()
 	t := &listTee{ResponseWriter: w, h: h, r: r, cred: cred, key: stateKey(r, q, cred)}
 	if cont := q.Get("continue"); cont != "" {
 		// A later page: read only onto the pages of its list read before.
@@ -189,12 +190,12 @@ func (h *Handler) awaitClientList(r *http.Request, p params, cred upstream.Crede
 	}
 }
 
-// teesList says whether the list r is read as the state at its resourceVersion (TeeList).
-func (h *Handler) teesList(r *http.Request, info *reqinfo.Info) bool {
+// teesList says whether the list r (its query q) is read as the state at its resourceVersion
+// (TeeList).
+func (h *Handler) teesList(r *http.Request, q url.Values, info *reqinfo.Info) bool {
 	if h.cfg.DisableAbsorb || r.Method != http.MethodGet || info.Verb != "list" || !wholeOrTable(r.Header.Get("Accept")) {
 		return false
 	}
-	q := r.URL.Query()
 	switch rv, m := q.Get("resourceVersion"), q.Get("resourceVersionMatch"); {
 	case rv == "" && m == "":
 		return true // a consistent read: etcd's current revision
