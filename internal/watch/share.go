@@ -315,8 +315,8 @@ type sharedFeed struct {
 	key string
 	f   *feed
 	log *watchLog
-	// pol holds the feed's policy (fix.Stream) and counts its decisions; it answers no client.
-	pol *subscriber
+	// pol is the feed's policy (policy.go), once for all its subscribers; it answers no client.
+	pol policy
 	// policy is what pol's stream is made with once the format is known.
 	policy fix.Options
 	from   uint64
@@ -387,8 +387,8 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, info *reqinfo.Info,
 	// reviewed feed not "reviewed": one reviewed client's remembered deletes must not suppress
 	// a delete another one's own feed replays to it).
 	sf.policy = fix.Options{Scope: scopeOf(scope, cred), StartRV: rv, Mode: mode, Memory: h.deps.Memory}
-	// A subscriber with no response: the policy's decisions are counted as a private watch's.
-	sf.pol = newSubscriber(h, nil, tmpl, params{}, h.deps.Metrics.Resource(info.FullResource()), log, nil)
+	// Its decisions are counted as a private watch's.
+	sf.pol = newPolicy(h, tmpl.URL.Path, h.deps.Metrics.Resource(info.FullResource()), log)
 	sf.f = &feed{
 		h: h, client: tmpl, ctx: ctx, cancel: cancel, cred: cred, log: log, sub: sf,
 		backoff: upstream.ResumeBackoff, scope: scope, groupResource: info.GroupResource(),
@@ -426,7 +426,7 @@ func (sf *sharedFeed) run() {
 	}
 	f.format = format
 	sf.stateFormat()
-	sf.pol.fix = fix.NewStream(sf.policy)
+	sf.pol.begin(fix.NewStream(sf.policy))
 	sf.writer = stream.NewWriter(format, &sf.frame)
 	sf.openerHeader = first.Resp.Header.Clone()
 	sf.header = feedHeaders(first.Resp.Header)
@@ -984,10 +984,14 @@ func (sf *sharedFeed) serveAttached(w http.ResponseWriter, r *http.Request, m *m
 func (sf *sharedFeed) left(r *http.Request) EndReason {
 	end := sf.h.leftEnd(r)
 	if end == EndSlowClient {
-		sf.pol.slowClient(slowEvents)
+		sf.slowClient(slowEvents)
 	}
 	return end
 }
+
+// slowClient counts and logs a subscriber cut because its client did not take a write within
+// the write timeout (Handler.slowClient).
+func (sf *sharedFeed) slowClient(what string) { sf.h.slowClient(sf.log, sf.pol.path, what) }
 
 // pump is serve's loop; it returns how the client's stream ended: atDeadline when deadline is
 // closed.
@@ -1025,7 +1029,7 @@ func (sf *sharedFeed) pump(r *http.Request, m *member, out *chunked.Batch, deadl
 		}
 		if err := out.Flush(); err != nil {
 			if out.Slow() {
-				sf.pol.slowClient(slowEvents)
+				sf.slowClient(slowEvents)
 				return EndSlowClient
 			}
 			return sf.left(r)
