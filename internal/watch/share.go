@@ -310,6 +310,10 @@ func (h *Handler) openFeed(key string, r *http.Request, info *reqinfo.Info, cred
 // sharedFeed is a shared feed's sink (feed.go's contract): its policy, its ring, its members.
 // The feed's goroutine calls its sink methods; joins and leaves come from the members' request
 // goroutines, under mu.
+//
+// One writer per field: each field is written in this file (at construction, newSharedFeed,
+// or by the methods here), except those whose owner is named beside them; other files ask
+// the owner (deliver, restartRing).
 type sharedFeed struct {
 	h   *Handler
 	key string
@@ -334,31 +338,36 @@ type sharedFeed struct {
 	openerHeader http.Header
 	writer       *stream.Writer // renders each event's frame into frame
 	frame        frameCapture
-	dirty        bool // a member got a frame since the last flush (the feed's goroutine's)
+	dirty        bool // a member got a frame since the last flush (the feed's goroutine's; deliver, flush)
 
 	// idle: the grace after the last subscriber left ran out; the feed ends (gone).
 	idle atomic.Bool
 	// What /debug/feeds lists (feeds_debug.go): desc from the start, snap published by the
 	// feed's goroutine (publish), nsubs kept with members; never the key.
 	desc  feedDesc
-	snap  atomic.Pointer[feedSnapshot]
+	snap  atomic.Pointer[feedSnapshot] // written in feeds_debug.go (publish)
 	nsubs atomic.Int32
 
 	mu      sync.Mutex
 	members map[*member]struct{}
-	ring    *ring
-	last    uint64 // the newest resourceVersion delivered (object events and bookmarks)
+	// ring holds the recent object events joiners are served from (newSharedFeed; started
+	// over by restartRing at an absorb's end, released by close).
+	ring *ring
+	// last is the newest resourceVersion delivered (object events and bookmarks): advance, and
+	// restartRing at an absorb's end.
+	last uint64
 	// notJoinable, when set, is why no one may join any more (privateNotJoinable).
 	notJoinable string
 	// rewrote: the policy rewrote a delivered resourceVersion; no watch-list hands off onto
 	// the feed (handoff.go).
 	rewrote bool
-	// absorbing: an absorb's events are being delivered (share_state.go): no one joins, no
-	// waiting handoff is woken, until it ends.
+	// absorbing: an absorb's events are being delivered: no one joins, no waiting handoff is
+	// woken, until it ends. Written in share_state.go (absorbBegin, absorbEnd).
 	absorbing bool
 	closed    bool
 	idleTimer clock.Timer
-	// waiters are handoffs waiting for the feed to deliver a resourceVersion (handoff.go).
+	// waiters are handoffs waiting for the feed to deliver a resourceVersion. Written in
+	// handoff.go.
 	waiters []rvWaiter
 	// opened is when the feed was made: one whose members all leave before it is
 	// Config.ShareGrace old ends at once (drop), not after the grace.
@@ -685,12 +694,26 @@ func (sf *sharedFeed) fanOut(raw []byte, bookmark bool, rv uint64, rewritten boo
 		if m.skip != 0 && sf.skips(m, rv, rewritten) {
 			continue
 		}
-		if !m.push(raw, now) {
-			sf.drop(m) // counted as it ends (serve)
-			continue
-		}
-		sf.dirty = true
+		sf.deliver(m, raw, now)
 	}
+}
+
+// deliver appends raw to m's queue at now, for the next flush to wake it; a member whose queue
+// is full is dropped (counted as it ends, serve). mu is held.
+func (sf *sharedFeed) deliver(m *member, raw []byte, now time.Time) {
+	if !m.push(raw, now) {
+		sf.drop(m)
+		return
+	}
+	sf.dirty = true
+}
+
+// restartRing starts the ring over at L, the newest resourceVersion delivered from then on at
+// least L: an absorb's end (absorbEnd, share_state.go). mu is held.
+func (sf *sharedFeed) restartRing(L uint64) {
+	sf.ring.release()
+	sf.ring = sf.h.feeds.newRing(L)
+	sf.last = max(sf.last, L)
 }
 
 // flush wakes the members that got frames since the last flush; the feed calls it before it
