@@ -28,14 +28,12 @@ var Kinds = []string{KindList, KindDiscovery, KindOpenAPI}
 // principal (docs/design.md section 18).
 type Key [sha256.Size]byte
 
-// keyHeaders are the request headers that go into the Key: the ones that shape the answer
-// (its format, its compression, a conditional GET) and every one that may carry an identity
-// upstream. A request with a header neither here nor in ignoredHeaders is not coalesced.
-var keyHeaders = map[string]bool{"Accept": true, "Accept-Encoding": true, "If-None-Match": true, "Authorization": true}
-
-// keyPrefixes are header prefixes that go into the Key: identity headers (the transport
-// strips the ones it must not forward; either way two requests that differ in them differ).
-var keyPrefixes = []string{"Impersonate-", "X-Remote-"}
+// keyHeaders are the request headers that go into the Key besides the principal's
+// (upstream.Credentials.PrincipalKey, which holds every header that may carry an identity
+// upstream): the ones that shape the answer (its format, its compression, a conditional GET).
+// A request with a header neither here, nor the principal's, nor in ignoredHeaders is not
+// coalesced.
+var keyHeaders = map[string]bool{"Accept": true, "Accept-Encoding": true, "If-None-Match": true}
 
 // ignoredHeaders change nothing in what the apiserver answers to a read: who is calling
 // (User-Agent, kubectl's own), tracing and request ids, the forwarding chain, and the
@@ -86,7 +84,7 @@ func Classify(r *http.Request, info *reqinfo.Info, cred upstream.Credentials) (K
 	}
 	for k := range r.Header {
 		ck := http.CanonicalHeaderKey(k)
-		if !ignoredHeaders[ck] && !keyHeaders[ck] && !hasPrefix(ck, keyPrefixes) {
+		if !ignoredHeaders[ck] && !keyHeaders[ck] && !upstream.CarriesIdentity(ck, nil, nil) {
 			return Key{}, "", false // unrecognised: it may change the answer
 		}
 	}
@@ -105,7 +103,7 @@ func ReviewedKey(r *http.Request, kind string) (Key, bool) {
 		return Key{}, false
 	}
 	for k := range r.Header {
-		if hasPrefix(http.CanonicalHeaderKey(k), keyPrefixes) {
+		if upstream.AssertsIdentity(k) {
 			return Key{}, false
 		}
 	}
@@ -116,23 +114,22 @@ func ReviewedKey(r *http.Request, kind string) (Key, bool) {
 	return digest(r, kind, q, nil), true
 }
 
-// digest is the key of r of kind with query q: of cred's principal and identity headers when
-// cred is given, of "reviewed" instead when not.
+// digest is the key of r of kind with query q: of cred's principal key
+// (upstream.Credentials.PrincipalKey) when cred is given, of "reviewed" instead when not, and
+// of the headers that shape the answer.
 func digest(r *http.Request, kind string, q url.Values, cred *upstream.Credentials) Key {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00%s\x00%s\x00", kind, r.URL.EscapedPath(), q.Encode())
 	if cred == nil {
 		fmt.Fprintf(h, "reviewed\x00")
 	} else {
-		fmt.Fprintf(h, "%s\x00%s\x00", cred.String(), cred.Principal())
-		if id, ok := cred.Asserted(); ok {
-			fmt.Fprintf(h, "%q\x00%q\x00", id.User, id.Groups)
-		}
+		pk := cred.PrincipalKey(r.Header)
+		fmt.Fprintf(h, "as\x00%x\x00", pk[:])
 	}
 	names := make([]string, 0, len(r.Header))
 	for k := range r.Header {
 		ck := http.CanonicalHeaderKey(k)
-		if ignoredHeaders[ck] || (cred == nil && (ck == "Authorization" || hasPrefix(ck, keyPrefixes))) {
+		if ignoredHeaders[ck] || upstream.CarriesIdentity(ck, nil, nil) { // the principal's, in its key
 			continue
 		}
 		names = append(names, k)
@@ -203,13 +200,4 @@ func documentKind(path string, q url.Values) string {
 		}
 	}
 	return kind
-}
-
-func hasPrefix(s string, prefixes []string) bool {
-	for _, p := range prefixes {
-		if strings.HasPrefix(s, p) {
-			return true
-		}
-	}
-	return false
 }

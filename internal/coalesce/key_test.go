@@ -90,15 +90,18 @@ func TestClassifyKey(t *testing.T) {
 		}
 	}
 	differ := map[string]Key{
-		"another token":         key("/api/v1/configmaps?limit=5&labelSelector=a", tok("y")),
-		"an impersonation":      key("/api/v1/configmaps?limit=5&labelSelector=a", http.Header{"Authorization": {"Bearer x"}, "Impersonate-User": {"u"}}),
-		"another impersonation": key("/api/v1/configmaps?limit=5&labelSelector=a", http.Header{"Authorization": {"Bearer x"}, "Impersonate-User": {"v"}}),
-		"the lent identity":     key("/api/v1/configmaps?limit=5&labelSelector=a", nil),
-		"lent, impersonating":   key("/api/v1/configmaps?limit=5&labelSelector=a", http.Header{"Impersonate-User": {"u"}}),
-		"another Accept":        key("/api/v1/configmaps?limit=5&labelSelector=a", http.Header{"Authorization": {"Bearer x"}, "Accept": {"application/vnd.kubernetes.protobuf"}}),
-		"another selector":      key("/api/v1/configmaps?limit=5&labelSelector=b", tok("x")),
-		"another limit":         key("/api/v1/configmaps?limit=6&labelSelector=a", tok("x")),
-		"another path":          key("/api/v1/namespaces/a/configmaps?limit=5&labelSelector=a", tok("x")),
+		"another token":              key("/api/v1/configmaps?limit=5&labelSelector=a", tok("y")),
+		"an impersonation":           key("/api/v1/configmaps?limit=5&labelSelector=a", http.Header{"Authorization": {"Bearer x"}, "Impersonate-User": {"u"}}),
+		"another impersonation":      key("/api/v1/configmaps?limit=5&labelSelector=a", http.Header{"Authorization": {"Bearer x"}, "Impersonate-User": {"v"}}),
+		"another impersonated uid":   key("/api/v1/configmaps?limit=5&labelSelector=a", http.Header{"Authorization": {"Bearer x"}, "Impersonate-User": {"v"}, "Impersonate-Uid": {"1"}}),
+		"another impersonated extra": key("/api/v1/configmaps?limit=5&labelSelector=a", http.Header{"Authorization": {"Bearer x"}, "Impersonate-User": {"v"}, "Impersonate-Extra-Scopes": {"s"}}),
+		"a front-proxy user":         key("/api/v1/configmaps?limit=5&labelSelector=a", http.Header{"Authorization": {"Bearer x"}, "X-Remote-User": {"u"}}),
+		"the lent identity":          key("/api/v1/configmaps?limit=5&labelSelector=a", nil),
+		"lent, impersonating":        key("/api/v1/configmaps?limit=5&labelSelector=a", http.Header{"Impersonate-User": {"u"}}),
+		"another Accept":             key("/api/v1/configmaps?limit=5&labelSelector=a", http.Header{"Authorization": {"Bearer x"}, "Accept": {"application/vnd.kubernetes.protobuf"}}),
+		"another selector":           key("/api/v1/configmaps?limit=5&labelSelector=b", tok("x")),
+		"another limit":              key("/api/v1/configmaps?limit=6&labelSelector=a", tok("x")),
+		"another path":               key("/api/v1/namespaces/a/configmaps?limit=5&labelSelector=a", tok("x")),
 	}
 	seen := map[Key]string{base: "base"}
 	for what, k := range differ {

@@ -3,10 +3,7 @@ package review
 import (
 	"crypto/sha256"
 	"encoding/json"
-	"fmt"
 	"net/http"
-	"sort"
-	"strings"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
 
@@ -34,29 +31,11 @@ func NeedsReview(cred upstream.Credentials) bool {
 	return asserted || cred.Own() || (cred.Lent() && cred.Impersonates())
 }
 
-// CredentialsKey is a digest of what names the identity a request with cred goes as: its kind
-// and principal, and every header that may carry an identity upstream (Authorization, the
-// client's own Impersonate-* and X-Remote-*; the transport strips these where it asserts one),
-// so two requests with the same key are the same user to the apiserver.
+// CredentialsKey is a digest of what names the identity a request with cred goes as, so two
+// requests with the same key are the same user to the apiserver: the one principal key
+// (upstream.Credentials.PrincipalKey) of r's headers.
 func CredentialsKey(r *http.Request, cred upstream.Credentials) CredKey {
-	h := sha256.New()
-	fmt.Fprintf(h, "%s\x00%s\x00", cred.String(), cred.Principal())
-	if id, ok := cred.Asserted(); ok {
-		fmt.Fprintf(h, "%q\x00%q\x00", id.User, id.Groups)
-	}
-	names := make([]string, 0, 2)
-	for k := range r.Header {
-		if k == "Authorization" || strings.HasPrefix(k, "Impersonate-") || strings.HasPrefix(k, "X-Remote-") {
-			names = append(names, k)
-		}
-	}
-	sort.Strings(names)
-	for _, k := range names {
-		fmt.Fprintf(h, "%s:%q\x00", k, r.Header[k])
-	}
-	var out CredKey
-	h.Sum(out[:0])
-	return out
+	return CredKey(cred.PrincipalKey(r.Header))
 }
 
 // Attributes are what the apiserver authorizes the watch r for: verb watch on its group,

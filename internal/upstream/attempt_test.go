@@ -224,7 +224,9 @@ func TestNoUsableBackendFailsFastWithoutDialling(t *testing.T) {
 }
 
 // A backend that was healthy a moment ago is waited for (within the budget): a sidecar's one
-// apiserver restarting. The request goes through once the health checker sees it again.
+// apiserver restarting. The request goes through once the health checker sees it again. On a
+// stepped clock: the request waits (its timer pending) while the backend is down, and the
+// checker's round that finds it back is what lets it through.
 func TestWaitsForABackendHealthyAMomentAgo(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -234,30 +236,58 @@ func TestWaitsForABackendHealthyAMomentAgo(t *testing.T) {
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	srv := &http.Server{Handler: ok}
 	go srv.Serve(ln)
-	p := newPool(t, PoolOptions{HealthInterval: 100 * time.Millisecond}, "http://"+addr)
+	const interval, budget = 100 * time.Millisecond, 10 * time.Second
+	clk := newStepClock()
+	p := newPool(t, PoolOptions{HealthInterval: interval, ProbeInterval: interval, Clock: clk}, "http://"+addr)
+	b := p.Backends()[0]
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go p.Run(ctx)
-	testutil.Eventually(t, 5*time.Second, "the backend healthy", p.Ready)
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	clk.await(t, "the backend healthy", p.Ready)
+	// The checker between rounds: its timer pending, no probe on the wire (and the request's
+	// wait, a timer of the budget, is no round's).
+	between := func() bool { return clk.waiting(DefaultProbeTimeout, budget) && clk.pending(DefaultProbeTimeout) == 0 }
+
 	srv.Close() // the apiserver goes away ...
-	a := NewAttempter(p, AttempterOptions{Budget: 10 * time.Second})
-	go func() { // ... and comes back on the same port a little later
-		time.Sleep(300 * time.Millisecond)
-		ln2, err := net.Listen("tcp", addr)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		srv2 := &http.Server{Handler: ok}
-		go srv2.Serve(ln2)
-		t.Cleanup(func() { srv2.Close() })
-	}()
-	req, _ := http.NewRequest("GET", "/x", nil)
-	resp, err := do(t, a, req)
-	if err != nil {
-		t.Fatalf("a restarting backend must be waited for within the budget: %v", err)
+	clk.await(t, "the checker between rounds", between)
+	clk.Step(interval + interval/4) // past the round's timer, jittered or not
+	clk.await(t, "the backend found down", func() bool { return b.State() == Unhealthy })
+
+	a := NewAttempter(p, AttempterOptions{Budget: budget})
+	type answer struct {
+		resp *http.Response
+		err  error
 	}
-	resp.Body.Close()
+	got := make(chan answer, 1)
+	go func() {
+		req, _ := http.NewRequest("GET", "/x", nil)
+		resp, err := a.Transport(Plan{Credentials: Decide(req.Header, nil, false, IdentityOff)}).RoundTrip(req)
+		got <- answer{resp, err}
+	}()
+	// It waits: no usable backend, one healthy the moment the checker found it down, so the
+	// whole budget is left.
+	clk.await(t, "the request waiting for a usable backend", func() bool { return clk.pending(budget) == 1 || len(got) > 0 })
+	if len(got) > 0 {
+		an := <-got
+		t.Fatalf("a request with a backend healthy a moment ago did not wait: %v %v", an.resp, an.err)
+	}
+
+	ln2, err := net.Listen("tcp", addr) // ... and comes back on the same port
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv2 := &http.Server{Handler: ok}
+	go srv2.Serve(ln2)
+	defer srv2.Close()
+	clk.await(t, "the checker between rounds", between)
+	clk.Step(interval + interval/4)
+	clk.await(t, "the request through once the backend is back", func() bool { return len(got) > 0 })
+	an := <-got
+	if an.err != nil {
+		t.Fatalf("a restarting backend must be waited for within the budget: %v", an.err)
+	}
+	an.resp.Body.Close()
 }
 
 // a health checker with manners. An upstream that refuses connections costs about

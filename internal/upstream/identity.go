@@ -251,11 +251,50 @@ func assertIdentity(rt http.RoundTripper, mode IdentityMode, names, prefixes []s
 }
 
 // CarriesIdentity reports whether a header named k says who a request is for upstream:
-// Authorization, an impersonation or front-proxy header (Impersonate-*, X-Remote-*), or one of
-// the --strip-identity-headers names (canonical) and prefixes.
+// Authorization, an impersonation or front-proxy header (AssertsIdentity), or one of the
+// --strip-identity-headers names (canonical) and prefixes.
 func CarriesIdentity(k string, names, prefixes []string) bool {
 	k = http.CanonicalHeaderKey(k)
-	return k == "Authorization" || identityHeader(k, names, prefixes) || identityHeader(k, nil, assertedPrefixes)
+	return k == "Authorization" || identityHeader(k, names, prefixes) || AssertsIdentity(k)
+}
+
+// AssertsIdentity reports whether a header named k asserts an identity of its own besides the
+// credentials: an impersonation header (Impersonate-User, -Group, -Uid, -Extra-*) or a
+// front-proxy one (X-Remote-*).
+func AssertsIdentity(k string) bool { return identityHeader(k, nil, assertedPrefixes) }
+
+// PrincipalKey is a digest of who a request goes upstream as (Credentials.PrincipalKey).
+type PrincipalKey [sha256.Size]byte
+
+// PrincipalKey is the one digest of who a request with c and the headers h is to the
+// apiserver: everything that decides its answer (docs/design.md section 11, "Who shares with
+// whom"): c's kind and principal, an asserted identity's user and groups, and, as sent, every
+// header that may carry an identity upstream (CarriesIdentity without the
+// --strip-identity-headers names: Authorization, every Impersonate-* header with -Uid and
+// -Extra-*, every X-Remote-*; the transport strips some of them where it lends or asserts an
+// identity, and a key that holds more than decides is only one that shares less). Two
+// requests with the same key are the same user to the apiserver. h is the request's headers
+// as the client sent them (as Decide's). The access reviews' cache (review.CredentialsKey) and
+// the coalesced reads (coalesce.Classify) key on it; it is kept in memory only, never logged.
+func (c Credentials) PrincipalKey(h http.Header) PrincipalKey {
+	sum := sha256.New()
+	fmt.Fprintf(sum, "%s\x00%s\x00", c.String(), c.principal)
+	if id, ok := c.Asserted(); ok {
+		fmt.Fprintf(sum, "%q\x00%q\x00", id.User, id.Groups)
+	}
+	names := make([]string, 0, 2)
+	for k := range h {
+		if CarriesIdentity(k, nil, nil) {
+			names = append(names, k)
+		}
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		fmt.Fprintf(sum, "%s:%q\x00", k, h[k])
+	}
+	var out PrincipalKey
+	sum.Sum(out[:0])
+	return out
 }
 
 // String names the mode as --identity-forwarding does.

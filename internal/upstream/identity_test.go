@@ -191,3 +191,70 @@ func TestDecideLentImpersonation(t *testing.T) {
 			c.Own(), c.Lent(), c.Impersonates(), c.Principal(), tok.Principal())
 	}
 }
+
+// The one principal key (PrincipalKey, what the access reviews' cache and the coalesced reads
+// key on) changes with every header that decides whom the apiserver takes a request for
+// (docs/design.md section 11: the credentials, every Impersonate-* header with -Uid and
+// -Extra-*, the front-proxy's X-Remote-*), with the credentials' kind and an asserted
+// certificate's identity, and with nothing else.
+func TestPrincipalKeyIsWhoTheClientIs(t *testing.T) {
+	type req struct {
+		h    http.Header
+		cs   *tls.ConnectionState
+		lend bool
+	}
+	key := func(r req) PrincipalKey {
+		return Decide(r.h, r.cs, r.lend, IdentityImpersonate).PrincipalKey(r.h)
+	}
+	with := func(h http.Header, k string, v ...string) http.Header {
+		h = h.Clone()
+		h[k] = v
+		return h
+	}
+	for _, base := range []struct {
+		what string
+		r    req
+	}{
+		{"a token", req{h: http.Header{"Authorization": {"Bearer x"}}}},
+		{"a token impersonating", req{h: http.Header{"Authorization": {"Bearer x"}, "Impersonate-User": {"u"}, "Impersonate-Group": {"g"},
+			"Impersonate-Uid": {"1"}, "Impersonate-Extra-Scopes": {"s"}}}},
+		{"the lent identity", req{h: http.Header{}, lend: true}},
+		{"the lent identity impersonating", req{h: http.Header{"Impersonate-User": {"u"}}, lend: true}},
+		{"an asserted certificate", req{h: http.Header{}, cs: verified("alice", "g1")}},
+	} {
+		k := key(base.r)
+		deciding := map[string]req{
+			"another token":                 {h: with(base.r.h, "Authorization", "Bearer y"), cs: base.r.cs, lend: base.r.lend},
+			"Impersonate-User":              {h: with(base.r.h, "Impersonate-User", "other"), cs: base.r.cs, lend: base.r.lend},
+			"Impersonate-Group":             {h: with(base.r.h, "Impersonate-Group", "other"), cs: base.r.cs, lend: base.r.lend},
+			"Impersonate-Uid":               {h: with(base.r.h, "Impersonate-Uid", "2"), cs: base.r.cs, lend: base.r.lend},
+			"Impersonate-Extra-Scopes":      {h: with(base.r.h, "Impersonate-Extra-Scopes", "other"), cs: base.r.cs, lend: base.r.lend},
+			"another Impersonate-Extra-*":   {h: with(base.r.h, "Impersonate-Extra-Reason", "r"), cs: base.r.cs, lend: base.r.lend},
+			"X-Remote-User":                 {h: with(base.r.h, "X-Remote-User", "other"), cs: base.r.cs, lend: base.r.lend},
+			"X-Remote-Group":                {h: with(base.r.h, "X-Remote-Group", "other"), cs: base.r.cs, lend: base.r.lend},
+			"X-Remote-Extra-Scopes":         {h: with(base.r.h, "X-Remote-Extra-Scopes", "other"), cs: base.r.cs, lend: base.r.lend},
+			"another certificate's user":    {h: base.r.h, cs: verified("bob", "g1"), lend: base.r.lend},
+			"another certificate's groups":  {h: base.r.h, cs: verified("alice", "g2"), lend: base.r.lend},
+			"lent instead (no certificate)": {h: base.r.h, lend: !base.r.lend},
+		}
+		for what, r := range deciding {
+			if _, own := base.r.h["Authorization"]; own && (r.cs != base.r.cs || r.lend != base.r.lend) {
+				continue // a token decides alone: a certificate or lending changes nothing (Decide)
+			}
+			if base.r.cs != nil && what == "lent instead (no certificate)" {
+				r.cs = nil
+			}
+			if key(r) == k {
+				t.Errorf("%s: %s does not change the principal key", base.what, what)
+			}
+		}
+		for _, h := range []string{"User-Agent", "Accept", "Accept-Encoding", "X-Request-Id", "Audit-Id", "Traceparent", "Content-Type",
+			"Kubectl-Command", "X-Forwarded-For", "X-Auth-User", "Impersonate"} {
+			r := base.r
+			r.h = with(r.h, h, "v")
+			if key(r) != k {
+				t.Errorf("%s: %s, which decides nothing of who it is, changes the principal key", base.what, h)
+			}
+		}
+	}
+}

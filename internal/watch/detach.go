@@ -206,7 +206,7 @@ func (d *detached) write() {
 // cut there, as on the handler), else the client is gone.
 func (d *detached) failed(err error) {
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		d.sf.pol.slowClient(slowEvents)
+		d.sf.slowClient(slowEvents)
 		d.close(EndSlowClient)
 		return
 	}
@@ -219,7 +219,7 @@ func (d *detached) finish(end EndReason) {
 	d.closing = end
 	d.m.mu.Unlock()
 	if err := d.conn.Finish(); err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
-		d.sf.pol.slowClient(slowEvents)
+		d.sf.slowClient(slowEvents)
 		end = EndSlowClient
 	}
 	d.close(end)

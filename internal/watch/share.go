@@ -304,13 +304,17 @@ func (h *Handler) openFeed(key string, r *http.Request, p params, info *reqinfo.
 // sharedFeed is a shared feed's sink (feed.go's contract): its policy, its ring, its members.
 // The feed's goroutine calls its sink methods; joins and leaves come from the members' request
 // goroutines, under mu.
+//
+// One writer per field: each field is written in this file (at construction, newSharedFeed,
+// or by the methods here), except those whose owner is named beside them; other files ask
+// the owner (deliver, restartRing).
 type sharedFeed struct {
 	h   *Handler
 	key string
 	f   *feed
 	log *watchLog
-	// pol holds the feed's policy (fix.Stream) and counts its decisions; it answers no client.
-	pol *subscriber
+	// pol is the feed's policy (policy.go), once for all its subscribers; it answers no client.
+	pol policy
 	// policy is what pol's stream is made with once the format is known.
 	policy fix.Options
 	from   uint64
@@ -328,31 +332,36 @@ type sharedFeed struct {
 	openerHeader http.Header
 	writer       *stream.Writer // renders each event's frame into frame
 	frame        frameCapture
-	dirty        bool // a member got a frame since the last flush (the feed's goroutine's)
+	dirty        bool // a member got a frame since the last flush (the feed's goroutine's; deliver, flush)
 
 	// idle: the grace after the last subscriber left ran out; the feed ends (gone).
 	idle atomic.Bool
 	// What /debug/feeds lists (feeds_debug.go): desc from the start, snap published by the
 	// feed's goroutine (publish), nsubs kept with members; never the key.
 	desc  feedDesc
-	snap  atomic.Pointer[feedSnapshot]
+	snap  atomic.Pointer[feedSnapshot] // written in feeds_debug.go (publish)
 	nsubs atomic.Int32
 
 	mu      sync.Mutex
 	members map[*member]struct{}
-	ring    *ring
-	last    uint64 // the newest resourceVersion delivered (object events and bookmarks)
+	// ring holds the recent object events joiners are served from (newSharedFeed; started
+	// over by restartRing at an absorb's end, released by close).
+	ring *ring
+	// last is the newest resourceVersion delivered (object events and bookmarks): advance, and
+	// restartRing at an absorb's end.
+	last uint64
 	// notJoinable, when set, is why no one may join any more (privateNotJoinable).
 	notJoinable string
 	// rewrote: the policy rewrote a delivered resourceVersion; no watch-list hands off onto
 	// the feed (handoff.go).
 	rewrote bool
-	// absorbing: an absorb's events are being delivered (share_state.go): no one joins, no
-	// waiting handoff is woken, until it ends.
+	// absorbing: an absorb's events are being delivered: no one joins, no waiting handoff is
+	// woken, until it ends. Written in share_state.go (absorbBegin, absorbEnd).
 	absorbing bool
 	closed    bool
 	idleTimer clock.Timer
-	// waiters are handoffs waiting for the feed to deliver a resourceVersion (handoff.go).
+	// waiters are handoffs waiting for the feed to deliver a resourceVersion. Written in
+	// handoff.go.
 	waiters []rvWaiter
 	// opened is when the feed was made: one whose members all leave before it is
 	// Config.ShareGrace old ends at once (drop), not after the grace.
@@ -383,8 +392,8 @@ func (h *Handler) newSharedFeed(key string, r *http.Request, p params, info *req
 	// reviewed feed not "reviewed": one reviewed client's remembered deletes must not suppress
 	// a delete another one's own feed replays to it).
 	sf.policy = fix.Options{Scope: scopeOf(scope, cred), StartRV: rv, Mode: mode, Memory: h.deps.Memory}
-	// A subscriber with no response: the policy's decisions are counted as a private watch's.
-	sf.pol = newSubscriber(h, nil, tmpl, params{}, h.deps.Metrics.Resource(info.FullResource()), log, nil)
+	// Its decisions are counted as a private watch's.
+	sf.pol = newPolicy(h, tmpl.URL.Path, h.deps.Metrics.Resource(info.FullResource()), log)
 	sf.f = &feed{
 		h: h, client: tmpl, query: q, ctx: ctx, cancel: cancel, cred: cred, log: log, sub: sf,
 		backoff: upstream.ResumeBackoff, scope: scope, groupResource: info.GroupResource(),
@@ -420,7 +429,7 @@ func (sf *sharedFeed) run() {
 		return
 	}
 	sf.stateFormat()
-	sf.pol.fix = fix.NewStream(sf.policy)
+	sf.pol.begin(fix.NewStream(sf.policy))
 	sf.writer = stream.NewWriter(format, &sf.frame)
 	sf.openerHeader = first.Resp.Header.Clone()
 	sf.header = feedHeaders(first.Resp.Header)
@@ -679,12 +688,26 @@ func (sf *sharedFeed) fanOut(raw []byte, bookmark bool, rv uint64, rewritten boo
 		if m.skip != 0 && sf.skips(m, rv, rewritten) {
 			continue
 		}
-		if !m.push(raw, now) {
-			sf.drop(m) // counted as it ends (serve)
-			continue
-		}
-		sf.dirty = true
+		sf.deliver(m, raw, now)
 	}
+}
+
+// deliver appends raw to m's queue at now, for the next flush to wake it; a member whose queue
+// is full is dropped (counted as it ends, serve). mu is held.
+func (sf *sharedFeed) deliver(m *member, raw []byte, now time.Time) {
+	if !m.push(raw, now) {
+		sf.drop(m)
+		return
+	}
+	sf.dirty = true
+}
+
+// restartRing starts the ring over at L, the newest resourceVersion delivered from then on at
+// least L: an absorb's end (absorbEnd, share_state.go). mu is held.
+func (sf *sharedFeed) restartRing(L uint64) {
+	sf.ring.release()
+	sf.ring = sf.h.feeds.newRing(L)
+	sf.last = max(sf.last, L)
 }
 
 // flush wakes the members that got frames since the last flush; the feed calls it before it
@@ -978,10 +1001,14 @@ func (sf *sharedFeed) serveAttached(w http.ResponseWriter, r *http.Request, m *m
 func (sf *sharedFeed) left(r *http.Request) EndReason {
 	end := sf.h.leftEnd(r)
 	if end == EndSlowClient {
-		sf.pol.slowClient(slowEvents)
+		sf.slowClient(slowEvents)
 	}
 	return end
 }
+
+// slowClient counts and logs a subscriber cut because its client did not take a write within
+// the write timeout (Handler.slowClient).
+func (sf *sharedFeed) slowClient(what string) { sf.h.slowClient(sf.log, sf.pol.path, what) }
 
 // pump is serve's loop; it returns how the client's stream ended: atDeadline when deadline is
 // closed.
@@ -1019,7 +1046,7 @@ func (sf *sharedFeed) pump(r *http.Request, m *member, out *chunked.Batch, deadl
 		}
 		if err := out.Flush(); err != nil {
 			if out.Slow() {
-				sf.pol.slowClient(slowEvents)
+				sf.slowClient(slowEvents)
 				return EndSlowClient
 			}
 			return sf.left(r)

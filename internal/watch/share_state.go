@@ -219,9 +219,7 @@ func (sf *sharedFeed) absorbEnd(L uint64) {
 	sf.mu.Lock()
 	defer sf.mu.Unlock()
 	sf.absorbing = false
-	sf.ring.release()
-	sf.ring = sf.h.feeds.newRing(L)
-	sf.last = max(sf.last, L)
+	sf.restartRing(L)
 	sf.wakeWaiters(true)
 }
 
@@ -256,10 +254,6 @@ func (sf *sharedFeed) fanOutGone(ev *stream.Event, raw []byte, R uint64) {
 				at[m.skip] = frame
 			}
 		}
-		if !m.push(frame, now) {
-			sf.drop(m)
-			continue
-		}
-		sf.dirty = true
+		sf.deliver(m, frame, now)
 	}
 }

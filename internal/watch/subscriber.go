@@ -1,13 +1,9 @@
 package watch
 
 import (
-	"fmt"
 	"net/http"
-	"sync/atomic"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/watchsan/watchsan/internal/budget"
@@ -19,16 +15,13 @@ import (
 
 // subscriber is one client response fed by a feed: what the client asked for (its format, its
 // bookmarks; its deadline is the feed's for now, see feed), the RV policy on what it is sent
-// (its fix.Stream: the initial phase, the resume point, the delete memory scoped by the
-// identity the upstream sees), its framing, its batched writes bounded by the write timeout,
-// and the counts of what it was sent. It is the feed's sink.
+// (policy.go: the initial phase, the resume point, the delete memory scoped by the identity
+// the upstream sees, and the counts of what it decided), its framing and its batched writes
+// bounded by the write timeout. It is the feed's sink.
 type subscriber struct {
-	h      *Handler
+	policy
 	client *http.Request
-	log    *watchLog
-	// resource is the metrics' label; allowBookmarks, whether the client asked for bookmarks
-	// (watchsan asks the upstream always).
-	resource       string
+	// allowBookmarks: the client asked for bookmarks (watchsan asks the upstream always).
 	allowBookmarks bool
 
 	w      http.ResponseWriter
@@ -36,37 +29,14 @@ type subscriber struct {
 	format stream.Format
 	out    chunked.Batch // what writer writes, batched until the feed would wait
 	writer *stream.Writer
-	fix    *fix.Stream
-
-	regressed bool
-	counters  *eventCounters // the resource's, shared by its watches (Handler.eventCounters)
-}
-
-// eventCounters are one resource label's watch event counters by event type index and
-// fix.Action, each looked up once (WithLabelValues) when first counted and kept. One table per
-// resource label, shared by every watch of it, not one per watch: 18 interface values were
-// 288 bytes of every idle watch. A counter goes into the table only once used, so the series
-// are the ones counted, as with a table per watch.
-type eventCounters struct {
-	c [6][3]atomic.Pointer[prometheus.Counter]
-}
-
-// eventCounters returns resource's table, made at its first watch. The labels are bounded
-// (metrics.Metrics.Resource), and so are the tables.
-func (h *Handler) eventCounters(resource string) *eventCounters {
-	if t, ok := h.counters.Load(resource); ok {
-		return t.(*eventCounters)
-	}
-	t, _ := h.counters.LoadOrStore(resource, &eventCounters{})
-	return t.(*eventCounters)
 }
 
 // newSubscriber answers the client's request r on w, its batch buffers charged to mem (the
 // feed's account; nil: nothing charged).
 func newSubscriber(h *Handler, w http.ResponseWriter, r *http.Request, p params, resource string, log *watchLog, mem *budget.Account) *subscriber {
 	rc := http.NewResponseController(w)
-	return &subscriber{h: h, client: r, log: log, resource: resource, allowBookmarks: p.allowBookmarks,
-		w: w, rc: rc, counters: h.eventCounters(resource), out: chunked.NewBatch(w, rc, h.cfg.WriteTimeout, mem)}
+	return &subscriber{policy: newPolicy(h, r.URL.Path, resource, log), client: r, allowBookmarks: p.allowBookmarks,
+		w: w, rc: rc, out: chunked.NewBatch(w, rc, h.cfg.WriteTimeout, mem)}
 }
 
 // A private watch on HTTP/1.1 owns its connection (docs/design.md section 5, "One write per
@@ -90,7 +60,8 @@ func (h *Handler) mayOwn(r *http.Request) bool {
 // fs; the status line and headers go out at once. On HTTP/1.1 the watch then takes its
 // connection, and leave is called when the client leaves.
 func (s *subscriber) start(format stream.Format, hdr http.Header, fs *fix.Stream, leave func()) {
-	s.fix, s.format = fs, format
+	s.begin(fs)
+	s.format = format
 	upstream.CopyEndToEnd(s.w.Header(), hdr)
 	s.w.Header().Del("Content-Length")
 	own := s.h.mayOwn(s.client)
@@ -116,38 +87,6 @@ func (s *subscriber) start(format stream.Format, hdr http.Header, fs *fix.Stream
 		}
 	}
 	s.writer = stream.NewWriter(format, &s.out)
-}
-
-// The resume point, as the policy keeps it (sink).
-func (s *subscriber) InInitialPhase() bool  { return s.fix.InInitialPhase() }
-func (s *subscriber) LastDelivered() string { return s.fix.LastDelivered() }
-func (s *subscriber) HasResumePoint() bool  { return s.fix.HasResumePoint() }
-
-// decide applies the policy to one event and counts what it decided (sink).
-func (s *subscriber) decide(ev *stream.Event) fix.Decision {
-	d := s.fix.Decide(ev)
-	m := s.h.deps.Metrics
-	if d.Would != fix.Pass && !s.regressed {
-		s.regressed = true // counted at the first regression, so a long watch shows up at once
-		m.WatchRegressed.WithLabelValues(s.resource).Inc()
-	}
-	ti := typeIndex(ev.Type)
-	s.counter(ti, d.Would).Inc()
-	if d.Reason == fix.ReasonNotInteger {
-		m.NonIntegerRVs.WithLabelValues(s.resource).Inc()
-	}
-	if ce := s.log.Check(zapcore.DebugLevel, "event"); ce != nil {
-		ce.Write(zap.String("type", ev.Type), zap.String("rv", ev.RV), zap.String("name", ev.Name),
-			zap.Stringer("action", d.Would), zap.Stringer("reason", d.Reason), zap.String("newRV", d.RV))
-	}
-	return d
-}
-
-// decideGone is decide for a delete an absorb synthesized (sink).
-func (s *subscriber) decideGone(ev *stream.Event) fix.Decision {
-	d := s.fix.DecideAbsorbedDelete(ev)
-	s.counter(typeIndex(ev.Type), d.Would).Inc()
-	return d
 }
 
 // write writes an event decide let through, batched (sink).
@@ -198,67 +137,12 @@ func (s *subscriber) relist(st *metav1.Status) {
 
 // slowClient counts and logs a watch cut because its client did not take a write within the
 // write timeout; what (SlowClientReasons) says what it was sent.
-func (s *subscriber) slowClient(what string) {
-	s.h.deps.Metrics.SlowClients.WithLabelValues(what).Inc()
-	s.log.Info("a write to the client did not complete within the write timeout; its watch is cut and its upstream watch closed",
-		zap.String("path", s.client.URL.Path), zap.String("what", what), zap.Duration("writeTimeout", s.h.cfg.WriteTimeout))
-}
+func (s *subscriber) slowClient(what string) { s.h.slowClient(s.log, s.path, what) }
 
-var typeNames = [...]string{stream.Added, stream.Modified, stream.Deleted, stream.Bookmark, stream.Error, "other"}
-
-func typeIndex(t string) int {
-	for i, n := range typeNames[:5] {
-		if t == n {
-			return i
-		}
-	}
-	return 5
-}
-
-func (s *subscriber) counter(ti int, a fix.Action) prometheus.Counter {
-	if int(a) >= 3 {
-		a = fix.Pass
-	}
-	cell := &s.counters.c[ti][a]
-	if c := cell.Load(); c != nil {
-		return *c
-	}
-	// Two watches may look it up at once: both get the same counter (WithLabelValues).
-	c := s.h.deps.Metrics.WatchEvents.WithLabelValues(s.resource, typeNames[ti], a.String())
-	cell.Store(&c)
-	return c
-}
-
-// logEnd writes one line for a stream that needed repairs, with its regressions as a list.
-func (s *subscriber) logEnd(reason EndReason) {
-	c := s.fix.Counts()
-	if c.Rewritten == 0 && c.Dropped == 0 {
-		return
-	}
-	s.h.note("rewrite", nil, s.client.URL.Path, fmt.Sprintf("%d events, %d rewritten, %d dropped (%s)", c.Events, c.Rewritten, c.Dropped, s.h.cfg.Mode))
-	s.log.Warn("upstream watch regressed", zap.String("path", s.client.URL.Path), zap.Stringer("end", reason),
-		zap.Uint64("events", c.Events), zap.Uint64("rewritten", c.Rewritten), zap.Uint64("dropped", c.Dropped),
-		zap.Uint64("replayedDeletesDropped", c.Remembered), zap.Stringer("mode", s.h.cfg.Mode),
-		zap.Array("regressions", regressions(s.fix.Regressions())))
-}
-
-type regressions []fix.RegressionDetail
-
-func (rs regressions) MarshalLogArray(enc zapcore.ArrayEncoder) error {
-	for _, d := range rs {
-		_ = enc.AppendObject(zapcore.ObjectMarshalerFunc(func(o zapcore.ObjectEncoder) error {
-			o.AddString("type", d.Type)
-			o.AddString("namespace", d.Namespace)
-			o.AddString("name", d.Name)
-			o.AddString("rv", d.RV)
-			o.AddString("last", d.Last)
-			o.AddString("action", d.Would.String())
-			o.AddString("reason", d.Reason.String())
-			if d.NewRV != "" {
-				o.AddString("newRV", d.NewRV)
-			}
-			return nil
-		}))
-	}
-	return nil
+// slowClient counts and logs a watch of path cut because its client did not take a write
+// within the write timeout; what (SlowClientReasons) says what it was sent.
+func (h *Handler) slowClient(log *watchLog, path, what string) {
+	h.deps.Metrics.SlowClients.WithLabelValues(what).Inc()
+	log.Info("a write to the client did not complete within the write timeout; its watch is cut and its upstream watch closed",
+		zap.String("path", path), zap.String("what", what), zap.Duration("writeTimeout", h.cfg.WriteTimeout))
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/metrics"
+	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/testutil"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -145,6 +146,11 @@ func newFixtureClock(t *testing.T, cfg Config, up *upstreamScript, clk *stepCloc
 	var ao upstream.AttempterOptions
 	if clk != nil {
 		ao.Clock, deps.Clock = clk, clk
+		t.Cleanup(func() {
+			if !testutil.Until(10*time.Second, func() bool { return clk.running.Load() == 0 }) {
+				t.Error("the fake clock's callbacks did not return within 10s")
+			}
+		})
 	}
 	deps.Attempts = upstream.NewAttempter(pool, ao)
 	f.h, err = New(cfg, deps)
@@ -164,6 +170,12 @@ type stepClock struct {
 	mu    sync.Mutex
 	made  []time.Duration
 	newed chan time.Duration
+	// afters are the durations of the AfterFunc timers made (the watchdogs, the deadlines).
+	afters []time.Duration
+	// running counts the AfterFunc callbacks that fired and have not returned: a test waits
+	// for them before it ends (newFixtureClock), as one step may fire a watch's deadline and
+	// its watchdog at once, and the watchdog may log after the watch ended.
+	running atomic.Int32
 }
 
 func newStepClock() *stepClock {
@@ -184,6 +196,9 @@ func (c *stepClock) NewTimer(d time.Duration) clock.Timer {
 // clock or resets its timer, as the watchdog's does, would deadlock), and cannot fire a timer
 // reset after it fired (its channel is full).
 func (c *stepClock) AfterFunc(d time.Duration, f func()) clock.Timer {
+	c.mu.Lock()
+	c.afters = append(c.afters, d)
+	c.mu.Unlock()
 	a := &afterTimer{c: c, f: f}
 	a.t = c.FakeClock.AfterFunc(d, a.fire)
 	return a
@@ -196,7 +211,13 @@ type afterTimer struct {
 	t  clock.Timer
 }
 
-func (a *afterTimer) fire()               { go a.f() }
+func (a *afterTimer) fire() {
+	a.c.running.Add(1)
+	go func() {
+		defer a.c.running.Add(-1)
+		a.f()
+	}()
+}
 func (a *afterTimer) C() <-chan time.Time { return nil }
 
 func (a *afterTimer) Stop() bool {
@@ -211,6 +232,20 @@ func (a *afterTimer) Reset(d time.Duration) bool {
 	active := a.t.Stop()
 	a.t = a.c.FakeClock.AfterFunc(d, a.fire)
 	return active
+}
+
+// afterFuncs counts the AfterFunc timers made with d (Reset makes none): one per attempt's
+// watchdog for the stall timeout.
+func (c *stepClock) afterFuncs(d time.Duration) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, a := range c.afters {
+		if a == d {
+			n++
+		}
+	}
+	return n
 }
 
 func (c *stepClock) timers() []time.Duration {
@@ -476,55 +511,122 @@ func bookmark(rv string) string {
 
 // A quiet watch that hears a bookmark within the stall timeout (an apiserver sends one about
 // every minute while the watch's resource changes anywhere in the cluster) is never taken for
-// stalled.
+// stalled. On the step clock: a bookmark every two thirds of the stall timeout, for ten of
+// them, to the client's deadline.
 func TestQuietUpstreamWithBookmarksIsNotResumed(t *testing.T) {
+	const stall, every, n = 300 * time.Millisecond, 200 * time.Millisecond, 10
+	tick := make(chan struct{}, n) // a bookmark to send, each
 	up := &upstreamScript{}
 	up.steps = []func(http.ResponseWriter, *http.Request){func(w http.ResponseWriter, r *http.Request) {
 		send(w, obj("ADDED", "a", "10"))
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
 		for {
 			select {
 			case <-r.Context().Done():
 				return
-			case <-tick.C:
+			case <-tick:
 				send(w, bookmark("10"))
 			}
 		}
 	}}
-	f := newFixture(t, Config{StallTimeout: 300 * time.Millisecond}, up)
-	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2") // ~7 stall periods
+	clk := newStepClock()
+	f := newFixtureClock(t, Config{StallTimeout: stall}, up, clk)
+	stalled := func() bool { return promtest.ToFloat64(f.m.Stalls) != 0 }
+	drove := make(chan struct{})
+	go func() {
+		defer close(drove)
+		steps := 0
+		defer func() { clk.Step(time.Duration(n-steps) * every) }() // to the client's deadline, however the steps went
+		if !testutil.Until(10*time.Second, func() bool { return f.seen.Load() == 1 }) {
+			t.Error("the watch did not deliver its first event within 10s")
+			return
+		}
+		for i := 1; i <= n; i++ {
+			tick <- struct{}{}
+			// Read, then the time passes: every silence is at most every, below stall.
+			if !testutil.Until(10*time.Second, func() bool { return f.passed(stream.Bookmark) == float64(i) || stalled() }) || stalled() {
+				t.Errorf("bookmark %d: not read within 10s, or the watch was taken for stalled (%v stalls)", i, promtest.ToFloat64(f.m.Stalls))
+				return
+			}
+			clk.Step(every) // the last one reaches the client's deadline: n*every
+			steps++
+		}
+	}()
+	gs, err := f.watch(t, fmt.Sprintf("resourceVersion=5&timeoutSeconds=%d", int((n*every).Seconds())))
+	<-drove
 	expectStream(t, gs, err, "ADDED a 10")
 	if up.attempts() != 1 || promtest.ToFloat64(f.m.Stalls) != 0 {
 		t.Fatalf("a quiet watch that gets bookmarks was treated as stalled: %d attempts, %v stalls", up.attempts(), promtest.ToFloat64(f.m.Stalls))
+	}
+	if v := promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndDeadline.String())); v != 1 {
+		t.Fatalf("ends{client-deadline} = %v, want 1", v)
 	}
 }
 
 // A caught-up watch of a resource nothing changes hears nothing, not even a bookmark
 // (docs/design.md section 2): every stall resumes it, and it stays open until the client's own
 // deadline. A stall is no failure: counted as one, it ended such a watch at its second stall,
-// once --watch-resume-timeout had passed since the first.
+// once --watch-resume-timeout had passed since the first. On the step clock: stalls stalls,
+// each resumed by one request, then the client's deadline.
 func TestQuietWatchOutlivesTheResumeTimeout(t *testing.T) {
 	up := &upstreamScript{}
 	up.steps = []func(http.ResponseWriter, *http.Request){
 		thenHang(up, obj("ADDED", "a", "10")),
 		thenHang(up), // every resume: accepted, then silent
 	}
-	const stall, resume, deadline = 300 * time.Millisecond, 200 * time.Millisecond, 2 * time.Second
-	f := newFixture(t, Config{StallTimeout: stall, ResumeTimeout: resume}, up)
-	gs, err := f.watch(t, "resourceVersion=5&timeoutSeconds=2")
+	const stall, resume, stalls = time.Second, 500 * time.Millisecond, 4
+	const deadline = 60 * time.Second // far beyond the stalls' steps
+	clk := newStepClock()
+	f := newFixtureClock(t, Config{StallTimeout: stall, ResumeTimeout: resume}, up, clk)
+	clk.stepTimers(t) // the Attempter's and the brake's waits, if any
+	drove := make(chan struct{})
+	go func() {
+		defer close(drove)
+		defer clk.Step(deadline) // the client's deadline, however the stalls went
+		if !testutil.Until(10*time.Second, func() bool { return f.seen.Load() == 1 }) {
+			t.Error("the watch did not deliver its first event within 10s")
+			return
+		}
+		for k := 1; k <= stalls; k++ {
+			// Attempt k waits for its upstream: its watchdog is armed (a timer of the stall
+			// timeout's each attempt), then the stall timeout passes; a step that comes while
+			// the watch is still busy with the attempt's start finds no silence and is taken
+			// again.
+			if !testutil.Until(10*time.Second, func() bool { return clk.afterFuncs(stall) >= k }) {
+				t.Errorf("attempt %d's watchdog was not armed within 10s", k)
+				return
+			}
+			found := func() bool { return promtest.ToFloat64(f.m.Stalls) >= float64(k) }
+			for i := 0; i < 3 && !found(); i++ {
+				clk.Step(stall)
+				testutil.Until(time.Second, found)
+			}
+			if !found() {
+				t.Errorf("stall %d was not found", k)
+				return
+			}
+			// Resumed at once, by one request: no failure's backoff, no resume timeout.
+			if !testutil.Until(10*time.Second, func() bool { return up.attempts() == k+1 }) {
+				t.Errorf("stall %d: %d upstream attempts, want %d", k, up.attempts(), k+1)
+				return
+			}
+		}
+	}()
+	gs, err := f.watch(t, fmt.Sprintf("resourceVersion=5&timeoutSeconds=%d", int(deadline.Seconds())))
+	<-drove
 	expectStream(t, gs, err, "ADDED a 10")
 	if v := promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndDeadline.String())); v != 1 {
 		t.Fatalf("ends{client-deadline} = %v, want 1 (ends{resume-timeout} = %v)", v,
 			promtest.ToFloat64(f.m.StreamEnds.WithLabelValues(EndResumeTimeout.String())))
 	}
-	// Resumed at each stall, and no faster: one upstream request per stall timeout.
-	if n, most := up.attempts(), int(deadline/stall)+1; n < 3 || n > most {
-		t.Fatalf("%d upstream attempts in %v with a %v stall timeout, want 3..%d", n, deadline, stall, most)
+	// Resumed at each stall, and no faster: one upstream request per stall (the deadline's
+	// step may find one more stall, which the deadline ends without a request).
+	s := promtest.ToFloat64(f.m.Stalls)
+	if n := up.attempts(); n != stalls+1 || s < stalls || s > stalls+1 {
+		t.Fatalf("%d upstream attempts and %v stalls, want %d attempts for %d stalls (or one more stall at the deadline)", n, s, stalls+1, stalls)
 	}
 	// Stalls, but none of them a hang: no resume delivered anything held back.
-	if s, h := promtest.ToFloat64(f.m.Stalls), promtest.ToFloat64(f.m.StallsHung); s < 2 || h != 0 {
-		t.Fatalf("stalls %v, hung %v: want at least 2 and 0", s, h)
+	if h := promtest.ToFloat64(f.m.StallsHung); h != 0 {
+		t.Fatalf("hung stalls %v, want 0", h)
 	}
 }
 
