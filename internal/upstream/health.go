@@ -57,6 +57,9 @@ type healthState struct {
 	// verdict; zero: unknown.
 	liveness  atomic.Int32
 	readiness atomic.Int32
+	// deadAt is when the signal that last found it dead began (the ping's round, the refused
+	// dial; Unix ns): only an answer to a probe sent since proves it back (probe); 0: never.
+	deadAt atomic.Int64
 	// readyBusy: a /readyz probe is in flight.
 	readyBusy atomic.Bool
 	// probedAt is when the last /readyz probe started (Unix ns); 0: due now.
@@ -81,6 +84,7 @@ func (b *Backend) alive() { b.hc.aliveAt.Store(b.pool.clk.Now().UnixNano()) }
 // asks for one early re-check at most per health interval.
 func (b *Backend) refused(err error) {
 	p := b.pool
+	b.hc.deadAt.Store(p.clk.Now().UnixNano())
 	b.hc.liveness.Store(livenessDead)
 	p.judge(b, err)
 	p.recheck(b)
@@ -260,19 +264,19 @@ func (p *Pool) probeDue(b *Backend) bool {
 func (p *Pool) check(ctx context.Context, b *Backend) {
 	if !b.pingable() {
 		if p.probeDue(b) {
-			p.probe(ctx, b)
+			p.probe(ctx, b, p.clk.Now().UnixNano())
 		}
 		return
 	}
+	start := p.clk.Now().UnixNano()
 	if p.probeDue(b) && b.hc.readyBusy.CompareAndSwap(false, true) {
 		p.loops.Add(1)
 		go func() { // ends within ProbeTimeout
 			defer p.loops.Done()
 			defer b.hc.readyBusy.Store(false)
-			p.probe(ctx, b)
+			p.probe(ctx, b, start)
 		}()
 	}
-	start := p.clk.Now().UnixNano()
 	err := p.ping(ctx, b, start)
 	if ctx.Err() != nil {
 		return
@@ -295,6 +299,7 @@ func (p *Pool) check(ctx context.Context, b *Backend) {
 	case b.hc.aliveAt.Load() > start:
 		b.hc.liveness.Store(livenessAlive) // the ping was slow, but the backend answered something
 	default:
+		b.hc.deadAt.Store(start)
 		b.hc.liveness.Store(livenessDead)
 	}
 	p.judge(b, err)
@@ -356,8 +361,8 @@ func (p *Pool) ping(ctx context.Context, b *Backend, start int64) error {
 	return err
 }
 
-// probe asks /readyz once and records the verdict.
-func (p *Pool) probe(ctx context.Context, b *Backend) {
+// probe asks /readyz once, sent at sent (Unix ns), and records the verdict.
+func (p *Pool) probe(ctx context.Context, b *Backend, sent int64) {
 	code, err := b.Probe(ctx, p.opts.ProbeTimeout)
 	if ctx.Err() != nil {
 		return
@@ -397,11 +402,15 @@ func (p *Pool) probe(ctx context.Context, b *Backend) {
 	default:
 		b.hc.readiness.Store(readyNoAnswer)
 		if IsDialError(err) {
+			b.hc.deadAt.Store(sent)
 			b.hc.liveness.Store(livenessDead) // refused: nothing listens
 		}
 	}
-	if code != 0 && b.hc.liveness.Load() == livenessDead {
-		b.hc.liveness.Store(livenessAlive) // it answered: it is back
+	if code != 0 && b.hc.liveness.Load() == livenessDead && sent >= b.hc.deadAt.Load() {
+		// It answered a probe sent since it was found dead: it is back. An answer to one sent
+		// before (its goroutine late on a loaded machine, a backend that froze after answering
+		// it) says nothing of now, and would revive a frozen backend for a round.
+		b.hc.liveness.Store(livenessAlive)
 	}
 	p.judge(b, err)
 }
