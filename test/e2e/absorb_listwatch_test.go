@@ -25,7 +25,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/watchsan/watchsan/internal/testutil"
 	"github.com/watchsan/watchsan/test/cluster"
@@ -43,15 +42,8 @@ const listWatchRestarts = 6
 // fresh list after every restart, with every change delivered exactly once and no
 // resourceVersion going back; both kubectls must show every change made meanwhile.
 func TestAbsorbListThenWatchAcrossRestarts(t *testing.T) {
-	c := newCluster(t, cluster.Options{APIServers: 2, APIServerFlags: []string{"--shutdown-delay-duration=1s", "--request-timeout=6s"}})
-	ns := resilienceNamespace(t, c, "listwatch")
-	writer, err := kubernetes.NewForConfig(c.RESTConfig(1, c.AdminToken))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := ctxT(t, 20*time.Minute)
+	c, ns, writer, ctx := absorbCluster(t, "listwatch", "", 20*time.Minute)
 	cms := writer.CoreV1().ConfigMaps(ns)
-	absorbSeed(t, ctx, cms)
 
 	// watchsan lends the admin identity (a kubeconfig naming apiserver-0) to kubectl, which
 	// sends no credentials over plain http; the JSON client sends the admin token, its own.

@@ -16,9 +16,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-
-	"github.com/watchsan/watchsan/test/cluster"
 )
 
 // absorbShareRestarts is how many times the watched apiserver is restarted.
@@ -35,15 +32,8 @@ const absorbShareRestarts = 4
 // relist, the 410s were absorbed by a shared feed (its log line says so) and re-watches joined
 // it; the control, an informer direct to apiserver-0, relists.
 func TestAbsorbGoneOnASharedFeed(t *testing.T) {
-	c := newCluster(t, cluster.Options{APIServers: 2, APIServerFlags: []string{"--shutdown-delay-duration=1s", "--request-timeout=6s"}})
-	ns := resilienceNamespace(t, c, "absorb-share")
-	writer, err := kubernetes.NewForConfig(c.RESTConfig(1, c.AdminToken))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := ctxT(t, 10*time.Minute)
+	c, ns, writer, ctx := absorbCluster(t, "absorb-share", "", 10*time.Minute)
 	cms := writer.CoreV1().ConfigMaps(ns)
-	absorbSeed(t, ctx, cms)
 
 	kc := filepath.Join(t.TempDir(), "lent.kubeconfig")
 	if err := c.WriteKubeconfig(kc, c.APIServers[0].URL, c.AdminToken, c.CAFile); err != nil {

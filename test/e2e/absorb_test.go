@@ -51,15 +51,8 @@ const absorbRestarts = 10
 // and its handlers see only the real changes (no resync updates); the direct informer (the
 // control) relists.
 func TestAbsorbGoneAcrossRestarts(t *testing.T) {
-	c := newCluster(t, cluster.Options{APIServers: 2, APIServerFlags: []string{"--shutdown-delay-duration=1s", "--request-timeout=6s"}, FeatureGates: "CBORServingAndStorage=true"})
-	ns := resilienceNamespace(t, c, "absorb")
-	writer, err := kubernetes.NewForConfig(c.RESTConfig(1, c.AdminToken))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := ctxT(t, 20*time.Minute)
+	c, ns, writer, ctx := absorbCluster(t, "absorb", "CBORServingAndStorage=true", 20*time.Minute)
 	cms := writer.CoreV1().ConfigMaps(ns)
-	absorbSeed(t, ctx, cms)
 
 	own, lend, via := absorbInformers(t, c, ns, resilienceProxyArgs(c, 0), nil)
 	direct := startCountingInformer(t, "control: direct to apiserver-0", c.RESTConfig(0, c.AdminToken), ns)
@@ -113,6 +106,22 @@ func TestAbsorbGoneAcrossRestarts(t *testing.T) {
 		t.Logf("watchsan: %s", resumeSummary(p))
 		requireAbsorbed(t, p, via[i].name)
 	}
+}
+
+// absorbCluster starts the absorb tests' cluster: two apiservers, the first of which they
+// restart (quickly: a 1 s shutdown delay, 6 s request timeout), with gates; namespace name
+// seeded (absorbSeed); a writer of apiserver-1, which stays up; and the test's context.
+func absorbCluster(t *testing.T, name, gates string, timeout time.Duration) (*cluster.Cluster, string, *kubernetes.Clientset, context.Context) {
+	t.Helper()
+	c := newCluster(t, cluster.Options{APIServers: 2, APIServerFlags: []string{"--shutdown-delay-duration=1s", "--request-timeout=6s"}, FeatureGates: gates})
+	ns := resilienceNamespace(t, c, name)
+	writer, err := kubernetes.NewForConfig(c.RESTConfig(1, c.AdminToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, timeout)
+	absorbSeed(t, ctx, writer.CoreV1().ConfigMaps(ns))
+	return c, ns, writer, ctx
 }
 
 // absorbSeed creates the configmaps the absorb tests' namespace starts with: keep-00 to keep-19
