@@ -107,34 +107,38 @@ func (h *Holder) Unable(resumable bool) string {
 	return why
 }
 
-// maxRun bounds the absorbs in a row without an upstream event between them (an upstream that
-// answers 410 to every list's resourceVersion): each after the first waits the absorb backoff,
-// and the one after these sends the 410.
+// maxRun bounds the absorbs in a row with no sign of the upstream's progress between them (an
+// upstream that answers 410 to every list's resourceVersion): each after the first waits the
+// absorb backoff, and the one after these sends the 410.
 const maxRun = 8
 
-// pacing paces a run of absorbs with no upstream event between them: run of them, the last at
-// at, when the feed had handed its sink events upstream events; each list after the run's
-// first waits backoff's next step.
+// pacing paces a run of absorbs with no sign of progress between them: run of them, the last
+// at at, when the feed's progress count (Pace) was progress; each list after the run's first
+// waits backoff's next step.
 type pacing struct {
-	backoff upstream.Backoff
-	run     int
-	events  uint64
-	at      time.Time
+	backoff  upstream.Backoff
+	run      int
+	progress uint64
+	at       time.Time
 }
 
-// Pace counts an absorb about to list, now, the feed having handed its sink events upstream
-// events: a run of absorbs with no upstream event between them, within window (the resume
-// timeout) of the last, is paced by its own backoff and bounded, since an upstream that
-// answers 410 to every list's resourceVersion costs a list per backoff step. It returns the
-// absorb's place in its run (1: the first, whose list goes at once), and false when the run is
-// over its bound (the client relists).
-func (h *Holder) Pace(events uint64, now time.Time, window time.Duration) (int, bool) {
+// Pace counts an absorb about to list, now, the feed's progress count being progress: a count
+// that grows with every sign that the upstream got past the last absorb's resourceVersion (an
+// upstream event handed to the feed's sink, or an upstream stream that lived long enough to be
+// no loop's; the feed's brake decides that). A run of absorbs with no progress between them,
+// within window (the resume timeout) of the last, is paced by its own backoff and bounded,
+// since an upstream that answers 410 to every list's resourceVersion costs a list per backoff
+// step: its resumed streams are refused or end young. Independent 410s on a quiet watch (no
+// events, no bookmarks: a resource without the watch cache), each after a resumed stream that
+// lived, are each a run of their own. It returns the absorb's place in its run (1: the first,
+// whose list goes at once), and false when the run is over its bound (the client relists).
+func (h *Holder) Pace(progress uint64, now time.Time, window time.Duration) (int, bool) {
 	pc := h.pacing
 	if pc == nil {
 		pc = &pacing{backoff: upstream.ResumeBackoff}
 		h.pacing = pc
 	}
-	if events != pc.events || now.Sub(pc.at) > window {
+	if progress != pc.progress || now.Sub(pc.at) > window {
 		pc.backoff.Reset()
 		pc.run = 0
 	}
@@ -146,10 +150,10 @@ func (h *Holder) Pace(events uint64, now time.Time, window time.Duration) (int, 
 // it); the Attempter steps it.
 func (h *Holder) Backoff() *upstream.Backoff { return &h.pacing.backoff }
 
-// Absorbed records an absorb done at now, the feed having handed its sink events events: the
-// next 410 without an upstream event since is the same run's.
-func (h *Holder) Absorbed(events uint64, now time.Time) {
-	h.pacing.events, h.pacing.at = events, now
+// Absorbed records an absorb done at now, the feed's progress count (Pace) being progress: the
+// next 410 with the count unchanged since is the same run's.
+func (h *Holder) Absorbed(progress uint64, now time.Time) {
+	h.pacing.progress, h.pacing.at = progress, now
 }
 
 // Diff is the events, in the feed's format, that take the state held to the list l, in the

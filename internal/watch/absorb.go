@@ -120,6 +120,12 @@ func (f *feed) stateInFormat() {
 	}
 }
 
+// absorbProgress is the feed's progress count for absorb pacing (absorb.Holder.Pace): its
+// upstream events and its streams that lived the brake's old age, both only ever counted up.
+// A quiet watch's resumed stream that lived is progress: the 410 that ends the stream after it
+// is not the resume's answer to the list's resourceVersion.
+func (f *feed) absorbProgress() uint64 { return f.events + f.brake.old }
+
 // observeState updates the feed's state with an event delivered; it says so once when the
 // state is dropped.
 func (f *feed) observeState(ev *stream.Event) {
@@ -156,7 +162,7 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 			zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()), zap.String("why", why), zap.String("message", msg))
 		return false, attemptEnd{}
 	}
-	run, ok := f.abs.Pace(f.events, f.h.clk.Now(), f.h.cfg.ResumeTimeout)
+	run, ok := f.abs.Pace(f.absorbProgress(), f.h.clk.Now(), f.h.cfg.ResumeTimeout)
 	if !ok {
 		m.GoneAbsorbed.WithLabelValues(absorb.ListFailed).Inc()
 		f.log.Info("upstream answered 410 again after every absorb; the client relists",
@@ -216,7 +222,7 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 	if e, _ := f.sub.broken(); e != endNone {
 		return false, f.clientEnd()
 	}
-	f.abs.Absorbed(f.events, f.h.clk.Now())
+	f.abs.Absorbed(f.absorbProgress(), f.h.clk.Now())
 	m.GoneAbsorbed.WithLabelValues(absorb.Absorbed).Inc()
 	f.h.note("absorb", f.backend, f.client.URL.Path, fmt.Sprintf("from resourceVersion %d to %d: %d deleted, %d added, %d modified",
 		R, l.RV(), counts[stream.Deleted], counts[stream.Added], counts[stream.Modified]))

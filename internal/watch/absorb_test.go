@@ -450,6 +450,47 @@ func TestGoneAbsorbedAgainAfterABackoff(t *testing.T) {
 	}
 }
 
+// A quiet watch (no events, no bookmarks: a resource without the watch cache) whose resumed
+// stream lived the brake's old age before it ended, then was answered 410 again, is absorbed
+// again at once: the stream that lived is the upstream's progress, so the second 410 starts a
+// run of its own. Independent 410s a quiet watch meets never add up to the run's bound (a soak
+// relisted three quiet watches after eight compactions 8 to 55 s apart, with no event between).
+func TestGoneAbsorbedAtOnceAfterAStreamThatLived(t *testing.T) {
+	clk := newStepClock()
+	lived := func(w http.ResponseWriter, r *http.Request) { // from 21: open and quiet past brakeOld, then ends
+		armed := clk.afterFuncs(DefaultStallTimeout)
+		send(w)
+		// The feed's watchdog on this stream is armed once the stream is the feed's own.
+		if !testutil.Until(10*time.Second, func() bool { return clk.afterFuncs(DefaultStallTimeout) > armed }) {
+			t.Error("the watchdog on the quiet stream was not armed within 10s")
+			return
+		}
+		clk.Step(brakeOld + time.Second)
+	}
+	g := gapWatches(events(gone410))
+	g.watches = append(g.watches[:2], lived, events(strings.Replace(gone410, "14 (15)", "21 (22)", 1)), g.watches[2])
+	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){g.step}}
+	f := newFixtureClock(t, Config{}, up, clk)
+	waits := clk.stepTimers(t)
+	got := f.watchUntil(t, "resourceVersion=0&allowWatchBookmarks=true", 14)
+	want := strings.Replace(gapAbsorbed, "BOOKMARK 21", "BOOKMARK 21, BOOKMARK 21", 1)
+	if s := joinEvents(got); s != want {
+		t.Fatalf("client saw [%s]\nwant       [%s]", s, want)
+	}
+	rvs, lists := g.snapshot()
+	if len(lists) != 4 || len(rvs) < 5 || rvs[2] != "21" || rvs[3] != "21" || rvs[4] != "21" {
+		t.Fatalf("lists %q, watches from %q: want two lists of two pages, watches from 14, 21, 21, 21", lists, rvs)
+	}
+	// One wait: the resume after the quiet stream, which delivered nothing (the resume
+	// backoff's first step). None before the second list: it is a run of its own.
+	if w := waits(); len(w) != 1 {
+		t.Fatalf("waits %v: want one (the resume backoff after the quiet stream), none before the second list", w)
+	}
+	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(absorb.Absorbed)); v != 2 {
+		t.Fatalf("gone_absorbed{absorbed} = %v, want 2", v)
+	}
+}
+
 // With --watch-absorb-complete-by-list, a watch from a client's resourceVersion (its first
 // after its own list) lists the scope at exactly it before its first event: its state is then
 // complete, and a 410, here on its first attempt, is absorbed as for a watch-list.

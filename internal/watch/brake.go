@@ -35,6 +35,9 @@ type resumeBrake struct {
 	since time.Time
 	// young counts the streams in a row that ended younger than brakeOld; 0: none.
 	young int
+	// old counts the streams that lived brakeOld, all told: each is a sign that the upstream
+	// got past where the stream began (absorb pacing, absorb.go).
+	old uint64
 }
 
 // started records that the feed's attempt became its own at now.
@@ -46,6 +49,9 @@ func (b *resumeBrake) started(now time.Time) { b.since = now }
 func (b *resumeBrake) ended(now time.Time) time.Duration {
 	lived := now.Sub(b.since)
 	if b.since.IsZero() || lived >= brakeOld {
+		if !b.since.IsZero() {
+			b.old++
+		}
 		b.young = 0
 		return 0
 	}
