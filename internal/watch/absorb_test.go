@@ -1,11 +1,11 @@
 package watch
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -125,14 +125,7 @@ func (e seenEvent) String() string {
 // watchUntil reads the watch query until it has n events or the stream ends, and returns them.
 func (f *fixture) watchUntil(t *testing.T, query string, n int) []seenEvent {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", f.srv.URL+"/api/v1/namespaces/d/configmaps?watch=true&"+query, nil)
-	req.Header.Set("Accept", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := f.openWatch(t, query, "application/json")
 	defer resp.Body.Close()
 	var out []seenEvent
 	dec := json.NewDecoder(resp.Body)
@@ -424,13 +417,14 @@ func TestParkedStateExpires(t *testing.T) {
 	}
 }
 
-// A quiet watch whose upstream restarts again is absorbed again, the second list after a wait
-// of the absorb backoff (no upstream event came between the two): a run of absorbs is paced.
-func TestGoneAbsorbedAgainAfterABackoff(t *testing.T) {
+// absorbTwice runs the gap watch whose resume from 14 is answered 410, then the streams between
+// (from the list's 21), then a second 410 from 21, absorbed by a second list of two pages: it
+// checks what the client saw and the requests, and returns the fake clock's waits.
+func absorbTwice(t *testing.T, clk *stepClock, between ...func(http.ResponseWriter, *http.Request)) []time.Duration {
+	t.Helper()
 	g := gapWatches(events(gone410))
-	g.watches = append(g.watches[:2], events(strings.Replace(gone410, "14 (15)", "21 (22)", 1)), g.watches[2])
+	g.watches = append(append(g.watches[:2:2], between...), events(strings.Replace(gone410, "14 (15)", "21 (22)", 1)), g.watches[2])
 	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){g.step}}
-	clk := newStepClock()
 	f := newFixtureClock(t, Config{}, up, clk)
 	waits := clk.stepTimers(t)
 	got := f.watchUntil(t, "resourceVersion=0&allowWatchBookmarks=true", 14)
@@ -439,14 +433,20 @@ func TestGoneAbsorbedAgainAfterABackoff(t *testing.T) {
 		t.Fatalf("client saw [%s]\nwant       [%s]", s, want)
 	}
 	rvs, lists := g.snapshot()
-	if len(lists) != 4 || len(rvs) < 4 || rvs[2] != "21" || rvs[3] != "21" {
-		t.Fatalf("lists %q, watches from %q: want two lists of two pages, watches from 14, 21, 21", lists, rvs)
-	}
-	if w := waits(); len(w) != 1 || w[0] < 600*time.Millisecond || w[0] > time.Second {
-		t.Fatalf("waits %v: want one of the absorb backoff's first step (~800ms) before the second list", w)
+	if n := 4 + len(between); len(lists) != 4 || len(rvs) < n || rvs[1] != "14" || slices.ContainsFunc(rvs[2:n], func(rv string) bool { return rv != "21" }) {
+		t.Fatalf("lists %q, watches from %q: want two lists of two pages, watches from 14 then %d from 21", lists, rvs, n-2)
 	}
 	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(absorb.Absorbed)); v != 2 {
 		t.Fatalf("gone_absorbed{absorbed} = %v, want 2", v)
+	}
+	return waits()
+}
+
+// A quiet watch whose upstream restarts again is absorbed again, the second list after a wait
+// of the absorb backoff (no upstream event came between the two): a run of absorbs is paced.
+func TestGoneAbsorbedAgainAfterABackoff(t *testing.T) {
+	if w := absorbTwice(t, newStepClock()); len(w) != 1 || w[0] < 600*time.Millisecond || w[0] > time.Second {
+		t.Fatalf("waits %v: want one of the absorb backoff's first step (~800ms) before the second list", w)
 	}
 }
 
@@ -467,27 +467,10 @@ func TestGoneAbsorbedAtOnceAfterAStreamThatLived(t *testing.T) {
 		}
 		clk.Step(brakeOld + time.Second)
 	}
-	g := gapWatches(events(gone410))
-	g.watches = append(g.watches[:2], lived, events(strings.Replace(gone410, "14 (15)", "21 (22)", 1)), g.watches[2])
-	up := &upstreamScript{steps: []func(http.ResponseWriter, *http.Request){g.step}}
-	f := newFixtureClock(t, Config{}, up, clk)
-	waits := clk.stepTimers(t)
-	got := f.watchUntil(t, "resourceVersion=0&allowWatchBookmarks=true", 14)
-	want := strings.Replace(gapAbsorbed, "BOOKMARK 21", "BOOKMARK 21, BOOKMARK 21", 1)
-	if s := joinEvents(got); s != want {
-		t.Fatalf("client saw [%s]\nwant       [%s]", s, want)
-	}
-	rvs, lists := g.snapshot()
-	if len(lists) != 4 || len(rvs) < 5 || rvs[2] != "21" || rvs[3] != "21" || rvs[4] != "21" {
-		t.Fatalf("lists %q, watches from %q: want two lists of two pages, watches from 14, 21, 21, 21", lists, rvs)
-	}
 	// One wait: the resume after the quiet stream, which delivered nothing (the resume
 	// backoff's first step). None before the second list: it is a run of its own.
-	if w := waits(); len(w) != 1 {
+	if w := absorbTwice(t, clk, lived); len(w) != 1 {
 		t.Fatalf("waits %v: want one (the resume backoff after the quiet stream), none before the second list", w)
-	}
-	if v := promtest.ToFloat64(f.m.GoneAbsorbed.WithLabelValues(absorb.Absorbed)); v != 2 {
-		t.Fatalf("gone_absorbed{absorbed} = %v, want 2", v)
 	}
 }
 

@@ -2,13 +2,11 @@ package watch
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -136,15 +134,8 @@ func (f *fixture) watchUntilIn(t *testing.T, format stream.Format, query string,
 	if format == stream.JSON {
 		return f.watchUntil(t, query, n)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", f.srv.URL+"/api/v1/namespaces/d/configmaps?watch=true&"+query, nil)
 	mt := map[stream.Format]string{stream.Protobuf: "application/vnd.kubernetes.protobuf", stream.CBOR: "application/cbor"}[format]
-	req.Header.Set("Accept", mt+", application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := f.openWatch(t, query, mt+", application/json")
 	defer resp.Body.Close()
 	if ct := resp.Header.Get("Content-Type"); ct != format.ContentType() {
 		t.Fatalf("the watch answered %q, want %q", ct, format.ContentType())

@@ -1,7 +1,6 @@
 package watch
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -107,14 +106,7 @@ func tableClientList(t *testing.T, f *fixture, pathQuery, body string) {
 // name/uid rv", " cols" when it carries columnDefinitions, bookmarks as "BOOKMARK rv".
 func watchTable(t *testing.T, f *fixture, query string, n int) []string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", f.srv.URL+"/api/v1/namespaces/d/configmaps?watch=true&"+query, nil)
-	req.Header.Set("Accept", kubectlAccept)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := f.openWatch(t, query, kubectlAccept)
 	defer resp.Body.Close()
 	var out []string
 	dec := json.NewDecoder(resp.Body)

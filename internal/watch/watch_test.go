@@ -319,6 +319,23 @@ func (f *fixture) watch(t *testing.T, query string) ([]got, error) {
 	return f.watchWith(t, query, nil)
 }
 
+// openWatch opens a watch of the fixture's configmaps with query and the Accept header accept,
+// for 20 s at most (the deadline is canceled when the test ends); the caller closes the body.
+func (f *fixture) openWatch(t *testing.T, query, accept string) *http.Response {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	req, _ := http.NewRequestWithContext(ctx, "GET", f.srv.URL+"/api/v1/namespaces/d/configmaps?watch=true&"+query, nil)
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
 // watchWith is watch with the request headers h.
 func (f *fixture) watchWith(t *testing.T, query string, h http.Header) ([]got, error) {
 	t.Helper()
