@@ -68,13 +68,20 @@ func (s *Server) classify(w http.ResponseWriter, r *http.Request, table *mux.Rou
 // the state at the list's resourceVersion for the client's watch from there (watch.TeeList,
 // docs/design.md section 12, "a client's own list"), whichever route answers it (the coalescer,
 // the time-travel guard's, the pass-through).
+//
+// A route that returns wrote the answer it had: one cut short panics (http.ErrAbortHandler),
+// and a body that stops early anyway never decodes as a shorter list
+// (stream.TestListCutShortNeverDecodesShorter). Whether the client stayed to read it is not
+// asked: a client that reads a list whole and closes its connection at once (Go's client does
+// when its decoder leaves the last newline unread) cancels the request's context while the
+// route returns, which once lost the state of a list-then-watch client's watch now and then.
 func (s *Server) teeList(next route) route {
 	return func(w http.ResponseWriter, r *http.Request, c *classified) {
 		tw, done := s.watch.TeeList(w, r, &c.info, c.cred)
-		complete := false
-		defer func() { done(complete) }()
+		returned := false
+		defer func() { done(returned) }()
 		next(tw, r, c)
-		complete = r.Context().Err() == nil
+		returned = true
 	}
 }
 

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/watchsan/watchsan/internal/reqinfo"
 	wtestutil "github.com/watchsan/watchsan/internal/testutil"
 )
 
@@ -159,5 +161,39 @@ func BenchmarkNewRequestID(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_ = newRequestID()
+	}
+}
+
+// A client's own list is kept as its watch's state once the route that answered it returned,
+// whether or not the client was still there: a client that read the whole list and closed its
+// connection at once (so its request's context ended before the route returned) keeps it; a
+// route that panicked (an answer cut short) or wrote half a list keeps nothing.
+func TestClientListKeptWhenItsClientLeftAfterTheLastByte(t *testing.T) {
+	s, _ := newTestServer(t, "http://127.0.0.1:1")
+	list := `{"kind":"ConfigMapList","apiVersion":"v1","metadata":{"resourceVersion":"14"},"items":[` +
+		`{"metadata":{"name":"a","namespace":"d","uid":"ua","resourceVersion":"12"}}]}`
+	serve := func(write func(w http.ResponseWriter, cancel func())) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		r := httptest.NewRequestWithContext(ctx, http.MethodGet, "/api/v1/namespaces/d/configmaps", nil)
+		r.Header.Set("Accept", "application/json")
+		c := &classified{info: reqinfo.Parse(r)}
+		defer func() { _ = recover() }()
+		s.teeList(func(w http.ResponseWriter, _ *http.Request, _ *classified) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusOK)
+			write(w, cancel)
+		})(httptest.NewRecorder(), r, c)
+	}
+	m := s.Metrics().AbsorbClientLists
+	serve(func(w http.ResponseWriter, cancel func()) { _, _ = io.WriteString(w, list); cancel() })
+	if v := testutil.ToFloat64(m.WithLabelValues("parked")); v != 1 {
+		t.Fatalf("client_lists{parked} = %v after a whole list whose client left at once, want 1", v)
+	}
+	serve(func(w http.ResponseWriter, _ func()) { _, _ = io.WriteString(w, list[:len(list)/2]) })
+	serve(func(w http.ResponseWriter, _ func()) { _, _ = io.WriteString(w, list); panic(http.ErrAbortHandler) })
+	if p, u := testutil.ToFloat64(m.WithLabelValues("parked")), testutil.ToFloat64(m.WithLabelValues("unread")); p != 1 || u != 2 {
+		t.Fatalf("client_lists parked %v, unread %v after half a list and a panicked route: want 1 and 2", p, u)
 	}
 }

@@ -44,6 +44,13 @@ func (protobufList) DecodeList(body []byte) (*ListPage, error) {
 	if u.ContentEncoding != "" {
 		return nil, fmt.Errorf("the list's content encoding %q", u.ContentEncoding)
 	}
+	// The apiserver's envelope is its kind, then the list message (never empty: a list's
+	// metadata has at least its resourceVersion), then the empty content fields. A body cut
+	// short before the message ends is refused: inside it, by the message's length; before it,
+	// here. So no prefix of a list decodes as a shorter one (TestListCutShortNeverDecodesShorter).
+	if u.Kind == "" || len(u.Raw) == 0 {
+		return nil, errors.New("the list's envelope has no kind or no list message (cut short?)")
+	}
 	p := &ListPage{Kind: u.Kind, APIVersion: u.APIVersion}
 	// The list message, read as the generated code reads it: every metadata field merges
 	// into one ListMeta, and each items field is one item; other fields are skipped.

@@ -201,6 +201,47 @@ func TestListDecodes(t *testing.T) {
 	}
 }
 
+// A list cut short anywhere never decodes as a shorter list: every prefix of a list's body is
+// refused, or (protobuf, whose envelope may end after its raw field: the empty content fields
+// that follow carry nothing) decodes as the whole list. A client's own list is kept as the
+// state at its resourceVersion when its body decodes (docs/design.md section 12), whether or
+// not the client stayed to the end: this is what makes that exact.
+func TestListCutShortNeverDecodesShorter(t *testing.T) {
+	items := []string{listItemJSON("a", "ua", "14"), listItemJSON("c", "uc", "20"), listItemJSON("e", "ue", "21")}
+	type list struct {
+		name string
+		c    ListCodec
+		body []byte
+	}
+	lists := []list{{"table", ListCodecForAccept(JSON, "application/json;as=Table;v=v1;g=meta.k8s.io"), []byte(tableListBody)}}
+	for _, format := range []Format{JSON, Protobuf, CBOR} {
+		rec := httptest.NewRecorder()
+		writeConfigMapList(rec, format, "21", "", items)
+		lists = append(lists, list{format.String(), ListCodecFor(format), rec.Body.Bytes()})
+	}
+	for _, l := range lists {
+		c, body, format := l.c, l.body, l.name
+		whole, err := c.DecodeList(body)
+		if err != nil {
+			t.Fatalf("%s: the whole list: %v", format, err)
+		}
+		for n := range len(body) {
+			p, err := c.DecodeList(body[:n])
+			if err != nil {
+				continue
+			}
+			if p.ResourceVersion != whole.ResourceVersion || len(p.Items) != len(whole.Items) {
+				t.Fatalf("%s: the first %d of %d bytes decode as a list at %q of %d items", format, n, len(body), p.ResourceVersion, len(p.Items))
+			}
+			for i := range p.Items {
+				if !bytes.Equal(p.Items[i], whole.Items[i]) {
+					t.Fatalf("%s: the first %d of %d bytes decode item %d as %q, want %q", format, n, len(body), i, p.Items[i], whole.Items[i])
+				}
+			}
+		}
+	}
+}
+
 // A frame made of a captured event's object (the apiserver orders a map's keys at random, so
 // the bytes may differ in order only) decodes as client-go decodes the captured one, and the
 // Reader reads the same fields from it; an object with its kind and apiVersion taken out (a

@@ -24,8 +24,9 @@ import (
 // re-watch adopts an ended watch's (openState, sharedState), and absorbs a 410 with it.
 
 // TeeList is the ResponseWriter a list request r (classified as info, sent with cred) is
-// answered through, and done, which the caller calls with true when the route returned having
-// written the whole response (false: it was cut short or panicked). For a request that does not
+// answered through, and done, which the caller calls with true when the route returned (false:
+// it panicked, as a response cut short does); a body that ended early is refused when it is
+// read, since no list cut short decodes. For a request that does not
 // qualify it returns w itself and a done that does nothing. Qualifying: a GET list, absorbing
 // on, resourceVersion unset or "0" (a list at "0" with resourceVersionMatch NotOlderThan or
 // none), whole objects or Table rows (wholeOrTable); a later page (a continue token) only when
