@@ -21,8 +21,8 @@ import (
 //     oldest soon; a client that sends its headers at once is never it.
 //
 // A source is an IPv4 address, or an IPv6 /64 (what one host is usually given). Zero for a
-// limit: none. Connections beyond --max-connections still wait in the kernel's backlog before
-// any of this (the accept that takes them is the global limit's).
+// limit: none. Connections beyond --max-connections are answered 429 before any of this (the
+// accept that takes them is the global limit's: listeners.go).
 type sourceLimiter struct {
 	net.Listener
 	maxConns, maxHeaders int
