@@ -141,11 +141,12 @@ type Plan struct {
 	// backend known unable to serve it (Backend.CanServe) is tried only when no usable one is
 	// left that may.
 	From uint64
-	// OnMove, for a watch, makes its moves make-before-break (docs/design.md section 10.1): the
-	// Pool hands each move to it (on a goroutine of its own) rather than ending the attempt,
-	// and it ends the attempt with Lease.Cut once a target has accepted the watch, or calls
-	// Lease.MoveFailed. Nil: the Pool ends the attempt itself.
-	OnMove func(l *Lease, r MoveReason)
+	// MakeBeforeBreak, for a watch, makes its moves make-before-break (docs/design.md section
+	// 10.1): the Pool does not end the attempt to move the watch, it asks (Lease.Asked), and
+	// the watch's owner opens the target itself, then ends the attempt with Lease.Cut once a
+	// target has accepted the watch, or calls Lease.MoveFailed. False: the Pool ends the
+	// attempt itself (a MoveError), and the owner resumes it.
+	MakeBeforeBreak bool
 	// Target, when set, is the one backend tried, once (a move's make-before-break attempt, a
 	// probe of a watch's own backend): no other is picked, nothing is retried; refused only
 	// when it is unhealthy.

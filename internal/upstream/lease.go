@@ -112,11 +112,11 @@ type Lease struct {
 	// the watch is busy with what it read (writing it to its client). Only waiting time can be
 	// the upstream's silence or lag (Waiting, Busy).
 	waiting atomic.Int64
-	// onMove, when set (Plan.OnMove), is asked to move the watch make-before-break instead of
-	// the Pool ending the attempt (docs/design.md section 10.1); hold: a move it could not make
-	// is not asked again before then (Unix ns).
-	onMove func(*Lease, MoveReason)
-	hold   atomic.Int64
+	// asks, for a make-before-break watch (Plan.MakeBeforeBreak), carries the Pool's request
+	// to move it to its owner, at most one at a time (capacity 1; nil: the Pool ends the
+	// attempt itself); hold: a move it could not make is not asked again before then (Unix ns).
+	asks chan MoveReason
+	hold atomic.Int64
 }
 
 // Backend is the backend the lease is on.
@@ -187,17 +187,29 @@ func (l *Lease) Movable() bool { return l.ok.Load() }
 // Pos is the resume point the watch has reached (Progress), or its Plan.From.
 func (l *Lease) Pos() uint64 { return l.pos.Load() }
 
-// move asks for the watch to move, once at a time: a lease with a move handler (Plan.OnMove)
-// is handed the request, and its owner ends the attempt (Cut) only once a target has accepted
-// the watch, or gives up (MoveFailed); any other lease's attempt ends now with a MoveError.
-// False if it had ended, is being moved, or is held after a failed move.
+// Asked delivers the Pool's request to move the watch, for a make-before-break watch
+// (Plan.MakeBeforeBreak): its owner, which receives it while the attempt lasts, opens a target
+// and ends the attempt with Cut once the target has accepted the watch, or calls MoveFailed. At
+// most one request is pending, and none is sent again before Cut or MoveFailed answers it. Nil
+// (a receive that never returns) for any other lease: the Pool ends its attempt itself.
+func (l *Lease) Asked() <-chan MoveReason { return l.asks }
+
+// move asks for the watch to move, once at a time: a make-before-break lease's owner is asked
+// (Asked), and ends the attempt (Cut) only once a target has accepted the watch, or gives up
+// (MoveFailed); any other lease's attempt ends now with a MoveError. False if it had ended, is
+// being moved, or is held after a failed move. It never waits, and starts nothing.
 func (l *Lease) move(r MoveReason) bool {
 	if l.done.Load() || l.held(l.b.pool.clk.Now()) || !l.moved.CompareAndSwap(false, true) {
 		return false
 	}
 	l.b.leases.moving.Add(1)
-	if l.onMove != nil {
-		go l.onMove(l, r)
+	if l.asks != nil {
+		// Empty: a request is sent only while none is outstanding (moved), and its owner takes
+		// it before it answers with Cut or MoveFailed.
+		select {
+		case l.asks <- r:
+		default:
+		}
 		return true
 	}
 	l.cut(r)
@@ -340,7 +352,10 @@ func (p *Pool) ForgetHighWater(resource string) {
 
 // newLease puts a watch attempt on b.
 func (p *Pool) newLease(b *Backend, plan Plan, cancel context.CancelCauseFunc) *Lease {
-	l := &Lease{b: b, cancel: cancel, onMove: plan.OnMove}
+	l := &Lease{b: b, cancel: cancel}
+	if plan.MakeBeforeBreak {
+		l.asks = make(chan MoveReason, 1)
+	}
 	if plan.Scope != "" {
 		l.scope = p.progress.ref(plan.Scope)
 	}

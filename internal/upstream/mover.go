@@ -83,7 +83,7 @@ func (p *Pool) requestMove(b *Backend, l *Lease, r MoveReason) bool {
 	if !l.move(r) {
 		return false
 	}
-	if l.onMove == nil {
+	if l.asks == nil {
 		p.moved(b, r)
 	}
 	return true

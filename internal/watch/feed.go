@@ -71,7 +71,8 @@ type sink interface {
 
 // feed is the upstream side of one watch (see sink). Its goroutine is its caller's (run). The
 // others it starts all have a way out: the watchdog is a timer stopped with its attempt; a
-// move (tryMove, on the Pool's goroutine) ends with the feed's context or acceptTimeout, and
+// move (awaitMove, the attempt's) ends with the attempt, or once its target is open, which ends
+// with the feed's context or acceptTimeout, and
 // its first-frame reader with its attempt, which a refusal or the feed's end cancels.
 type feed struct {
 	h      *Handler
@@ -105,8 +106,6 @@ type feed struct {
 	// alone: firstAnswer, and resumedOn for a resume or a move's switch.
 	backend *upstream.Backend
 	lease   *upstream.Lease // the current attempt's place on backend
-	// nextSlot is where a move of the attempt resume just opened leaves its target (move.go).
-	nextSlot *moveSlot
 
 	// backoff paces resumes that make no progress (the Attempter steps it). brokeAt is when the
 	// upstream last broke after progress (for a stall: when it went silent), giveUpAt when
@@ -163,11 +162,11 @@ type attemptEnd struct {
 }
 
 // plan is the Attempter's plan for an attempt of this watch starting from resourceVersion from.
-// Its moves are make-before-break (tryMove, docs/design.md section 10.1): an accepted target
-// is left in slot.
-func (f *feed) plan(from uint64, slot *moveSlot) upstream.Plan {
+// Its moves are make-before-break (docs/design.md section 10.1): the Pool asks, and the feed
+// carries the move out (awaitMove).
+func (f *feed) plan(from uint64) upstream.Plan {
 	return upstream.Plan{Watch: true, Scope: f.scope, Resource: f.groupResource, From: from, Credentials: f.cred,
-		OnMove: func(l *upstream.Lease, r upstream.MoveReason) { f.tryMove(slot, l, r) }}
+		MakeBeforeBreak: true}
 }
 
 // resumePoint is the sink's resume point (LastDelivered) as an integer; false when it is none
@@ -260,7 +259,7 @@ func (f *feed) next(src *source) (*source, EndReason) {
 		if final != endNone {
 			return nil, final
 		}
-		next = f.source(resumed, f.nextSlot)
+		next = f.source(resumed)
 	}
 	f.stallResumedAt = time.Time{}
 	if end.resume == ResumeStall {
@@ -305,6 +304,7 @@ func (f *feed) receiving(src *source) bool {
 
 	src.body.live.Store(true)
 	src.stopWatchdog = f.watchdog(at.Resp.Request.Context(), at, &src.silentSince)
+	go f.awaitMove(src) // ends with the attempt
 	src.start = f.progress
 	// A moved watch's target started from the resume point the move read, at most the one
 	// delivered now: what the old attempt delivered since comes again, in the same order (one
@@ -691,8 +691,7 @@ func (f *feed) resumeOnce(end attemptEnd) (upstream.Attempt, ending, *metav1.Sta
 	}
 	fromRV := f.sub.LastDelivered()
 	from, _ := f.resumePoint()
-	f.nextSlot = &moveSlot{}
-	plan := f.plan(from, f.nextSlot)
+	plan := f.plan(from)
 	plan.Avoid, plan.Deadline, plan.Backoff, plan.WaitForBackend = avoid, f.giveUpAt, &f.backoff, true
 	plan.AfterFailure = failed
 	at, err := f.h.deps.Attempts.Do(f.ctx, f.upstreamRequest(false), plan)

@@ -64,12 +64,11 @@ func TestFeedKeepsTheSinkContract(t *testing.T) {
 	req := httptest.NewRequest("GET", "/api/v1/namespaces/d/configmaps?watch=true&resourceVersion=5", nil)
 	fd := &feed{h: f.h, client: req, query: parseParams(req).query, ctx: context.Background(), log: newWatchLog(f.h.log, "", ""), sub: sink, format: stream.JSON,
 		backoff: upstream.ResumeBackoff, scope: parseParams(req).scope, groupResource: "configmaps"}
-	slot := &moveSlot{}
-	first, err := f.h.deps.Attempts.Do(fd.ctx, fd.requestFrom(true, ""), fd.plan(5, slot))
+	first, err := f.h.deps.Attempts.Do(fd.ctx, fd.requestFrom(true, ""), fd.plan(5))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if end := fd.run(fd.source(first, slot)); end != EndNoResume {
+	if end := fd.run(fd.source(first)); end != EndNoResume {
 		t.Fatalf("ended %v, want %v (resume disabled)", end, EndNoResume)
 	}
 	calls := sink.calls

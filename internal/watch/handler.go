@@ -524,8 +524,7 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 		h.track(f)
 	}
 
-	slot := &moveSlot{}
-	first, err := h.deps.Attempts.Do(ctx, f.requestFrom(true, ""), f.plan(p.rvInt, slot))
+	first, err := h.deps.Attempts.Do(ctx, f.requestFrom(true, ""), f.plan(p.rvInt))
 	if err != nil {
 		defer f.release()
 		if r.Context().Err() != nil {
@@ -566,7 +565,7 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 		Scope: scopeOf(p.scope, cred), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
 		Mode: mode, Memory: h.deps.Memory,
 	}), func() { cancel(nil) })
-	return f, sub, f.source(first, slot)
+	return f, sub, f.source(first)
 }
 
 // serve runs the feed f of the subscriber sub from its first attempt src until the client's

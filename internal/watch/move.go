@@ -20,8 +20,9 @@ import (
 )
 
 // Moves are make-before-break (docs/design.md section 10.1): the Pool asks a watch to move
-// (upstream.Plan.OnMove), and the watch opens the target from its resume point while its
-// current attempt goes on feeding the client. Only once the target has accepted the resume
+// (upstream.Lease.Asked, upstream.Plan.MakeBeforeBreak), and the feed, on a goroutine of the
+// attempt's own (awaitMove), opens the target from its resume point while the attempt goes on
+// feeding the client; the feed's loop then switches to the target (feed.next). Only once the target has accepted the resume
 // point (it answered 200 and its first frame is no ERROR, or it stayed silent for
 // acceptSilence after its headers: the watch cache sends a too-old resume point's ERROR at
 // once, section 10.1) does the current attempt end (Lease.Cut) and the feed switch to the
@@ -108,13 +109,13 @@ func (src *source) close() {
 }
 
 // source wraps an attempt for receive.
-func (f *feed) source(at upstream.Attempt, slot *moveSlot) *source {
+func (f *feed) source(at upstream.Attempt) *source {
 	body := &attemptBody{r: at.Resp.Body, sink: f.sub, lease: at.Lease, clk: f.h.clk}
 	rd := stream.NewReader(f.format, body, f.h.cfg.MaxFrameSize)
 	if f.mem != nil {
 		rd.SetBudget(f.mem.Of(budget.Frames))
 	}
-	return &source{at: at, slot: slot, body: body, rd: rd}
+	return &source{at: at, slot: &moveSlot{}, body: body, rd: rd}
 }
 
 // moveSlot is where a move leaves its accepted target for the feed, once per attempt.
@@ -148,7 +149,19 @@ func (m *moveSlot) close() *source {
 	return next
 }
 
-// tryMove is the Pool's request to move the watch of lease l (its own goroutine).
+// awaitMove carries out the Pool's request to move the attempt src, if one comes while the
+// attempt lasts (upstream.Lease.Asked): the feed receives it on this goroutine, one per
+// attempt, started as the feed begins to receive the attempt, and ended with the attempt.
+func (f *feed) awaitMove(src *source) {
+	select {
+	case r := <-src.at.Lease.Asked():
+		f.tryMove(src.slot, src.at.Lease, r)
+	case <-src.at.Resp.Request.Context().Done():
+	}
+}
+
+// tryMove moves the watch of lease l for r: it opens a target, leaves it in slot for the
+// feed's loop (feed.next) and ends the attempt (Lease.Cut), or tells the lease it stays.
 func (f *feed) tryMove(slot *moveSlot, l *upstream.Lease, r upstream.MoveReason) {
 	from := l.Pos()
 	if !l.Movable() || from == 0 {
@@ -211,8 +224,7 @@ func (f *feed) moveTarget(l *upstream.Lease, r upstream.MoveReason, from uint64,
 func (f *feed) openOn(t *upstream.Backend, from uint64) (*source, error) {
 	ctx, cancel := context.WithCancelCause(f.ctx)
 	headers := f.h.clk.AfterFunc(acceptTimeout, func() { cancel(errAcceptTimeout) })
-	slot := &moveSlot{}
-	plan := f.plan(from, slot)
+	plan := f.plan(from)
 	plan.Target = t
 	at, err := f.h.deps.Attempts.Do(ctx, f.requestFrom(false, fmt.Sprint(from)), plan)
 	if err != nil {
@@ -220,7 +232,7 @@ func (f *feed) openOn(t *upstream.Backend, from uint64) (*source, error) {
 		cancel(nil)
 		return nil, err
 	}
-	src := f.source(at, slot)
+	src := f.source(at)
 	inner := at.Cancel
 	src.at.Cancel = func(cause error) { inner(cause); cancel(cause) }
 	fail := func(err error) (*source, error) {

@@ -412,8 +412,7 @@ func (sf *sharedFeed) run() {
 	f := sf.f
 	defer f.release()
 	defer sf.parkState() // before release; a no-op once parked below
-	slot := &moveSlot{}
-	first, err := sf.h.deps.Attempts.Do(f.ctx, f.requestFrom(true, ""), f.plan(sf.from, slot))
+	first, err := sf.h.deps.Attempts.Do(f.ctx, f.requestFrom(true, ""), f.plan(sf.from))
 	if err != nil {
 		sf.log.Info("shared feed's first attempt failed; its subscribers watch on their own", zap.Error(err))
 		sf.close(endNone)
@@ -439,7 +438,7 @@ func (sf *sharedFeed) run() {
 	// The opener's credentials expired or were revoked (a 401 or 403 to a resume), or the
 	// scope is gone: the run ends with EndResumeRefused, every subscriber's stream ends
 	// cleanly, and each re-watches with its own, reviewed again.
-	end := f.run(f.source(first, slot))
+	end := f.run(f.source(first))
 	sf.log.Debug("shared feed ended", zap.Stringer("reason", end), zap.Uint64("events", f.events), zap.Int("resumes", f.resumes))
 	sf.pol.logEnd(end)
 	sf.parkState() // before the members end: their re-watches may open a feed that adopts it
