@@ -1,5 +1,5 @@
 // Package shed evens out long-lived client connections across the replicas of a watchsan
-// frontend (docs/design.md section 10.8): a replica that holds more than its share of the
+// frontend (docs/design.md section 10.12): a replica that holds more than its share of the
 // connections sheds the excess, one at a time at a bounded rate, never below a floor, so that
 // clients reconnect through the load balancer and some land on the replicas that hold fewer.
 //
@@ -13,6 +13,17 @@ import (
 	"time"
 
 	"k8s.io/utils/clock"
+)
+
+// Defaults of what a frontend replica's shedder is given besides its share and rate.
+const (
+	// DefaultSlack: a replica holds a tenth over its share before it sheds.
+	DefaultSlack = 0.1
+	// DefaultFloor: a replica keeps ten connections whatever its share.
+	DefaultFloor = 10
+	// DefaultMinAge: a connection is held ten seconds before it may be shed, so that a client
+	// that just moved here is not passed on at once.
+	DefaultMinAge = 10 * time.Second
 )
 
 // Options configure a Shedder; every field is read once, by New.
@@ -83,6 +94,9 @@ func Limit(replicas, expected int, slack float64, floor int) int {
 
 // Limit is the most connections this replica holds before it sheds one.
 func (s *Shedder) Limit() int { return s.limit }
+
+// Now is the time on the Shedder's clock (Options.Clock), which a Conn's ready is asked at.
+func (s *Shedder) Now() time.Time { return s.clk.Now() }
 
 // Held is how many connections the replica holds and has not shed.
 func (s *Shedder) Held() int {
