@@ -107,16 +107,25 @@ func (lb *roundRobin) close() {
 
 // TestReplicasRebalance: two frontend replicas behind a TCP round-robin balancer, with
 // --frontend-replicas=2 and the informers' count as --frontend-expected-connections. Every
-// informer (HTTP/2 over TLS, a connection each) connects while the second replica is down, so
+// informer (a connection each) connects while the second replica is down, so
 // the first holds them all; then the second comes up. The first sheds its excess at the
 // default rate (a watch ended cleanly, then a 429 and a GOAWAY to its re-watch), the shed
 // clients reconnect through the balancer, and within a few minutes neither replica holds more
 // than its limit. No informer relists, and each one's events are the writer's changes, none
 // lost, none twice.
+//
+// Over HTTP/2 (TLS) and over HTTP/1.1 (plain), where the shed watch's last chunk closes its
+// connection.
 func TestReplicasRebalance(t *testing.T) {
-	const informers = 30
 	c := newCluster(t, cluster.Options{})
-	ns := resilienceNamespace(t, c, "rebalance")
+	for _, h2 := range []bool{true, false} {
+		name := map[bool]string{true: "http2", false: "http1"}[h2]
+		t.Run(name, func(t *testing.T) { replicasRebalance(t, c, h2, resilienceNamespace(t, c, "rebalance-"+name)) })
+	}
+}
+
+func replicasRebalance(t *testing.T, c *cluster.Cluster, h2 bool, ns string) {
+	const informers = 30
 	var addrs [2]string
 	for i := range addrs {
 		p, err := freePort()
@@ -126,10 +135,13 @@ func TestReplicasRebalance(t *testing.T) {
 		addrs[i] = "127.0.0.1:" + strconv.Itoa(p)
 	}
 	replica := func(i int) *proxy {
-		p := startProxy(t, append(resilienceProxyArgs(c, 0), "--listen="+addrs[i],
-			"--tls-cert-file="+filepath.Join(c.Dir, "serving.crt"), "--tls-private-key-file="+filepath.Join(c.Dir, "serving.key"),
+		args := append(resilienceProxyArgs(c, 0), "--listen="+addrs[i],
 			"--max-connections-per-source=-1", // behind the balancer every client has its address
-			"--frontend-replicas=2", fmt.Sprintf("--frontend-expected-connections=%d", informers))...)
+			"--frontend-replicas=2", fmt.Sprintf("--frontend-expected-connections=%d", informers))
+		if h2 {
+			args = append(args, "--tls-cert-file="+filepath.Join(c.Dir, "serving.crt"), "--tls-private-key-file="+filepath.Join(c.Dir, "serving.key"))
+		}
+		p := startProxy(t, args...)
 		waitUpstreamUp(t, p, c.APIServers[0].URL)
 		return p
 	}
@@ -137,11 +149,13 @@ func TestReplicasRebalance(t *testing.T) {
 	a := replica(0)
 	var via []*countingInformer
 	for i := range informers {
-		cfg := &rest.Config{Host: "https://" + lb.ln.Addr().String(), BearerToken: c.AdminToken,
-			TLSClientConfig: rest.TLSClientConfig{CAData: c.CAData}, QPS: 200, Burst: 400,
+		cfg := &rest.Config{Host: "http://" + lb.ln.Addr().String(), BearerToken: c.AdminToken, QPS: 200, Burst: 400,
 			// A dialer of its own: client-go would give identical configs one transport,
 			// and every informer would share one HTTP/2 connection.
 			Dial: (&net.Dialer{Timeout: 5 * time.Second}).DialContext}
+		if h2 {
+			cfg.Host, cfg.TLSClientConfig = "https://"+lb.ln.Addr().String(), rest.TLSClientConfig{CAData: c.CAData}
+		}
 		via = append(via, startCountingInformer(t, fmt.Sprintf("informer#%d", i), cfg, ns))
 	}
 	wr := newRecordingWriter(t, c, ns)
