@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"go.uber.org/zap"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/watchsan/watchsan/internal/apistatus"
@@ -37,10 +38,15 @@ func (s *Server) newShedder() *shed.Shedder {
 		return nil
 	}
 	counted := s.metrics.ConnectionsShed.WithLabelValues("rebalance")
+	log := s.log.Named("shed")
 	sh := shed.New(shed.Options{
 		Replicas: s.cfg.FrontendReplicas, Expected: s.cfg.FrontendExpectedConnections,
 		Slack: shed.DefaultSlack, Floor: shed.DefaultFloor, MinAge: shed.DefaultMinAge,
 		Rate: s.cfg.ConnectionShedRate, OnShed: counted.Inc,
+		OnPause: func(pause time.Duration, shed, arrived int) {
+			log.Warn("shedding connections moved none: as many came in as were shed; paused (another replica is down or full, or --frontend-expected-connections is below the real number)",
+				zap.Int("shed", shed), zap.Int("arrived", arrived), zap.Duration("pause", pause))
+		},
 	})
 	limit.Set(float64(sh.Limit()))
 	return sh

@@ -26,6 +26,16 @@ const (
 	DefaultMinAge = 10 * time.Second
 )
 
+// A round of sheds: after RoundSheds, the shedder checks that as many connections did not come
+// back. When they all did (or new ones replaced them), shedding moves nothing: the other
+// replicas are down or full, or the expected total is below the real one. It then pauses,
+// FirstPause and twice as long after each round that moved nothing more, up to MaxPause.
+const (
+	RoundSheds = 10
+	FirstPause = 30 * time.Second
+	MaxPause   = 10 * time.Minute
+)
+
 // Options configure a Shedder; every field is read once, by New.
 type Options struct {
 	// Replicas is how many replicas share the connections, Expected how many connections
@@ -47,20 +57,30 @@ type Options struct {
 	Clock clock.WithTicker
 	// OnShed is told each connection shed, after its shed function returned; nil: no one.
 	OnShed func()
+	// OnPause is told each pause after a round that moved nothing, with its length and the
+	// connections that came in during the round's sheds; nil: no one.
+	OnPause func(pause time.Duration, shed, arrived int)
 }
 
 // Shedder keeps the set of a replica's connections and sheds those above its limit. Its
 // methods are safe for concurrent use.
 type Shedder struct {
-	limit  int
-	period time.Duration
-	minAge time.Duration
-	clk    clock.WithTicker
-	onShed func()
+	limit   int
+	period  time.Duration
+	minAge  time.Duration
+	clk     clock.WithTicker
+	onShed  func()
+	onPause func(time.Duration, int, int)
 
 	mu    sync.Mutex
 	conns map[*Conn]struct{}
 	held  int // conns not shedding
+	// opened counts every Open; the round began with roundOpened of them and has shed
+	// roundShed (RoundSheds at most). pause is the last pause (0: none since a round that
+	// moved connections), pausedUntil when it ends.
+	opened, roundOpened, roundShed int
+	pause                          time.Duration
+	pausedUntil                    time.Time
 }
 
 // Conn is one connection the Shedder may shed.
@@ -80,7 +100,7 @@ func New(o Options) *Shedder {
 	}
 	return &Shedder{
 		limit: Limit(o.Replicas, o.Expected, o.Slack, o.Floor), period: time.Duration(float64(time.Second) / o.Rate),
-		minAge: o.MinAge, clk: o.Clock, onShed: o.OnShed, conns: map[*Conn]struct{}{},
+		minAge: o.MinAge, clk: o.Clock, onShed: o.OnShed, onPause: o.OnPause, conns: map[*Conn]struct{}{},
 	}
 }
 
@@ -113,6 +133,7 @@ func (s *Shedder) Open(shed func(), ready func(now time.Time) bool) *Conn {
 	s.mu.Lock()
 	s.conns[c] = struct{}{}
 	s.held++
+	s.opened++
 	s.mu.Unlock()
 	return c
 }
@@ -131,15 +152,23 @@ func (s *Shedder) Close(c *Conn) {
 }
 
 // Step sheds one connection if the replica holds more than its limit: the oldest one at least
-// MinAge old that is ready. It reports whether it shed one. Run calls it once a period; a test
+// MinAge old that is ready, unless shedding is paused (RoundSheds). It reports whether it shed
+// one. Run calls it once a period; a test
 // calls it with a stepped clock.
 func (s *Shedder) Step() bool { return s.step(s.clk.Now()) }
 
 // step is Step at the time now (Run's: its tick's).
 func (s *Shedder) step(now time.Time) bool {
 	s.mu.Lock()
-	if s.held <= s.limit {
+	if s.held <= s.limit || now.Before(s.pausedUntil) {
 		s.mu.Unlock()
+		return false
+	}
+	if paused, shed, arrived := s.endRoundLocked(now); paused > 0 {
+		s.mu.Unlock()
+		if s.onPause != nil {
+			s.onPause(paused, shed, arrived)
+		}
 		return false
 	}
 	var pick *Conn
@@ -158,12 +187,34 @@ func (s *Shedder) step(now time.Time) bool {
 	}
 	pick.shedding = true
 	s.held--
+	if s.roundShed == 0 {
+		s.roundOpened = s.opened
+	}
+	s.roundShed++
 	s.mu.Unlock()
 	pick.shed()
 	if s.onShed != nil {
 		s.onShed()
 	}
 	return true
+}
+
+// endRoundLocked ends a full round, a period or more after its last shed, and starts a new
+// one: when as many connections came in (arrived) as it shed, it pauses shedding and returns
+// the pause. s.mu is held.
+func (s *Shedder) endRoundLocked(now time.Time) (paused time.Duration, shed, arrived int) {
+	if s.roundShed < RoundSheds {
+		return 0, 0, 0
+	}
+	shed, arrived = s.roundShed, s.opened-s.roundOpened
+	s.roundShed = 0
+	if arrived < shed {
+		s.pause = 0
+		return 0, shed, arrived
+	}
+	s.pause = min(max(2*s.pause, FirstPause), MaxPause)
+	s.pausedUntil = now.Add(s.pause)
+	return s.pause, shed, arrived
 }
 
 // Run sheds at most one connection a period (1/Rate) until done is closed.

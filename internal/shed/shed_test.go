@@ -118,7 +118,10 @@ func TestStepKeepsTheFloorAndSkipsWhatIsNotReady(t *testing.T) {
 func TestConverges(t *testing.T) {
 	const clients = 200
 	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
-	o := Options{Replicas: 2, Expected: clients, Slack: 0.1, Floor: 5, Rate: 1, MinAge: 10 * time.Second}
+	o := Options{Replicas: 2, Expected: clients, Slack: 0.1, Floor: 5, Rate: 1, MinAge: 10 * time.Second,
+		OnPause: func(d time.Duration, shed, arrived int) {
+			t.Errorf("paused %v after %d sheds and %d arrivals, though half of them went to the other replica", d, shed, arrived)
+		}}
 	a, b := newReplica(clk, o), newReplica(clk, o)
 	next := 0
 	var reconnect func()
@@ -174,4 +177,46 @@ func waitHeld(t *testing.T, s *Shedder, want int) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// TestPausesWhenShedConnectionsComeBack: with the other replica down, every connection shed
+// comes back at once. After a round of RoundSheds the shedder pauses, twice as long after each
+// round that moved nothing, up to MaxPause; the connections shed stay bounded by a round per
+// pause, not one a second for as long as the other replica is away.
+func TestPausesWhenShedConnectionsComeBack(t *testing.T) {
+	clk := clocktesting.NewFakeClock(time.Unix(1000, 0))
+	var pauses []time.Duration
+	r := newReplica(clk, Options{Replicas: 2, Expected: 20, Floor: 0, Rate: 1,
+		OnPause: func(d time.Duration, shed, arrived int) {
+			if shed != RoundSheds || arrived != RoundSheds {
+				t.Errorf("paused after %d sheds and %d arrivals, want %d and %d", shed, arrived, RoundSheds, RoundSheds)
+			}
+			pauses = append(pauses, d)
+		}})
+	var back func()
+	back = func() { r.open(back) } // the balancer has no other replica
+	for range 20 {
+		r.open(back)
+	}
+	shed := 0
+	start := clk.Now()
+	for clk.Since(start) < time.Hour {
+		clk.Step(time.Second)
+		if r.s.Step() {
+			shed++
+		}
+	}
+	want := []time.Duration{FirstPause, 2 * FirstPause, 4 * FirstPause, 8 * FirstPause, 16 * FirstPause, MaxPause}
+	if len(pauses) < len(want) {
+		t.Fatalf("pauses %v, want them to begin %v", pauses, want)
+	}
+	for i, d := range want {
+		if pauses[i] != d {
+			t.Fatalf("pauses %v, want them to begin %v", pauses, want)
+		}
+	}
+	if r.s.Held() != 20 || shed > 12*RoundSheds {
+		t.Fatalf("held %d, shed %d in an hour; want all 20 held and at most a round per pause", r.s.Held(), shed)
+	}
+	t.Logf("an hour with the other replica down: %d shed, pauses %v", shed, pauses)
 }
