@@ -174,6 +174,8 @@ type Config struct {
 
 	// HA frontend: failure detection, balancing, moving watches, membership (ha.go).
 	HA
+	// Frontend replicas that shed connections above their share (replicas.go).
+	Replicas
 }
 
 // Default returns the configuration with every default filled in. Where a package owns a
@@ -215,6 +217,7 @@ func Default() Config {
 		LogFormat:             "",
 		AccessLog:             true,
 		HA:                    defaultHA(),
+		Replicas:              defaultReplicas(),
 
 		ShareWatches:               true,
 		ShareRingBytes:             watch.DefaultShareRingBytes,

@@ -448,3 +448,35 @@ func TestCoalesceFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestReplicaFlags(t *testing.T) {
+	c, err := Load(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Shedding() || c.ConnectionShedRate != DefaultConnectionShedRate {
+		t.Errorf("defaults: shedding %v, rate %v", c.Shedding(), c.ConnectionShedRate)
+	}
+	c, err = Load([]string{"--frontend-replicas=3", "--frontend-expected-connections=300"})
+	if err != nil || !c.Shedding() {
+		t.Fatalf("replicas and expected connections: %v, shedding %v", err, c.Shedding())
+	}
+	for _, bad := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--frontend-replicas=3"}, "--frontend-replicas 3 needs --frontend-expected-connections"},
+		{[]string{"--frontend-expected-connections=30"}, "--frontend-expected-connections 30 needs --frontend-replicas"},
+		{[]string{"--frontend-replicas=-1"}, "--frontend-replicas -1: want 0 (no shedding) to 10000"},
+		{[]string{"--connection-shed-rate=0"}, "--connection-shed-rate 0: want more than 0 and at most 100 a second"},
+		{[]string{"--connection-shed-rate=NaN"}, "--connection-shed-rate NaN: want more than 0"},
+	} {
+		c, err := Load(bad.args)
+		if err == nil {
+			err = c.Validate()
+		}
+		if err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%v: error %v lacks %q", bad.args, err, bad.want)
+		}
+	}
+}

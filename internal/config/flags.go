@@ -115,6 +115,7 @@ func FlagSet(c *Config) *pflag.FlagSet {
 	group("Listeners")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", c.IdleTimeout, "close a main-listener connection idle this long between requests (an open watch is never idle); also bounds the wait for a request's headers, at most 30s")
 	fs.IntVar(&c.MaxConnections, "max-connections", c.MaxConnections, "most connections the main listener serves at once; one more is answered 429 with Retry-After: 1 at once and closed (watchsan_connections_shed_total), which clients retry; lowered to fit the open-file limit")
+	c.Replicas.flags(fs)
 	fs.IntVar(&c.MaxConnectionsPerSource, "max-connections-per-source", c.MaxConnectionsPerSource, "most main-listener connections one client address (an IPv6 /64) holds at once; more are closed at once. 0: 100 when --listen is not on loopback, none on loopback (every client is this machine); -1: none (behind a load balancer that hides client addresses)")
 	fs.IntVar(&c.MaxHeaderConnectionsPerSource, "max-header-connections-per-source", c.MaxHeaderConnectionsPerSource, "most of one client address's connections still sending a request's headers (slowloris); one more closes its oldest such. 0: 32 when --listen is not on loopback, none on loopback; -1: none")
 	fs.IntVar(&c.HTTP2MaxStreams, "http2-max-streams-per-connection", c.HTTP2MaxStreams, "most concurrent requests (streams) on one HTTP/2 connection to the main listener")

@@ -181,6 +181,7 @@ func (c *Config) Validate() error {
 		add("--log-format %q: want console or json (empty: console on a terminal, else json)", c.LogFormat)
 	}
 	c.HA.validate(add)
+	c.Replicas.validate(add)
 	return errors.Join(c.locate(errs)...)
 }
 

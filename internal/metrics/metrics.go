@@ -72,8 +72,11 @@ type Metrics struct {
 	Refused         *prometheus.CounterVec // reason: requests watchsan refused itself (RefusalReasons)
 	Connections     *prometheus.GaugeVec   // listener: main | admin
 	ConnectionLimit *prometheus.GaugeVec   // listener
-	ConnectionsShed *prometheus.CounterVec // reason: main-listener connections refused or closed by a limit (ShedReasons)
-	TLSReloads      *prometheus.CounterVec // result: ok | error (the main listener's TLS files)
+	// ConnectionRebalanceLimit is the most main-listener connections this replica holds
+	// before it sheds one (package shed); 0: it never sheds.
+	ConnectionRebalanceLimit prometheus.Gauge
+	ConnectionsShed          *prometheus.CounterVec // reason: main-listener connections refused or closed by a limit (ShedReasons)
+	TLSReloads               *prometheus.CounterVec // result: ok | error (the main listener's TLS files)
 
 	// BuildInfo is 1 for the running build's version, revision and Go version (SetVersion).
 	BuildInfo *prometheus.GaugeVec // version, revision, goversion
@@ -133,19 +136,20 @@ func New(deleteMemoryLen func() float64) *Metrics {
 	m.WatchMovesFailed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_watch_moves_failed_total", Help: "Watch moves not made because no target accepted the watch's resume point (make-before-break: the watch stayed where it was), by the move's reason."}, []string{"reason"})
 	m.WatchFreshPoints = prometheus.NewCounter(prometheus.CounterOpts{Name: "watchsan_watch_fresh_resume_points_total", Help: "Quiet watches given a newer resume point (a bookmark of a same-scope probe watch on their backend) so that they could move."})
 	m.Retries = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_request_retries_total", Help: "Retries of requests that failed before their response started, by outcome."}, []string{"outcome"})
-	m.Refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_requests_refused_total", Help: "Requests watchsan refused itself before anything went upstream, by reason (host, origin, cors_preflight, path, method, dot_segment, connect, absolute_target, connection_header, impersonation; header_bytes_connection, header_bytes_source: 429, the requests in progress on its connection, or of its source, carried --max-header-bytes-per-connection or --max-header-bytes-per-source of headers, half of it for a request without credentials)."}, []string{"reason"})
+	m.Refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_requests_refused_total", Help: "Requests watchsan refused itself before anything went upstream, by reason (host, origin, cors_preflight, path, method, dot_segment, connect, absolute_target, connection_header, impersonation; header_bytes_connection, header_bytes_source: 429, the requests in progress on its connection, or of its source, carried --max-header-bytes-per-connection or --max-header-bytes-per-source of headers, half of it for a request without credentials; rebalance: 429, a watch on a connection this replica shed, which its client retries on a new one)."}, []string{"reason"})
 	m.Connections = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_connections", Help: "Client connections open now, by listener (upgraded ones included)."}, []string{"listener"})
-	m.ConnectionsShed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_connections_shed_total", Help: "Main-listener connections refused or closed by a limit: max_connections (--max-connections were open; the new one is answered 429 with Retry-After: 1 and closed), max_connections_unanswered (the same, while 64 such answers were under way; closed at once), source_connections (the source had --max-connections-per-source open; the new one is closed), source_headers (the source had --max-header-connections-per-source still sending their request's headers; its oldest such one is closed), write_timeout (a write to the client took no byte within --client-http2-write-byte-timeout, or an HTTP/1 watch's write did not complete within --watch-write-timeout; the connection is closed), ping_timeout (an HTTP/2 client did not answer a ping within --client-http2-ping-timeout; the connection is closed)."}, []string{"reason"})
+	m.ConnectionsShed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_connections_shed_total", Help: "Main-listener connections refused or closed by a limit: max_connections (--max-connections were open; the new one is answered 429 with Retry-After: 1 and closed), max_connections_unanswered (the same, while 64 such answers were under way; closed at once), source_connections (the source had --max-connections-per-source open; the new one is closed), source_headers (the source had --max-header-connections-per-source still sending their request's headers; its oldest such one is closed), write_timeout (a write to the client took no byte within --client-http2-write-byte-timeout, or an HTTP/1 watch's write did not complete within --watch-write-timeout; the connection is closed), ping_timeout (an HTTP/2 client did not answer a ping within --client-http2-ping-timeout; the connection is closed), rebalance (the replica held more than watchsan_connection_rebalance_limit; the connection's watches were ended cleanly and its next request answered with Connection: close, a GOAWAY on HTTP/2, so that its client reconnects through the load balancer)."}, []string{"reason"})
 	for _, r := range ShedReasons {
 		m.ConnectionsShed.WithLabelValues(r)
 	}
 	m.ConnectionLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_connection_limit", Help: "Most client connections a listener serves at once; more are answered 429 (main: watchsan_connections_shed_total) or wait in the kernel's backlog (admin)."}, []string{"listener"})
+	m.ConnectionRebalanceLimit = prometheus.NewGauge(prometheus.GaugeOpts{Name: "watchsan_connection_rebalance_limit", Help: "Most main-listener connections this frontend replica holds before it sheds one, to even out the replicas behind a load balancer: its share (--frontend-expected-connections / --frontend-replicas) a tenth over and at least 10; compare with watchsan_connections{listener=\"main\"}. 0: it never sheds."})
 	m.TLSReloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "watchsan_tls_reloads_total", Help: "Changes of the main listener's TLS files (serving certificate, key, client CA) seen, by result: ok (in use from the next handshake) or error (they do not load; the previous ones stay)."}, []string{"result"})
 	for _, result := range []string{"ok", "error"} { // at 0 from the start: alerts see 0, not no data
 		m.TLSReloads.WithLabelValues(result)
 	}
 	m.BuildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "watchsan_build_info", Help: "Always 1; its labels say which build runs: version, VCS revision and Go version."}, []string{"version", "revision", "goversion"})
-	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.StallsHung, m.SlowClients, m.ResumeSeconds, m.ResumeBrake, m.RelistsForced, m.GoneAbsorbed, m.AbsorbEvents, m.AbsorbStateBytes, m.AbsorbStatesDropped, m.AbsorbCompletingLists, m.AbsorbClientLists, m.SharedFeeds, m.SharedSubscribers, m.SharedJoins, m.PrivateFeeds, m.SharedAccessReviews, m.APIServiceReads, m.SharedRingEvictions, m.SharedRingBytes, m.SharedSlowSubscribers, m.SharedHandoffs, m.CoalescedReads, m.CoalesceUpstreamReads, m.CoalesceMembers, m.CoalesceLagging, m.CoalesceBypassed, m.WatchMovesFailed, m.WatchFreshPoints, m.Retries, m.Refused, m.Connections, m.ConnectionLimit, m.ConnectionsShed} {
+	for _, c := range []prometheus.Collector{m.BuildInfo, m.TLSReloads, m.Requests, m.RequestSeconds, m.InFlight, m.OpenWatches, m.Bytes, m.UpstreamUp, m.UpstreamDials, m.WatchEvents, m.WatchRegressed, m.NonIntegerRVs, m.StreamEnds, m.Resumes, m.Stalls, m.StallsHung, m.SlowClients, m.ResumeSeconds, m.ResumeBrake, m.RelistsForced, m.GoneAbsorbed, m.AbsorbEvents, m.AbsorbStateBytes, m.AbsorbStatesDropped, m.AbsorbCompletingLists, m.AbsorbClientLists, m.SharedFeeds, m.SharedSubscribers, m.SharedJoins, m.PrivateFeeds, m.SharedAccessReviews, m.APIServiceReads, m.SharedRingEvictions, m.SharedRingBytes, m.SharedSlowSubscribers, m.SharedHandoffs, m.CoalescedReads, m.CoalesceUpstreamReads, m.CoalesceMembers, m.CoalesceLagging, m.CoalesceBypassed, m.WatchMovesFailed, m.WatchFreshPoints, m.Retries, m.Refused, m.Connections, m.ConnectionLimit, m.ConnectionsShed, m.ConnectionRebalanceLimit} {
 		f(c)
 	}
 	m.Upstream.register(reg)
@@ -190,10 +194,10 @@ func (m *Metrics) SetVersion(version, revision string) {
 var Directions = []string{"upstream_to_client", "client_to_upstream"}
 
 // ShedReasons are every value of ConnectionsShed's reason label.
-var ShedReasons = []string{"max_connections", "max_connections_unanswered", "source_connections", "source_headers", "write_timeout", "ping_timeout"}
+var ShedReasons = []string{"max_connections", "max_connections_unanswered", "source_connections", "source_headers", "write_timeout", "ping_timeout", "rebalance"}
 
 // RefusalReasons are every value of Refused's reason label.
-var RefusalReasons = []string{"host", "origin", "cors_preflight", "path", "method", "dot_segment", "connect", "absolute_target", "connection_header", "impersonation", "header_bytes_connection", "header_bytes_source"}
+var RefusalReasons = []string{"host", "origin", "cors_preflight", "path", "method", "dot_segment", "connect", "absolute_target", "connection_header", "impersonation", "header_bytes_connection", "header_bytes_source", "rebalance"}
 
 // verbs are the verb label's values besides "other": the apiserver's verbs for resource
 // requests (RequestInfoFactory) and the lower-case methods it serves on other paths.

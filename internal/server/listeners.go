@@ -15,6 +15,7 @@ import (
 	"golang.org/x/net/netutil"
 
 	"github.com/watchsan/watchsan/internal/config"
+	"github.com/watchsan/watchsan/internal/shed"
 )
 
 // ListenError is a listener that could not be opened (an address in use, a port watchsan may
@@ -88,6 +89,7 @@ func (s *Server) bound(name string, ln net.Listener, n int, over func(net.Conn))
 	cl := &countingListener{Listener: limited, opened: open.Inc, closed: open.Dec}
 	if name == "main" {
 		cl.writeTimedOut = s.metrics.ConnectionsShed.WithLabelValues("write_timeout").Inc
+		cl.shedder = s.shedder
 	}
 	return cl
 }
@@ -161,11 +163,13 @@ func (s *Server) newAdminServer(errLog *log.Logger) *http.Server {
 }
 
 // countingListener tells opened and closed about each connection it hands out, and
-// writeTimedOut (nil: no one) about each whose write failed at its deadline.
+// writeTimedOut (nil: no one) about each whose write failed at its deadline; it puts each in
+// shedder's set (nil: none) until it closes.
 type countingListener struct {
 	net.Listener
 	opened, closed func()
 	writeTimedOut  func()
+	shedder        *shed.Shedder
 }
 
 func (l *countingListener) Accept() (net.Conn, error) {
@@ -174,7 +178,11 @@ func (l *countingListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	l.opened()
-	return &countedConn{Conn: c, closed: l.closed, writeTimedOut: l.writeTimedOut}, nil
+	cc := &countedConn{Conn: c, closed: l.closed, writeTimedOut: l.writeTimedOut}
+	if l.shedder != nil {
+		cc.rebalance = openRebalance(l.shedder)
+	}
+	return cc, nil
 }
 
 type countedConn struct {
@@ -186,6 +194,9 @@ type countedConn struct {
 	// connection is closed for it. Nil: not told.
 	writeTimedOut func()
 	timedOut      atomic.Bool
+	// rebalance is the connection in the shedder's set (rebalance.go), taken out at Close;
+	// nil: shedding is off.
+	rebalance *rebalanceConn
 }
 
 func (c *countedConn) Write(p []byte) (int, error) {
@@ -226,6 +237,11 @@ func cutSlow(r *http.Request) bool {
 
 func (c *countedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.closed)
+	c.once.Do(func() {
+		c.closed()
+		if c.rebalance != nil {
+			c.rebalance.close()
+		}
+	})
 	return err
 }

@@ -44,6 +44,14 @@ func (s *Server) classify(w http.ResponseWriter, r *http.Request, table *mux.Rou
 	if s.coalesce != nil && c.ref == nil && !c.info.IsWatch() {
 		c.coalesceKey, c.coalesceKind, c.coalescable = coalesce.Classify(r, &c.info, c.cred)
 	}
+	if rc := rebalanceOf(r); rc.isShed() {
+		// The connection was shed (rebalance.go): closed after this answer (HTTP/2: a GOAWAY),
+		// and a watch, which would hold it, refused with the 429 its client retries.
+		w.Header().Set("Connection", "close")
+		if c.ref == nil && c.info.IsWatch() {
+			c.ref = rebalanceRefusal(s.shedder.Limit())
+		}
+	}
 	if c.ref == nil {
 		c.releaseHeaders, c.ref = s.headers.admit(r, c.cred.Anonymous())
 	}

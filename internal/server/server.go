@@ -29,6 +29,7 @@ import (
 	"github.com/watchsan/watchsan/internal/localapi"
 	"github.com/watchsan/watchsan/internal/metrics"
 	"github.com/watchsan/watchsan/internal/review"
+	"github.com/watchsan/watchsan/internal/shed"
 	"github.com/watchsan/watchsan/internal/upstream"
 	"github.com/watchsan/watchsan/internal/watch"
 )
@@ -59,6 +60,9 @@ type Server struct {
 	// overflow answers the main listener's connections beyond --max-connections (set by
 	// listen; nil before).
 	overflow *refuser
+	// shedder sheds the main listener's connections above this replica's share
+	// (rebalance.go); nil: off.
+	shedder *shed.Shedder
 	// recent holds the last rewrites, resumes, moves, absorbs and forced relists for the
 	// status page (recent.go); set by New.
 	recent *recentEvents
@@ -102,6 +106,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	}
 	memory := fix.NewDeleteMemory(cfg.DeleteMemoryEntries, cfg.DeleteMemoryTTL, nil)
 	s.metrics = metrics.New(func() float64 { return float64(memory.Len()) })
+	s.shedder = s.newShedder()
 	mem := budget.New(cfg.MemoryBudget)
 	s.metrics.Registry.MustRegister(mem)
 	if cfg.TLSCertFile != "" {
@@ -201,7 +206,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 		ShareReviewedWatchLists: cfg.ShareReviewedWatchLists,
 		ShareReviewEntries:      cfg.ShareReviewCacheEntries,
 	}, watch.Deps{Attempts: attempts, Metrics: s.metrics, Memory: memory, Done: s.watchesDone, Logger: log, OnBreak: s.onBreak,
-		ServedLocally: s.local.Local, Budget: mem, CutSlow: cutSlow,
+		ServedLocally: s.local.Local, Budget: mem, CutSlow: cutSlow, Rebalance: s.rebalanceHook(),
 		Note: func(kind string, b *upstream.Backend, path, detail string) {
 			s.recent.add(kind, upstreamName(b), path, detail)
 		}})
@@ -339,6 +344,9 @@ func (s *Server) Run(ctx context.Context) error {
 	defer stopHealth()
 	go s.pool.Run(healthCtx)
 	go s.discover(healthCtx)
+	if s.shedder != nil {
+		go s.shedder.Run(healthCtx.Done()) // ends with Run
+	}
 
 	errc := make(chan error, 2)
 	go func() {

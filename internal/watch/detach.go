@@ -71,10 +71,14 @@ type detached struct {
 	remote, requestID string
 	open              prometheus.Gauge // watchsan_open_watches of its resource
 	timer             clock.Timer      // timeoutSeconds or the max lifetime (lifetime.go); nil: none
-	atDeadline        EndReason        // how the stream ends when timer fires (params.deadlineEnd)
+	// atDeadline is how the stream ends when timer fires (params.deadlineEnd), or
+	// EndRebalance once rebalanced; written under the member's mu.
+	atDeadline EndReason
+	// unrebalance stops Deps.Rebalance's hold on the stream; nil: none. Under the member's mu.
+	unrebalance func()
 
 	writing  bool      // a writer goroutine runs (write)
-	deadline bool      // timer fired: the stream ends with atDeadline
+	deadline bool      // timer fired, or Deps.Rebalance's end was called: the stream ends with atDeadline
 	closing  EndReason // the writer is writing the last chunk, ending with it
 	ended    bool      // the stream ended: closed and counted
 }
@@ -128,7 +132,29 @@ func (sf *sharedFeed) detach(w http.ResponseWriter, r *http.Request, m *member, 
 		d.kickLocked()
 	}
 	m.mu.Unlock()
+	if h.deps.Rebalance != nil {
+		stop := h.deps.Rebalance(r, d.rebalanced)
+		m.mu.Lock()
+		if d.ended {
+			m.mu.Unlock()
+			stop()
+			return true
+		}
+		d.unrebalance = stop
+		m.mu.Unlock()
+	}
 	return true
+}
+
+// rebalanced: the server sheds the client's connection (Deps.Rebalance); the writer ends the
+// stream with the last chunk, as at its deadline, and closes the connection.
+func (d *detached) rebalanced() {
+	d.m.mu.Lock()
+	if !d.deadline {
+		d.deadline, d.atDeadline = true, EndRebalance
+		d.kickLocked()
+	}
+	d.m.mu.Unlock()
 }
 
 // timedOut: the stream's deadline (its timeoutSeconds, or the max lifetime) passed; the writer
@@ -163,7 +189,7 @@ func (d *detached) write() {
 			m.mu.Unlock()
 			return
 		}
-		deadline := d.deadline
+		deadline, atDeadline := d.deadline, d.atDeadline
 		var q [][]byte
 		if !deadline {
 			q = m.takeLocked(limit)
@@ -187,7 +213,7 @@ func (d *detached) write() {
 		case len(q) > 0:
 			continue // more may be queued: the end comes after it
 		case deadline:
-			d.finish(d.atDeadline)
+			d.finish(atDeadline)
 		case over:
 			d.sf.log.Info("a shared feed's subscriber fell its buffer's worth behind; its stream is ended, its client re-watches from its last resourceVersion",
 				zap.String("remote", d.remote), zap.Int("bufferBytes", m.max))
@@ -242,7 +268,12 @@ func (d *detached) close(end EndReason) {
 	if d.timer != nil {
 		d.timer.Stop()
 	}
+	unrebalance := d.unrebalance
+	d.unrebalance = nil
 	m.mu.Unlock()
+	if unrebalance != nil {
+		unrebalance()
+	}
 	d.conn.Close() // ends the reader; a write under way fails
 	sf.leave(m)
 	d.open.Dec()

@@ -140,6 +140,9 @@ type feed struct {
 	stopDeadline clock.Timer
 	tracked      bool
 	unfollow     func() bool
+	// unrebalance stops Deps.Rebalance's hold on the client's stream (release); nil: none
+	// (a shared feed's, or no Rebalance). Set by Handler.open once the stream began.
+	unrebalance func()
 
 	// mem is the feed's account of the memory budget, charged for the frames it reads
 	// (source), closed by release; nil: nothing charged. Set at construction (Handler.open,
@@ -563,6 +566,8 @@ func (f *feed) classify(attemptCtx context.Context, err error) attemptEnd {
 		return attemptEnd{end: EndShutdown}
 	case errors.Is(cause, errClientDeadline):
 		return attemptEnd{end: f.deadlineEnd()}
+	case errors.Is(cause, errRebalance):
+		return attemptEnd{end: EndRebalance}
 	case errors.Is(cause, errStalled):
 		return attemptEnd{resume: ResumeStall, err: err}
 	case errors.Is(cause, errOverBudget):
@@ -815,6 +820,8 @@ func (f *feed) endFromContext() EndReason {
 		return EndShutdown
 	case errors.Is(cause, errClientDeadline):
 		return f.deadlineEnd()
+	case errors.Is(cause, errRebalance):
+		return EndRebalance
 	}
 	return EndClientGone
 }

@@ -162,6 +162,14 @@ type Deps struct {
 	// write-byte timeout, the connection as a whole, before any watch's own write fails): its
 	// watch ended as a slow client, not a gone one. Nil: never.
 	CutSlow func(r *http.Request) bool
+	// Rebalance, if set, is told each client watch once its stream has begun, with end, which
+	// ends the stream cleanly (EndRebalance: as at its deadline, the last chunk on HTTP/1.1,
+	// the stream's end on HTTP/2) so that its client re-watches from its last resourceVersion;
+	// the server calls it for the watches of a connection it sheds (docs/design.md section
+	// 10.12). end may be called from any goroutine, more than once, and after the stream
+	// ended; the watch calls the stop Rebalance returns once its stream ended. A watch-list
+	// handed off onto a shared feed (handoff.go) is not told. Nil: no watch is ended so.
+	Rebalance func(r *http.Request, end func()) (stop func())
 	// Budget is the process's memory budget: each watch and shared feed charges it for the
 	// frames it reads, each shared subscriber for its queue (package budget). Nil: nothing is
 	// charged, and only each buffer's own bound applies.
@@ -328,6 +336,7 @@ var (
 	errClientDeadline = errors.New("the client's timeoutSeconds passed")
 	errStalled        = errors.New("upstream watch stalled")
 	errOverBudget     = errors.New("the watch held the most of the memory budget past its high mark")
+	errRebalance      = errors.New("the server sheds the client's connection (Deps.Rebalance)")
 )
 
 // params are the watch parameters that matter to watchsan, read from the request's query
@@ -561,6 +570,9 @@ func (h *Handler) open(w http.ResponseWriter, r *http.Request, info *reqinfo.Inf
 		mode = fix.PassAll
 	}
 	f.openState(r, cred, p, format) // the state it keeps to absorb a 410 (absorb.go)
+	if h.deps.Rebalance != nil {
+		f.unrebalance = h.deps.Rebalance(r, func() { cancel(errRebalance) })
+	}
 	sub.start(format, first.Resp.Header, fix.NewStream(fix.Options{
 		Scope: scopeOf(p.scope, cred), StartRV: p.rv, SendInitialEvents: p.sendInitialEvents,
 		Mode: mode, Memory: h.deps.Memory,
@@ -618,6 +630,9 @@ func (f *feed) release() {
 	}
 	if f.tracked {
 		f.h.untrack(f)
+	}
+	if f.unrebalance != nil {
+		f.unrebalance()
 	}
 	if f.unfollow != nil {
 		f.unfollow()

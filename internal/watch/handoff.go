@@ -267,7 +267,7 @@ func (ho *handoff) serve(f *feed) {
 		defer t.Stop()
 		deadline = dl
 	}
-	end := sf.pump(f.client, m, &ho.sub.out, deadline, f.deadlineEnd())
+	end := sf.pump(f.client, m, &ho.sub.out, deadline, f.deadlineEnd(), nil)
 	h.deps.Metrics.StreamEnds.WithLabelValues(end.String()).Inc()
 	if end == EndSlowClient {
 		h.deps.Metrics.SharedSlowSubscribers.Inc()

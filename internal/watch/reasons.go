@@ -39,6 +39,10 @@ const (
 	// more than its share while memory ran short (package budget). Ended cleanly; the client
 	// re-watches from its last resourceVersion.
 	EndMemory
+	// EndRebalance: the server shed the client's connection to even out the replicas of a
+	// frontend (Deps.Rebalance, docs/design.md section 10.12). Ended cleanly; the client
+	// re-watches from its last resourceVersion, on another connection.
+	EndRebalance
 
 	numEndReasons
 )
@@ -61,6 +65,7 @@ var endNames = [numEndReasons]string{
 	EndSlowClient:    "slow-client",
 	EndMaxLifetime:   "max-lifetime",
 	EndMemory:        "memory-budget",
+	EndRebalance:     "rebalance",
 }
 
 func (r EndReason) String() string {

@@ -984,8 +984,14 @@ func (sf *sharedFeed) serveAttached(w http.ResponseWriter, r *http.Request, m *m
 		defer t.Stop()
 		deadline = dl
 	}
+	var rebalance chan struct{} // closed by Deps.Rebalance's end
+	if h.deps.Rebalance != nil {
+		rebalance = make(chan struct{})
+		var once sync.Once
+		defer h.deps.Rebalance(r, func() { once.Do(func() { close(rebalance) }) })()
+	}
 	out := chunked.NewBatch(w, http.NewResponseController(w), h.cfg.WriteTimeout, m.mem)
-	end := sf.pump(r, m, &out, deadline, p.deadlineEnd())
+	end := sf.pump(r, m, &out, deadline, p.deadlineEnd(), rebalance)
 	met.StreamEnds.WithLabelValues(end.String()).Inc()
 	if end == EndSlowClient { // its queue filled, or a write to it did not complete in time
 		met.SharedSlowSubscribers.Inc()
@@ -1010,8 +1016,8 @@ func (sf *sharedFeed) left(r *http.Request) EndReason {
 func (sf *sharedFeed) slowClient(what string) { sf.h.slowClient(sf.log, sf.pol.path, what) }
 
 // pump is serve's loop; it returns how the client's stream ended: atDeadline when deadline is
-// closed.
-func (sf *sharedFeed) pump(r *http.Request, m *member, out *chunked.Batch, deadline <-chan struct{}, atDeadline EndReason) EndReason {
+// closed, EndRebalance when rebalance is (nil: never).
+func (sf *sharedFeed) pump(r *http.Request, m *member, out *chunked.Batch, deadline <-chan struct{}, atDeadline EndReason, rebalance <-chan struct{}) EndReason {
 	if out.FlushClient() != nil {
 		return sf.left(r)
 	}
@@ -1029,6 +1035,8 @@ func (sf *sharedFeed) pump(r *http.Request, m *member, out *chunked.Batch, deadl
 			return sf.left(r)
 		case <-deadline:
 			return atDeadline
+		case <-rebalance:
+			return EndRebalance
 		}
 		var over, done bool
 		var end EndReason
