@@ -227,6 +227,7 @@ func convert[T any](t *testing.T, o *unstructured.Unstructured) *T {
 // workload is a pod template and what owns it.
 type workload struct {
 	kind, name string
+	ns         string // its namespace, as rendered
 	replicas   int32
 	tmpl       corev1.PodTemplateSpec
 	selector   *metav1.LabelSelector
@@ -243,10 +244,10 @@ func workloads(t *testing.T, r rendering) []workload {
 			if d.Spec.Replicas != nil {
 				replicas = *d.Spec.Replicas
 			}
-			out = append(out, workload{"Deployment", d.Name, replicas, d.Spec.Template, d.Spec.Selector})
+			out = append(out, workload{"Deployment", d.Name, d.Namespace, replicas, d.Spec.Template, d.Spec.Selector})
 		case "DaemonSet":
 			d := convert[appsv1.DaemonSet](t, o)
-			out = append(out, workload{"DaemonSet", d.Name, 0, d.Spec.Template, d.Spec.Selector})
+			out = append(out, workload{"DaemonSet", d.Name, d.Namespace, 0, d.Spec.Template, d.Spec.Selector})
 		case "StatefulSet", "Job", "CronJob", "Pod", "ReplicaSet":
 			t.Errorf("%s: %s %s: add this kind to the test's checks", r.name, o.GetKind(), o.GetName())
 		}
@@ -623,6 +624,9 @@ func checkAdminAuth(t *testing.T, r rendering, w workload, c corev1.Container, c
 
 // namespace is the namespace w's pods run in: the rendering's own (one per rendering).
 func (w workload) namespace(r rendering) string {
+	if w.ns != "" {
+		return w.ns
+	}
 	if nss := r.all("Namespace"); len(nss) == 1 {
 		return nss[0].GetName()
 	}
@@ -1053,4 +1057,59 @@ func TestComponentsHaveUsage(t *testing.T) {
 		t.Errorf("%d components under deploy/, %d in componentHosts", components, len(componentHosts))
 	}
 	t.Logf("components and where they are used: %v", used)
+}
+
+// The tier overlay's node-local proxies reach the frontend tier, not the apiservers: their one
+// upstream is the frontends' Service by its cluster DNS name and port as rendered, verified with
+// the frontends' CA (the ConfigMap watchsan-frontend-ca, which the overlay's comment says to
+// create), and the frontends still reach the apiservers.
+func TestTierOverlay(t *testing.T) {
+	var tier *rendering
+	for _, r := range renderAll(t) {
+		if r.name == "overlays/tier" {
+			tier = &r
+		}
+	}
+	if tier == nil {
+		t.Fatal("no overlays/tier rendered")
+	}
+	svc := tier.find("Service", "watchsan-frontend")
+	if svc == nil {
+		t.Fatal("overlays/tier renders no frontend Service")
+	}
+	s := convert[corev1.Service](t, svc)
+	want := fmt.Sprintf("https://%s.%s.svc:%d", s.Name, s.Namespace, s.Spec.Ports[0].Port)
+	sawNode, sawFrontend := false, false
+	for _, w := range workloads(t, *tier) {
+		for _, c := range w.tmpl.Spec.Containers {
+			if !isWatchsan(c) {
+				continue
+			}
+			cfg := watchsanConfig(t, *tier, w, c)
+			switch w.kind {
+			case "DaemonSet":
+				sawNode = true
+				if len(cfg.Upstreams) != 1 || cfg.Upstreams[0] != want {
+					t.Errorf("the node-local proxy's upstreams are %v, want the frontends' Service %s", cfg.Upstreams, want)
+				}
+				ca := false
+				for _, v := range w.tmpl.Spec.Volumes {
+					if v.Name == "upstream-ca" && v.ConfigMap != nil && v.ConfigMap.Name == "watchsan-frontend-ca" {
+						ca = true
+					}
+				}
+				if !ca {
+					t.Errorf("the node-local proxy does not verify its upstream with the frontends' CA (volume upstream-ca from ConfigMap watchsan-frontend-ca)")
+				}
+			case "Deployment":
+				sawFrontend = true
+				if len(cfg.Upstreams) == 0 || cfg.Upstreams[0] != "https://kubernetes.default.svc:443" {
+					t.Errorf("the frontends' upstreams are %v, want the apiservers", cfg.Upstreams)
+				}
+			}
+		}
+	}
+	if !sawNode || !sawFrontend {
+		t.Errorf("overlays/tier should run a node-local DaemonSet (%v) and the frontends (%v)", sawNode, sawFrontend)
+	}
 }

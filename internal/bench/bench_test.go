@@ -668,3 +668,45 @@ func TestEveryPathHasAColor(t *testing.T) {
 		}
 	}
 }
+
+// The scale section reports each mode's row with its latencies, CPU per event and memory per
+// subscriber, and draws its chart; a rerun of another phase keeps it.
+func TestScaleReport(t *testing.T) {
+	dir := t.TempDir()
+	var rs []*ScaleResult
+	for _, n := range []int{100, 1000} {
+		sr := &ScaleResult{Watchers: n, Feeds: 100, Writes: 1000}
+		for i, m := range ScaleModes {
+			s := ScaleSample{Mode: m, Watchers: n, Feeds: 100, Writes: 1000, Delivered: 1000 * n / 100,
+				P50: time.Duration(i+1) * 10 * time.Millisecond, P99: time.Duration(i+1) * 30 * time.Millisecond, Max: time.Second,
+				APIServerTicks: 300, BaselineTicks: 200, UpstreamWatches: float64(n)}
+			if m == ScaleWatchsan1 || m == ScaleWatchsan2 {
+				s.UpstreamWatches, s.WatchsanCPU, s.WatchsanRSSBeforeKiB, s.WatchsanRSSKiB = 100, 0.5, 1000, 1000+int64(8*n)
+			}
+			sr.Samples = append(sr.Samples, s)
+		}
+		rs = append(rs, sr)
+	}
+	res := &Results{Skipped: map[PathName]string{}, Scale: rs, ScaleAPIServer: "v1.37.2"}
+	if err := WriteReport(dir, res); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// direct: (300-200) ticks = 1 s over 10,000 deliveries = 100 µs; watchsan: 0.5 s = 50 µs.
+	for _, want := range []string{"## Scale", "| 1000 | direct-http1 | 1000 | 10000 | 10.00 ms | 30.00 ms | 1.00 s | 100.0 µs | — |",
+		"| 1000 | watchsan-http2 | 100 | 10000 | 40.00 ms | 120.00 ms | 1.00 s | 50.0 µs | 8.0 KiB |"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("README.md lacks %q:\n%s", want, b)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "scale.png")); err != nil {
+		t.Error(err)
+	}
+	again := &Results{Skipped: map[PathName]string{}}
+	if kept := keepOthers(filepath.Join(dir, "results.json"), again, map[string]bool{"fanout": true}); kept != "scale" || len(again.Scale) != 2 {
+		t.Errorf("kept %q and %d scale results, want scale and 2", kept, len(again.Scale))
+	}
+}

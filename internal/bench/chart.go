@@ -487,3 +487,99 @@ func fanOutChart(path string, res *Results) error {
 	}
 	return c.save(path)
 }
+
+// scaleColor colours the scale modes: the direct ones as the direct path, the watchsan ones
+// as watchsan's.
+var scaleColor = map[ScaleMode]color.RGBA{
+	ScaleDirect1:   fanOutColor[FanDirect],
+	ScaleDirect2:   {0x8c, 0x8c, 0x8c, 0xff},
+	ScaleWatchsan1: fanOutColor[FanLent],
+	ScaleWatchsan2: fanOutColor[FanReviewed],
+}
+
+// scaleChart draws the delivery latency (p50 and p99) against the number of watchers, one line
+// per mode, both axes log scale.
+func scaleChart(path string, res *Results) error {
+	if len(res.Scale) == 0 {
+		return nil
+	}
+	names := make([]string, len(ScaleModes))
+	cols := make([]color.RGBA, len(ScaleModes))
+	for i, m := range ScaleModes {
+		names[i], cols[i] = string(m), scaleColor[m]
+	}
+	const width, height, topM, botM, leftM, panelGap = 1050, 430, 80, 50, 70, 60
+	c, err := newCanvas(width, height)
+	if err != nil {
+		return err
+	}
+	c.text(width/2, 22, fmt.Sprintf("delivery latency of %d writes against watchers over %d feeds, on a real kube-apiserver (log scales)",
+		res.Scale[0].Writes, res.Scale[0].Feeds), colBlack, center, false)
+	c.legendOf(leftM, 50, names, cols)
+	panelW := (width - leftM - panelGap - 20) / 2
+	var xs, all []float64
+	for _, sr := range res.Scale {
+		xs = append(xs, float64(sr.Watchers))
+		for i := range sr.Samples {
+			if s := &sr.Samples[i]; s.Delivered > 0 {
+				all = append(all, us(s.P50), us(s.P99))
+			}
+		}
+	}
+	if len(all) == 0 {
+		return nil
+	}
+	xlo, xhi := logRange(xs)
+	if xhi <= xlo {
+		xhi = xlo * 10
+	}
+	lo, hi := logRange(all)
+	if hi <= lo {
+		hi = lo * 10
+	}
+	plotBottom := height - botM
+	panels := []struct {
+		title string
+		value func(*ScaleSample) time.Duration
+	}{
+		{"p50", func(s *ScaleSample) time.Duration { return s.P50 }},
+		{"p99", func(s *ScaleSample) time.Duration { return s.P99 }},
+	}
+	for pi, panel := range panels {
+		x0 := leftM + pi*(panelW+panelGap)
+		xOf := func(v float64) float64 {
+			return float64(x0) + float64(panelW)*math.Log10(v/xlo)/math.Log10(xhi/xlo)
+		}
+		yOf := func(v float64) float64 {
+			v = math.Max(v, lo)
+			return float64(plotBottom) - float64(plotBottom-topM)*math.Log10(v/lo)/math.Log10(hi/lo)
+		}
+		for d := lo; d <= hi*1.0001; d *= 10 {
+			y := int(yOf(d))
+			c.rect(x0, y, x0+panelW, y+1, colGrid)
+			c.text(x0-6, y+4, durLabel(d), colAxis, right, true)
+		}
+		for _, x := range xs {
+			c.text(int(xOf(x)), plotBottom+18, fmt.Sprintf("%d", int(x)), colBlack, center, true)
+		}
+		c.text(x0+panelW/2, topM-12, panel.title+" from a write to its delivery", colBlack, center, false)
+		for _, m := range ScaleModes {
+			var px, py float64
+			first := true
+			for _, sr := range res.Scale {
+				s := sr.Of(m)
+				if s == nil || s.Delivered == 0 {
+					continue
+				}
+				x, y := xOf(float64(sr.Watchers)), yOf(us(panel.value(s)))
+				if !first {
+					c.line(px, py, x, y, 2, scaleColor[m])
+				}
+				c.rect(int(x)-3, int(y)-3, int(x)+3, int(y)+3, scaleColor[m])
+				px, py, first = x, y, false
+			}
+		}
+		c.rect(x0, plotBottom, x0+panelW, plotBottom+1, colAxis)
+	}
+	return c.save(path)
+}

@@ -684,6 +684,7 @@ func (l *Launcher) startFanOut(ctx context.Context, args []string) (*proc, error
 	if err != nil {
 		return nil, err
 	}
+	p.tls = slices.Contains(args, "--tls-cert-file")
 	if err := p.ready(ctx, 2); err != nil {
 		return nil, err
 	}

@@ -49,6 +49,8 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	fanClients := fs.String("fanout-clients", "", "numbers of identical watches for the fan-out runs on a real kube-apiserver (default 10,100,1000)")
 	fanWrites := fs.Int("fanout-writes", 0, "configmaps written in each fan-out run (0: default)")
 	stormClients := fs.Int("storm-clients", 0, "clients a wave of the relist storm runs on a real kube-apiserver (0: default, 200)")
+	scaleWatchers := fs.String("scale-watchers", "", "numbers of watchers for the scale runs on a real kube-apiserver, spread over -scale-feeds namespaces (default 100,1000,10000)")
+	scaleFeeds := fs.Int("scale-feeds", 0, "namespaces (feeds) the scale runs' watchers spread over (0: default, 100)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -68,7 +70,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	cfg.Phases = map[string]bool{}
 	for _, p := range strings.Split(*phases, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case "throughput", "latency", "ttfe", "memory", "fanout", "storm":
+		case "throughput", "latency", "ttfe", "memory", "fanout", "storm", "scale":
 			cfg.Phases[p] = true
 		default:
 			fmt.Fprintf(stderr, "-phases: unknown phase %q\n", p)
@@ -101,6 +103,15 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	}
 	if *fanWrites > 0 {
 		cfg.FanOutWrites = *fanWrites
+	}
+	if *scaleWatchers != "" {
+		if cfg.ScaleWatchers, err = parseCounts("-scale-watchers", *scaleWatchers); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 2
+		}
+	}
+	if *scaleFeeds > 0 {
+		cfg.ScaleFeeds = *scaleFeeds
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -142,7 +153,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 }
 
 // allPhases are what -phases may name, in the order they run.
-var allPhases = []string{"throughput", "latency", "ttfe", "memory", "fanout", "storm"}
+var allPhases = []string{"throughput", "latency", "ttfe", "memory", "fanout", "storm", "scale"}
 
 // keepOthers fills res's sections of the phases this run did not measure from the results in
 // file, when there are any, so that one phase can be run again alone (-phases fanout) without
@@ -191,6 +202,13 @@ func keepOthers(file string, res *Results, ran map[string]bool) string {
 			res.StormEnv = &env
 		}
 	})
+	keep("scale", len(old.Scale) > 0, func() {
+		res.Scale, res.ScaleAPIServer, res.ScaleEnv = old.Scale, old.ScaleAPIServer, old.ScaleEnv
+		if res.ScaleEnv == nil {
+			env := old.Env
+			res.ScaleEnv = &env
+		}
+	})
 	keep("fanout", len(old.FanOut) > 0, func() {
 		res.FanOut, res.FanOutAPIServer, res.FanOutEnv = old.FanOut, old.FanOutAPIServer, old.FanOutEnv
 		if res.FanOutEnv == nil {
@@ -219,14 +237,18 @@ func keepOthers(file string, res *Results, ran map[string]bool) string {
 			env := res.Env
 			res.StormEnv = &env
 		}
+		if ran["scale"] {
+			env := res.Env
+			res.ScaleEnv = &env
+		}
 		if ran["memory"] {
 			env := res.Env
 			res.MemoryEnv = &env
 		}
 		res.Env = old.Env
 	}
-	if !slices.ContainsFunc(kept, func(k string) bool { return k != "fanout" && k != "storm" }) {
-		return strings.Join(kept, ", ") // the fan-out and the storm have paths of their own: no skipped path of theirs to keep
+	if !slices.ContainsFunc(kept, func(k string) bool { return k != "fanout" && k != "storm" && k != "scale" }) {
+		return strings.Join(kept, ", ") // the fan-out, the storm and the scale runs have paths of their own: no skipped path of theirs to keep
 	}
 	for name, why := range old.Skipped {
 		if res.Skipped[name] == "" && !measured[name] {
@@ -305,6 +327,9 @@ func DefaultConfig() Config {
 		StormObjectBytes:  2048,
 		StormLimit:        500,
 		StormReps:         1,
+		ScaleWatchers:     []int{100, 1000, 10000},
+		ScaleFeeds:        100,
+		ScaleWrites:       1000,
 	}
 }
 
@@ -326,6 +351,7 @@ func ShortConfig() Config {
 	c.MemorySettle = 100 * time.Millisecond
 	c.FanOutClients, c.FanOutWrites, c.FanOutReps = []int{3}, 10, 1
 	c.StormClients, c.StormObjects, c.StormObjectBytes, c.StormLimit, c.StormReps = 4, 30, 256, 10, 1
+	c.ScaleWatchers, c.ScaleFeeds, c.ScaleWrites = []int{6}, 3, 6
 	return c
 }
 

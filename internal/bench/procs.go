@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -95,7 +96,8 @@ type proc struct {
 	name  PathName
 	cmd   *exec.Cmd
 	pid   int
-	url   string // main listener, http://host:port
+	url   string // main listener, http://host:port (https:// when tls)
+	tls   bool   // the main listener serves TLS (watchsan's --tls-cert-file)
 	admin string // watchsan's admin listener, http://host:port
 	tail  *lineTail
 	done  chan struct{}
@@ -202,11 +204,19 @@ func spawn(name PathName, argv, env []string) (*proc, error) {
 // discover finds the listeners: from the "listening" log line when the process logs it (not
 // at --log-level error), otherwise from the process's listening sockets in /proc. With two,
 // the admin listener is the one whose /metrics has watchsan's own metrics.
+// mainScheme is the main listener's URL scheme and separator.
+func (p *proc) mainScheme() string {
+	if p.tls {
+		return "https://"
+	}
+	return "http://"
+}
+
 func (p *proc) discover(ctx context.Context, want int) error {
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		if l, a := p.tail.listening(); l != "" && (want == 1 || a != "") {
-			p.url, p.admin = "http://"+l, "http://"+a
+			p.url, p.admin = p.mainScheme()+l, "http://"+a
 			if want == 1 {
 				p.admin = ""
 			}
@@ -214,12 +224,12 @@ func (p *proc) discover(ctx context.Context, want int) error {
 		}
 		if addrs, err := procListeners(p.pid); err == nil && len(addrs) == want {
 			if want == 1 {
-				p.url = "http://" + addrs[0]
+				p.url = p.mainScheme() + addrs[0]
 				return nil
 			}
 			for i, a := range addrs {
 				if isWatchsanAdmin("http://" + a) {
-					p.admin, p.url = "http://"+a, "http://"+addrs[1-i]
+					p.admin, p.url = "http://"+a, p.mainScheme()+addrs[1-i]
 					return nil
 				}
 			}
@@ -250,6 +260,11 @@ func isWatchsanAdmin(base string) bool {
 // listener: its upstream is healthy).
 func (p *proc) waitReady(ctx context.Context) error {
 	c := &http.Client{Timeout: 2 * time.Second}
+	if p.tls {
+		// Only whether the bench's own child answers on loopback: its certificate is the one
+		// the bench made for it (scale.go), checked by the clients that measure.
+		c.Transport = &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}
+	}
 	ok := func(u string) bool {
 		resp, err := c.Get(u)
 		if err != nil {

@@ -24,7 +24,7 @@ func WriteReport(dir string, res *Results) error {
 	}
 	for name, draw := range map[string]func(string, *Results) error{
 		"throughput.png": throughputChart, "latency.png": latencyChart, "memory.png": memoryChart,
-		"fanout.png": fanOutChart,
+		"fanout.png": fanOutChart, "scale.png": scaleChart,
 	} {
 		if err := draw(filepath.Join(dir, name), res); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
@@ -382,6 +382,9 @@ func writeMarkdown(w io.Writer, r *Results) {
 	}
 	if r.Storm != nil && len(r.Storm.Samples) > 0 {
 		writeStorm(p, r)
+	}
+	if len(r.Scale) > 0 {
+		writeScale(p, r)
 	}
 	if len(r.Skipped) > 0 {
 		p("## Skipped")

@@ -70,7 +70,12 @@ type Config struct {
 	// repeats every mode (the median is reported).
 	StormClients, StormObjects, StormObjectBytes, StormLimit, StormReps int
 
-	// Phases selects what to measure: "throughput", "latency", "ttfe", "memory", "fanout", "storm"; nil: all.
+	// ScaleWatchers lists the numbers of watchers of the scale runs, spread over ScaleFeeds
+	// namespaces, each followed by ScaleWrites writes, on a real kube-apiserver (scale.go).
+	ScaleWatchers           []int
+	ScaleFeeds, ScaleWrites int
+
+	// Phases selects what to measure: "throughput", "latency", "ttfe", "memory", "fanout", "storm", "scale"; nil: all.
 	Phases map[string]bool
 
 	Launcher Launcher `json:"-"`
@@ -113,6 +118,11 @@ type Results struct {
 	Storm          *StormResult `json:",omitempty"`
 	StormAPIServer string       `json:",omitempty"`
 	StormEnv       *Env         `json:",omitempty"`
+	// Scale is the scale runs (scale.go), one per number of watchers, on a kube-apiserver of
+	// version ScaleAPIServer; ScaleEnv what they were taken on, when (-phases) they ran apart.
+	Scale          []*ScaleResult `json:",omitempty"`
+	ScaleAPIServer string         `json:",omitempty"`
+	ScaleEnv       *Env           `json:",omitempty"`
 	// MemoryEnv is what the memory runs were taken on, when (-phases memory) they ran apart.
 	MemoryEnv *Env `json:",omitempty"`
 	// Skipped says why a path was not measured.
@@ -233,6 +243,9 @@ func Run(ctx context.Context, cfg Config) (*Results, error) {
 	}
 	if cfg.phase("storm") && cfg.StormClients > 0 {
 		r.storm(ctx)
+	}
+	if cfg.phase("scale") && len(cfg.ScaleWatchers) > 0 && cfg.ScaleFeeds > 0 {
+		r.scale(ctx)
 	}
 
 	res.Env.LoadAfter = loadAvg()
