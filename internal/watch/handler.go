@@ -36,6 +36,7 @@ import (
 	"github.com/watchsan/watchsan/internal/metrics"
 	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/review"
+	"github.com/watchsan/watchsan/internal/ring"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -119,7 +120,7 @@ type Config struct {
 	// shared feed once an access review at its bookmark allowed it (handoff.go); false: only
 	// the lent identity's watch-lists hand off, the others stay private (privateWatchList).
 	ShareReviewedWatchLists bool
-	// ShareRingTotalBytes bounds all feeds' rings together (ring.go, ringBudget); 0:
+	// ShareRingTotalBytes bounds all feeds' rings together (ring.Budget); 0:
 	// DefaultShareRingTotalBytes.
 	ShareRingTotalBytes int64
 }
@@ -261,7 +262,7 @@ func New(cfg Config, d Deps) (*Handler, error) {
 		d.Metrics.WatchMovesFailed.WithLabelValues(r.String())
 	}
 	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, clk: d.Clock,
-		feeds: &registry{feeds: map[string]*sharedFeed{}, rings: newRingBudget(cfg.ShareRingTotalBytes, d.Metrics.SharedRingBytes),
+		feeds: &registry{feeds: map[string]*sharedFeed{}, rings: ring.NewBudget(cfg.ShareRingTotalBytes, d.Metrics.SharedRingBytes, d.Budget),
 			ringBytes: cfg.ShareRingBytes, ringEvents: cfg.ShareRingEvents, evictions: d.Metrics.SharedRingEvictions}}
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
@@ -269,7 +270,6 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	h.reviews = review.New(cfg.ShareReviewEntries, d.Attempts, h.clk, h.log, d.Metrics.SharedAccessReviews)
 	h.parked = absorb.NewParked(h.clk, cfg.AbsorbParkTime)
 	h.stateBudget = absorb.NewBudget(cfg.AbsorbStateBytes, cfg.AbsorbTotalBytes, d.Metrics.AbsorbStateBytes, d.Budget)
-	h.feeds.rings.mem = d.Budget
 	for _, o := range AbsorbOutcomes { // every series from the start
 		d.Metrics.GoneAbsorbed.WithLabelValues(o)
 	}

@@ -302,7 +302,7 @@ func (sf *sharedFeed) handoffJoin(at, newest uint64, bookmarks bool, acc *member
 		return nil, handoffNotCovered, nil
 	case sf.notJoinable != "" || sf.rewrote:
 		return nil, handoffNotJoinable, nil
-	case !sf.absorbing && !sf.ring.covers(at):
+	case !sf.absorbing && !sf.ring.Covers(at):
 		return nil, handoffNotCovered, nil
 	case newest > sf.last || sf.absorbing: // an absorb's end wakes it to judge again (share_state.go)
 		ch := make(chan struct{})

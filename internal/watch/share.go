@@ -20,6 +20,7 @@ import (
 	"github.com/watchsan/watchsan/internal/fix"
 	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/review"
+	"github.com/watchsan/watchsan/internal/ring"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -193,14 +194,14 @@ type registry struct {
 	// rings is the budget all feeds' rings share (--share-ring-total-bytes); with its
 	// bounds of one ring (ringBytes, ringEvents) and its evictions' counter, what newRing
 	// makes each ring with. Set at construction.
-	rings                 *ringBudget
+	rings                 *ring.Budget
 	ringBytes, ringEvents int
 	evictions             *prometheus.CounterVec
 }
 
 // newRing makes a feed's ring, covering from start, in the budget.
-func (g *registry) newRing(start uint64) *ring {
-	return newRing(start, g.ringBytes, g.ringEvents, g.rings, g.evictions)
+func (g *registry) newRing(start uint64) *ring.Ring {
+	return ring.New(start, g.ringBytes, g.ringEvents, g.rings, g.evictions)
 }
 
 // serveShared serves the watch r on a shared feed when it may be (shareRule) and one covers
@@ -346,7 +347,7 @@ type sharedFeed struct {
 	members map[*member]struct{}
 	// ring holds the recent object events joiners are served from (newSharedFeed; started
 	// over by restartRing at an absorb's end, released by close).
-	ring *ring
+	ring *ring.Ring
 	// last is the newest resourceVersion delivered (object events and bookmarks): advance, and
 	// restartRing at an absorb's end.
 	last uint64
@@ -460,7 +461,7 @@ func (sf *sharedFeed) close(end EndReason) {
 	if sf.idleTimer != nil {
 		sf.idleTimer.Stop()
 	}
-	sf.ring.release() // no one joins any more: its bytes go back to the budget
+	sf.ring.Release() // no one joins any more: its bytes go back to the budget
 	sf.wakeWaiters(true)
 	members := sf.members
 	sf.members = map[*member]struct{}{}
@@ -501,8 +502,8 @@ func (sf *sharedFeed) addLocked(at uint64, bookmarks bool, acc *memberAccess) (*
 		return nil, privateNotCovered
 	}
 	// The coverage and the backlog at once: the budget may evict from the ring for another
-	// feed at any time (ringBudget).
-	backlog, n, ok := sf.ring.after(at)
+	// feed at any time (ring.Budget).
+	backlog, n, ok := sf.ring.After(at)
 	if !ok {
 		return nil, privateNotCovered
 	}
@@ -643,7 +644,7 @@ func (sf *sharedFeed) write(ev *stream.Event, d fix.Decision) error {
 		sf.advance(rv, isInt, false)
 	default:
 		if sf.advance(rv, isInt, true) && !sf.absorbing {
-			sf.ring.add(rv, raw)
+			sf.ring.Add(rv, raw)
 		}
 	}
 	if !isInt {
@@ -705,7 +706,7 @@ func (sf *sharedFeed) deliver(m *member, raw []byte, now time.Time) {
 // restartRing starts the ring over at L, the newest resourceVersion delivered from then on at
 // least L: an absorb's end (absorbEnd, share_state.go). mu is held.
 func (sf *sharedFeed) restartRing(L uint64) {
-	sf.ring.release()
+	sf.ring.Release()
 	sf.ring = sf.h.feeds.newRing(L)
 	sf.last = max(sf.last, L)
 }
