@@ -124,7 +124,7 @@ func (sf *sharedFeed) detach(w http.ResponseWriter, r *http.Request, m *member, 
 	}
 	m.mu.Lock()
 	m.det = d
-	if m.q.len() > 0 || m.over || m.done { // the ring's backlog at its join, or an end already
+	if m.q.Len() > 0 || m.over || m.done { // the ring's backlog at its join, or an end already
 		d.kickLocked()
 	}
 	m.mu.Unlock()
