@@ -36,7 +36,6 @@ import (
 	"github.com/watchsan/watchsan/internal/metrics"
 	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/review"
-	"github.com/watchsan/watchsan/internal/ring"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -197,9 +196,6 @@ type Handler struct {
 	// counters holds each resource label's *eventCounters (subscriber.go).
 	counters sync.Map
 
-	// shareExclude holds Config.ShareExclude's resources: their watches never share.
-	shareExclude map[string]bool
-
 	// stateBudget is what all feeds' states share, parked holds those of ended watches for
 	// their clients' re-watches (package absorb); both set by New.
 	stateBudget *absorb.Budget
@@ -262,8 +258,7 @@ func New(cfg Config, d Deps) (*Handler, error) {
 		d.Metrics.WatchMovesFailed.WithLabelValues(r.String())
 	}
 	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, clk: d.Clock,
-		feeds: &registry{feeds: map[string]*sharedFeed{}, rings: ring.NewBudget(cfg.ShareRingTotalBytes, d.Metrics.SharedRingBytes, d.Budget),
-			ringBytes: cfg.ShareRingBytes, ringEvents: cfg.ShareRingEvents, evictions: d.Metrics.SharedRingEvictions}}
+		feeds: newRegistry(cfg, d)}
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
 	}
@@ -278,10 +273,6 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	}
 	for _, r := range absorb.ClientListResults {
 		d.Metrics.AbsorbClientLists.WithLabelValues(r)
-	}
-	h.shareExclude = map[string]bool{}
-	for _, r := range cfg.ShareExclude {
-		h.shareExclude[r] = true
 	}
 	if d.Done != nil {
 		h.live = map[*feed]struct{}{}
@@ -451,12 +442,13 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info *reqinfo.In
 	f, sub, src := h.open(w, r, info, cred, p, requestID)
 	if f == nil {
 		if ho != nil {
-			ho.count(h, handoffEndedBefore)
+			ho.endedBefore(h)
 		}
 		return
 	}
 	if ho != nil {
-		f.handoff, ho.sub = ho, sub
+		f.handoff = ho
+		ho.attach(sub)
 	}
 	if sub.out.Conn() != nil {
 		// The watch owns its connection (subscriber.start): it goes on in a goroutine of its
@@ -576,14 +568,8 @@ func serve(f *feed, sub *subscriber, src *source) {
 	open.Inc()
 	defer open.Dec()
 	end := f.run(src)
-	if ho := f.handoff; ho != nil {
-		if end == endHandedOff {
-			ho.serve(f)
-			return
-		}
-		if !ho.tried {
-			ho.count(f.h, handoffEndedBefore)
-		}
+	if ho := f.handoff; ho != nil && ho.ended(f, end) {
+		return // its client was served as a shared feed's subscriber till its end (handoff.go)
 	}
 	ended(f, sub, end)
 }
@@ -626,7 +612,7 @@ func (f *feed) release() {
 	f.mem.Close()
 	// Complete at the last delivered resourceVersion: parked for the client's re-watch from it
 	// (absorb.go); after a handoff onto a shared feed, nothing anyone can use.
-	f.parkState(f.handoff == nil || f.handoff.sf == nil)
+	f.parkState(!f.handoff.handedOff())
 	f.cancel(nil)
 }
 

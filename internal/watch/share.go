@@ -192,12 +192,27 @@ func (h *Handler) servedLocally(info *reqinfo.Info) bool {
 type registry struct {
 	mu    sync.Mutex
 	feeds map[string]*sharedFeed
+	// exclude holds Config.ShareExclude's resources: their watches never share. Set at
+	// construction.
+	exclude map[string]bool
 	// rings is the budget all feeds' rings share (--share-ring-total-bytes); with its
 	// bounds of one ring (ringBytes, ringEvents) and its evictions' counter, what newRing
 	// makes each ring with. Set at construction.
 	rings                 *ring.Budget
 	ringBytes, ringEvents int
 	evictions             *prometheus.CounterVec
+}
+
+// newRegistry makes the registry of a Handler's shared feeds, with the bounds of cfg (its
+// defaults applied) and the rings' metrics and memory budget of d.
+func newRegistry(cfg Config, d Deps) *registry {
+	g := &registry{feeds: map[string]*sharedFeed{}, exclude: map[string]bool{},
+		rings:     ring.NewBudget(cfg.ShareRingTotalBytes, d.Metrics.SharedRingBytes, d.Budget),
+		ringBytes: cfg.ShareRingBytes, ringEvents: cfg.ShareRingEvents, evictions: d.Metrics.SharedRingEvictions}
+	for _, r := range cfg.ShareExclude {
+		g.exclude[r] = true
+	}
+	return g
 }
 
 // newRing makes a feed's ring, covering from start, in the budget.
@@ -211,7 +226,7 @@ func (g *registry) newRing(start uint64) *ring.Ring {
 // initial events (handoff.go) gets a private feed too, and its handoff, counted there.
 func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, p params, requestID string) (bool, *handoff) {
 	reason := privateExcluded // the operator's word first: no other rule is asked
-	if !h.shareExclude[info.GroupResource()] {
+	if !h.feeds.exclude[info.GroupResource()] {
 		reason = shareRule(cred, p)
 	}
 	// A watch-list hands off onto a feed with the lent identity itself, or with credentials
