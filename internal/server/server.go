@@ -29,6 +29,7 @@ import (
 	"github.com/watchsan/watchsan/internal/localapi"
 	"github.com/watchsan/watchsan/internal/metrics"
 	"github.com/watchsan/watchsan/internal/review"
+	"github.com/watchsan/watchsan/internal/ring"
 	"github.com/watchsan/watchsan/internal/shed"
 	"github.com/watchsan/watchsan/internal/upstream"
 	"github.com/watchsan/watchsan/internal/watch"
@@ -222,7 +223,7 @@ func New(cfg *config.Completed, log *zap.Logger) (*Server, error) {
 	for _, r := range watch.PrivateFeedReasons {
 		s.metrics.PrivateFeeds.WithLabelValues(r)
 	}
-	for _, c := range watch.RingEvictionCauses {
+	for _, c := range ring.EvictionCauses {
 		s.metrics.SharedRingEvictions.WithLabelValues(c)
 	}
 	for _, r := range watch.HandoffResults {

@@ -89,6 +89,19 @@ func (f *feed) noState(why string) { f.abs.None(why) }
 // keeps none.
 func (f *feed) takeState() (*absorb.State, string) { return f.abs.Take() }
 
+// absorbingSink is a sink that serves many clients (a shared feed, share_state.go), which an
+// absorb tells when its events begin and end and asks to judge its subscribers' access: from
+// absorbBegin to absorbEnd no one joins it, absorbAdmit ends alone each subscriber who may not
+// list the scope (with the 410 st), and absorbEnd starts its joinable history over at the
+// list's resourceVersion L (docs/design.md section 12, "Shared feeds"). The feed's goroutine
+// calls all three. A private feed's subscriber is none: its one client asked for the list.
+type absorbingSink interface {
+	sink
+	absorbBegin()
+	absorbAdmit(st *metav1.Status)
+	absorbEnd(L uint64)
+}
+
 // parkState parks the state the feed keeps as it ends, complete at its last delivered
 // resourceVersion, for the next watch from there (absorb.Parked); else, or when usable is false
 // (its first attempt failed; it was moved onto a shared feed), frees it.
@@ -169,7 +182,7 @@ func (f *feed) absorbGone(st *metav1.Status) (bool, attemptEnd) {
 			zap.String("path", f.client.URL.Path), zap.String("fromRV", f.sub.LastDelivered()), zap.Int("absorbs", run-1))
 		return false, attemptEnd{}
 	}
-	shared, _ := f.sub.(*sharedFeed)
+	shared, _ := f.sub.(absorbingSink)
 	l, err := f.list(run > 1, "")
 	if err != nil {
 		if f.ctx.Err() != nil {

@@ -1,7 +1,6 @@
 package watch
 
 import (
-	"context"
 	"errors"
 	"net/http"
 	"os"
@@ -33,33 +32,6 @@ import (
 // member (their feeds end); http.Server.Shutdown does not wait for hijacked connections, so the
 // server waits for them with WaitDetached.
 
-// Detacher is implemented by a ResponseWriter wrapper (found through Unwrap) that needs to know
-// when a watch's response outlives its handler: Detach is called once, on the handler's
-// goroutine, after the connection was hijacked and before the handler returns, and nothing is
-// written through the wrapper after it. The function it returns, if not nil, is called once
-// when the detached stream has ended and its connection is closed, with the body bytes written
-// (the events, without the chunk framing, as a Write through the wrapper would have counted
-// them). It may be called before the handler returns.
-type Detacher interface {
-	Detach() (end func(written int64))
-}
-
-// detachOf is the Detach of the Detacher among w and the writers it wraps (for
-// chunked.Options); nil: none.
-func detachOf(w http.ResponseWriter) func() func(int64) {
-	for w != nil {
-		if d, ok := w.(Detacher); ok {
-			return d.Detach
-		}
-		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
-		if !ok {
-			return nil
-		}
-		w = u.Unwrap()
-	}
-	return nil
-}
-
 // detached is a member that owns its client's connection (docs/design.md section 11): the
 // connection (package chunked) and the writer that runs while the member has frames queued.
 // Everything is detach's but the state below conn, which its member's mu guards.
@@ -82,12 +54,6 @@ type detached struct {
 	closing  EndReason // the writer is writing the last chunk, ending with it
 	ended    bool      // the stream ended: closed and counted
 }
-
-// The classes of the connections watches take, in Handler.conns.
-const (
-	classOwned    = iota // a private watch's (subscriber.start)
-	classDetached        // a detached shared watch's
-)
 
 // detach answers the client from m, whose response head serve has written, on its own: it
 // flushes the head, takes the connection and returns true; the handler then returns. False:
@@ -128,7 +94,7 @@ func (sf *sharedFeed) detach(w http.ResponseWriter, r *http.Request, m *member, 
 	}
 	m.mu.Lock()
 	m.det = d
-	if m.q.len() > 0 || m.over || m.done { // the ring's backlog at its join, or an end already
+	if m.q.Len() > 0 || m.over || m.done { // the ring's backlog at its join, or an end already
 		d.kickLocked()
 	}
 	m.mu.Unlock()
@@ -289,15 +255,6 @@ func (d *detached) close(end EndReason) {
 	// line and request metrics are out.
 	d.conn.Release()
 }
-
-// WaitDetached waits until no watch that owns its connection is open (a detached shared
-// watch, or a private one on HTTP/1.1, subscriber.start), or until ctx ends: then it ends
-// those left (a detached one's stream ends where it is, shutdown; a private one's connection
-// is closed) and returns ctx's error. At shutdown every feed ends (Deps.Done) and its watches
-// with it, each after its queue and the last chunk; http.Server.Shutdown does not wait for
-// hijacked connections, so the server calls this after it. Watches that take their connection
-// after it gave up are ended at once.
-func (h *Handler) WaitDetached(ctx context.Context) error { return h.conns.Wait(ctx) }
 
 // DetachedWatches is how many detached watches are open (tests, /debug).
 func (h *Handler) DetachedWatches() int { return h.conns.Len(classDetached) }

@@ -76,8 +76,8 @@ func (sf *sharedFeed) publish() {
 	f := sf.f
 	s := feedSnapshot{format: f.format, backend: f.backend,
 		last: sf.last, events: f.events, resumes: f.resumes, joinable: sf.notJoinable == ""}
-	// Under the ring's own lock: the budget may evict from it for another feed (ringBudget).
-	s.ringEvents, s.ringBytes, s.ringFrom, s.ringTo = sf.ring.stats()
+	// Under the ring's own lock: the budget may evict from it for another feed (ring.Budget).
+	s.ringEvents, s.ringBytes, s.ringFrom, s.ringTo = sf.ring.Stats()
 	if old := sf.snap.Load(); old != nil && *old == s {
 		return
 	}

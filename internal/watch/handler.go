@@ -119,7 +119,7 @@ type Config struct {
 	// shared feed once an access review at its bookmark allowed it (handoff.go); false: only
 	// the lent identity's watch-lists hand off, the others stay private (privateWatchList).
 	ShareReviewedWatchLists bool
-	// ShareRingTotalBytes bounds all feeds' rings together (ring.go, ringBudget); 0:
+	// ShareRingTotalBytes bounds all feeds' rings together (ring.Budget); 0:
 	// DefaultShareRingTotalBytes.
 	ShareRingTotalBytes int64
 }
@@ -204,9 +204,6 @@ type Handler struct {
 	// counters holds each resource label's *eventCounters (subscriber.go).
 	counters sync.Map
 
-	// shareExclude holds Config.ShareExclude's resources: their watches never share.
-	shareExclude map[string]bool
-
 	// stateBudget is what all feeds' states share, parked holds those of ended watches for
 	// their clients' re-watches (package absorb); both set by New.
 	stateBudget *absorb.Budget
@@ -269,15 +266,13 @@ func New(cfg Config, d Deps) (*Handler, error) {
 		d.Metrics.WatchMovesFailed.WithLabelValues(r.String())
 	}
 	h := &Handler{cfg: cfg, deps: d, log: d.Logger.Named("watch"), exempt: map[string]bool{}, clk: d.Clock,
-		feeds: &registry{feeds: map[string]*sharedFeed{}, rings: newRingBudget(cfg.ShareRingTotalBytes, d.Metrics.SharedRingBytes),
-			ringBytes: cfg.ShareRingBytes, ringEvents: cfg.ShareRingEvents, evictions: d.Metrics.SharedRingEvictions}}
+		feeds: newRegistry(cfg, d)}
 	for _, r := range cfg.Exempt {
 		h.exempt[r] = true
 	}
 	h.reviews = review.New(cfg.ShareReviewEntries, d.Attempts, h.clk, h.log, d.Metrics.SharedAccessReviews)
 	h.parked = absorb.NewParked(h.clk, cfg.AbsorbParkTime)
 	h.stateBudget = absorb.NewBudget(cfg.AbsorbStateBytes, cfg.AbsorbTotalBytes, d.Metrics.AbsorbStateBytes, d.Budget)
-	h.feeds.rings.mem = d.Budget
 	for _, o := range AbsorbOutcomes { // every series from the start
 		d.Metrics.GoneAbsorbed.WithLabelValues(o)
 	}
@@ -286,10 +281,6 @@ func New(cfg Config, d Deps) (*Handler, error) {
 	}
 	for _, r := range absorb.ClientListResults {
 		d.Metrics.AbsorbClientLists.WithLabelValues(r)
-	}
-	h.shareExclude = map[string]bool{}
-	for _, r := range cfg.ShareExclude {
-		h.shareExclude[r] = true
 	}
 	if d.Done != nil {
 		h.live = map[*feed]struct{}{}
@@ -460,12 +451,13 @@ func (h *Handler) Serve(w http.ResponseWriter, r *http.Request, info *reqinfo.In
 	f, sub, src := h.open(w, r, info, cred, p, requestID)
 	if f == nil {
 		if ho != nil {
-			ho.count(h, handoffEndedBefore)
+			ho.endedBefore(h)
 		}
 		return
 	}
 	if ho != nil {
-		f.handoff, ho.sub = ho, sub
+		f.handoff = ho
+		ho.attach(sub)
 	}
 	if sub.out.Conn() != nil {
 		// The watch owns its connection (subscriber.start): it goes on in a goroutine of its
@@ -587,14 +579,8 @@ func serve(f *feed, sub *subscriber, src *source) {
 	open.Inc()
 	defer open.Dec()
 	end := f.run(src)
-	if ho := f.handoff; ho != nil {
-		if end == endHandedOff {
-			ho.serve(f)
-			return
-		}
-		if !ho.tried {
-			ho.count(f.h, handoffEndedBefore)
-		}
+	if ho := f.handoff; ho != nil && ho.ended(f, end) {
+		return // its client was served as a shared feed's subscriber till its end (handoff.go)
 	}
 	ended(f, sub, end)
 }
@@ -640,7 +626,7 @@ func (f *feed) release() {
 	f.mem.Close()
 	// Complete at the last delivered resourceVersion: parked for the client's re-watch from it
 	// (absorb.go); after a handoff onto a shared feed, nothing anyone can use.
-	f.parkState(f.handoff == nil || f.handoff.sf == nil)
+	f.parkState(!f.handoff.handedOff())
 	f.cancel(nil)
 }
 

@@ -117,6 +117,33 @@ func (ho *handoff) count(h *Handler, result string) {
 	h.deps.Metrics.SharedHandoffs.WithLabelValues(result).Inc()
 }
 
+// attach gives the handoff the private feed's subscriber sub, its client's response: what it
+// flushes before it moves, and what the member's frames are written to after.
+func (ho *handoff) attach(sub *subscriber) { ho.sub = sub }
+
+// endedBefore counts a watch-list whose stream ended before its initial-events-end bookmark,
+// or never began.
+func (ho *handoff) endedBefore(h *Handler) { ho.count(h, handoffEndedBefore) }
+
+// ended is the private stream's end, end, for its handoff: true when it moved onto a shared
+// feed (endHandedOff) and its client has been served there till its stream ended (serve);
+// false when the stream ended private, counted when its bookmark never came (a handoff
+// tried was counted then).
+func (ho *handoff) ended(f *feed, end EndReason) bool {
+	if end == endHandedOff {
+		ho.serve(f)
+		return true
+	}
+	if !ho.tried {
+		ho.endedBefore(f.h)
+	}
+	return false
+}
+
+// handedOff says whether the handoff ho moved its client onto a shared feed; false for none
+// (nil).
+func (ho *handoff) handedOff() bool { return ho != nil && ho.sf != nil }
+
 // plainRequest is the watch-list r (its query as parsed: query; selects: its params.scope) as
 // the plain watch from resourceVersion at that it is once its initial events are delivered:
 // without sendInitialEvents and resourceVersionMatch, bookmarks as asked; and that watch's
@@ -302,7 +329,7 @@ func (sf *sharedFeed) handoffJoin(at, newest uint64, bookmarks bool, acc *member
 		return nil, handoffNotCovered, nil
 	case sf.notJoinable != "" || sf.rewrote:
 		return nil, handoffNotJoinable, nil
-	case !sf.absorbing && !sf.ring.covers(at):
+	case !sf.absorbing && !sf.ring.Covers(at):
 		return nil, handoffNotCovered, nil
 	case newest > sf.last || sf.absorbing: // an absorb's end wakes it to judge again (share_state.go)
 		ch := make(chan struct{})

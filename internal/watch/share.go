@@ -18,8 +18,10 @@ import (
 	"github.com/watchsan/watchsan/internal/budget"
 	"github.com/watchsan/watchsan/internal/chunked"
 	"github.com/watchsan/watchsan/internal/fix"
+	"github.com/watchsan/watchsan/internal/queue"
 	"github.com/watchsan/watchsan/internal/reqinfo"
 	"github.com/watchsan/watchsan/internal/review"
+	"github.com/watchsan/watchsan/internal/ring"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/upstream"
 )
@@ -190,17 +192,32 @@ func (h *Handler) servedLocally(info *reqinfo.Info) bool {
 type registry struct {
 	mu    sync.Mutex
 	feeds map[string]*sharedFeed
+	// exclude holds Config.ShareExclude's resources: their watches never share. Set at
+	// construction.
+	exclude map[string]bool
 	// rings is the budget all feeds' rings share (--share-ring-total-bytes); with its
 	// bounds of one ring (ringBytes, ringEvents) and its evictions' counter, what newRing
 	// makes each ring with. Set at construction.
-	rings                 *ringBudget
+	rings                 *ring.Budget
 	ringBytes, ringEvents int
 	evictions             *prometheus.CounterVec
 }
 
+// newRegistry makes the registry of a Handler's shared feeds, with the bounds of cfg (its
+// defaults applied) and the rings' metrics and memory budget of d.
+func newRegistry(cfg Config, d Deps) *registry {
+	g := &registry{feeds: map[string]*sharedFeed{}, exclude: map[string]bool{},
+		rings:     ring.NewBudget(cfg.ShareRingTotalBytes, d.Metrics.SharedRingBytes, d.Budget),
+		ringBytes: cfg.ShareRingBytes, ringEvents: cfg.ShareRingEvents, evictions: d.Metrics.SharedRingEvictions}
+	for _, r := range cfg.ShareExclude {
+		g.exclude[r] = true
+	}
+	return g
+}
+
 // newRing makes a feed's ring, covering from start, in the budget.
-func (g *registry) newRing(start uint64) *ring {
-	return newRing(start, g.ringBytes, g.ringEvents, g.rings, g.evictions)
+func (g *registry) newRing(start uint64) *ring.Ring {
+	return ring.New(start, g.ringBytes, g.ringEvents, g.rings, g.evictions)
 }
 
 // serveShared serves the watch r on a shared feed when it may be (shareRule) and one covers
@@ -209,7 +226,7 @@ func (g *registry) newRing(start uint64) *ring {
 // initial events (handoff.go) gets a private feed too, and its handoff, counted there.
 func (h *Handler) serveShared(w http.ResponseWriter, r *http.Request, info *reqinfo.Info, cred upstream.Credentials, p params, requestID string) (bool, *handoff) {
 	reason := privateExcluded // the operator's word first: no other rule is asked
-	if !h.shareExclude[info.GroupResource()] {
+	if !h.feeds.exclude[info.GroupResource()] {
 		reason = shareRule(cred, p)
 	}
 	// A watch-list hands off onto a feed with the lent identity itself, or with credentials
@@ -346,7 +363,7 @@ type sharedFeed struct {
 	members map[*member]struct{}
 	// ring holds the recent object events joiners are served from (newSharedFeed; started
 	// over by restartRing at an absorb's end, released by close).
-	ring *ring
+	ring *ring.Ring
 	// last is the newest resourceVersion delivered (object events and bookmarks): advance, and
 	// restartRing at an absorb's end.
 	last uint64
@@ -459,7 +476,7 @@ func (sf *sharedFeed) close(end EndReason) {
 	if sf.idleTimer != nil {
 		sf.idleTimer.Stop()
 	}
-	sf.ring.release() // no one joins any more: its bytes go back to the budget
+	sf.ring.Release() // no one joins any more: its bytes go back to the budget
 	sf.wakeWaiters(true)
 	members := sf.members
 	sf.members = map[*member]struct{}{}
@@ -500,23 +517,23 @@ func (sf *sharedFeed) addLocked(at uint64, bookmarks bool, acc *memberAccess) (*
 		return nil, privateNotCovered
 	}
 	// The coverage and the backlog at once: the budget may evict from the ring for another
-	// feed at any time (ringBudget).
-	backlog, n, ok := sf.ring.after(at)
+	// feed at any time (ring.Budget).
+	backlog, n, ok := sf.ring.After(at)
 	if !ok {
 		return nil, privateNotCovered
 	}
 	m := &member{bookmarks: bookmarks, max: sf.h.cfg.ShareSubscriberBytes, wake: make(chan struct{}, 1), access: acc}
 	if len(backlog) > 0 {
-		if n += len(backlog) * entryCost; n > m.max {
+		if n += len(backlog) * queue.EntryCost; n > m.max {
 			return nil, privateBacklog
 		}
 		// Counted, never refused: a refused backlog would make the watch a private feed, an
 		// upstream watch of its own, when memory is short. Past the high mark the member may
 		// be asked to end (overBudget); its client re-watches, still costing no upstream watch.
 		m.mem = sf.h.deps.Budget.OpenEnding(m.overBudget)
-		m.mem.Force(budget.Queues, int64(len(backlog)*entryCost))
+		m.mem.Force(budget.Queues, int64(len(backlog)*queue.EntryCost))
 		for _, raw := range backlog {
-			m.q.push(raw)
+			m.q.Push(raw)
 		}
 		m.bytes, m.signal = n, true
 		m.since.Store(sf.h.clk.Now().UnixNano())
@@ -642,7 +659,7 @@ func (sf *sharedFeed) write(ev *stream.Event, d fix.Decision) error {
 		sf.advance(rv, isInt, false)
 	default:
 		if sf.advance(rv, isInt, true) && !sf.absorbing {
-			sf.ring.add(rv, raw)
+			sf.ring.Add(rv, raw)
 		}
 	}
 	if !isInt {
@@ -704,7 +721,7 @@ func (sf *sharedFeed) deliver(m *member, raw []byte, now time.Time) {
 // restartRing starts the ring over at L, the newest resourceVersion delivered from then on at
 // least L: an absorb's end (absorbEnd, share_state.go). mu is held.
 func (sf *sharedFeed) restartRing(L uint64) {
-	sf.ring.release()
+	sf.ring.Release()
 	sf.ring = sf.h.feeds.newRing(L)
 	sf.last = max(sf.last, L)
 }
@@ -780,9 +797,9 @@ func (c *frameCapture) take() []byte {
 // member is one subscriber of a shared feed: its queue of frames, bounded in bytes, that the
 // feed appends to and its writer (its client's request goroutine, or its detached writer)
 // writes out. What it holds is what it counts against its bound (docs/design.md section 11,
-// "Bounds"): each frame queued or being written, its bytes and its entry (entryCost). The
-// frames are shared with the ring and the other members; its entries, and the blocks that
-// hold them (frameQueue: at most a block's worth beyond what it counts), are its own.
+// "Bounds"): each frame queued or being written, its bytes and its entry (queue.EntryCost).
+// The frames are shared with the ring and the other members; its entries, and the blocks that
+// hold them (queue.Frames: at most a block's worth beyond what it counts), are its own.
 type member struct {
 	bookmarks bool
 	max       int
@@ -802,9 +819,9 @@ type member struct {
 	frames        atomic.Int32
 
 	mu sync.Mutex
-	q  frameQueue
-	// bytes is what q holds, counted (each frame's length and entryCost); writing, what the
-	// writer took from it and has not written yet (take, written), counted the same way:
+	q  queue.Frames
+	// bytes is what q holds, counted (each frame's length and queue.EntryCost); writing, what
+	// the writer took from it and has not written yet (take, written), counted the same way:
 	// bytes+writing is bounded by max.
 	bytes, writing int
 	signal         bool      // frames were queued since the last take
@@ -814,8 +831,8 @@ type member struct {
 	// det, once set, is the member's own connection and writer (detach.go): wakes start its
 	// writer instead of waking a handler.
 	det *detached
-	// mem is the member's account of the memory budget, charged entryCost for each entry of
-	// its queue (the frames are the feed's), opened when it joins and closed when it leaves
+	// mem is the member's account of the memory budget, charged queue.EntryCost for each entry
+	// of its queue (the frames are the feed's), opened when it joins and closed when it leaves
 	// or its feed ends; nil: nothing charged. writingEntries is how many of the entries the
 	// writer took are unwritten (m.mu).
 	mem            *budget.Account
@@ -830,21 +847,21 @@ func (m *member) push(raw []byte, now time.Time) bool {
 	if m.over {
 		return false // ended by the memory budget (overBudget): the feed lets it go
 	}
-	cost := len(raw) + entryCost
+	cost := len(raw) + queue.EntryCost
 	// Past its own bound, or refused by the memory budget (it holds more than its share of
 	// what is left): ended as the apiserver ends a watcher that cannot keep up.
-	if m.bytes+m.writing+cost > m.max || !m.mem.Take(budget.Queues, int64(entryCost)) {
+	if m.bytes+m.writing+cost > m.max || !m.mem.Take(budget.Queues, int64(queue.EntryCost)) {
 		m.over, m.bytes = true, 0
-		m.mem.Give(budget.Queues, int64(m.q.len()*entryCost))
-		m.q.reset()
+		m.mem.Give(budget.Queues, int64(m.q.Len()*queue.EntryCost))
+		m.q.Reset()
 		m.account()
 		m.wakeLocked()
 		return false
 	}
-	if m.q.len() == 0 {
+	if m.q.Len() == 0 {
 		m.since.Store(now.UnixNano())
 	}
-	m.q.push(raw)
+	m.q.Push(raw)
 	m.bytes += cost
 	m.signal = true
 	m.account()
@@ -860,8 +877,8 @@ func (m *member) overBudget() {
 		return
 	}
 	m.over, m.bytes = true, 0
-	m.mem.Give(budget.Queues, int64(m.q.len()*entryCost))
-	m.q.reset()
+	m.mem.Give(budget.Queues, int64(m.q.Len()*queue.EntryCost))
+	m.q.Reset()
 	m.account()
 	m.wakeLocked()
 }
@@ -869,8 +886,8 @@ func (m *member) overBudget() {
 // account publishes the queue's size for /debug/feeds; m.mu is held.
 func (m *member) account() {
 	m.queued.Store(int64(m.bytes + m.writing))
-	m.frames.Store(int32(m.q.len()))
-	if m.q.len() == 0 {
+	m.frames.Store(int32(m.q.Len()))
+	if m.q.Len() == 0 {
 		m.since.Store(0)
 	}
 }
@@ -915,15 +932,15 @@ func (m *member) take(limit int) (q [][]byte, over, done bool, end EndReason) {
 
 // takeLocked is take's; m.mu is held.
 func (m *member) takeLocked(limit int) [][]byte {
-	k, n := m.q.peekUpTo(limit)
+	k, n := m.q.PeekUpTo(limit)
 	if k == 0 {
 		return nil
 	}
 	q := make([][]byte, k)
 	for i := range q {
-		q[i] = m.q.pop()
+		q[i] = m.q.Pop()
 	}
-	cost := n + k*entryCost
+	cost := n + k*queue.EntryCost
 	m.bytes -= cost
 	m.writing += cost
 	m.writingEntries += k
@@ -936,7 +953,7 @@ func (m *member) written() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.writing = 0
-	m.mem.Give(budget.Queues, int64(m.writingEntries*entryCost))
+	m.mem.Give(budget.Queues, int64(m.writingEntries*queue.EntryCost))
 	m.writingEntries = 0
 	m.account()
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/watchsan/watchsan/internal/memapi"
 	"github.com/watchsan/watchsan/internal/metrics"
 	"github.com/watchsan/watchsan/internal/reqinfo"
+	"github.com/watchsan/watchsan/internal/ring"
 	"github.com/watchsan/watchsan/internal/stream"
 	"github.com/watchsan/watchsan/internal/testutil"
 	"github.com/watchsan/watchsan/internal/upstream"
@@ -347,7 +348,7 @@ func TestShareOlderThanRingGoesPrivate(t *testing.T) {
 	x.waitSubscribers(t, 1)
 	x.write(t, "cm", 10, 10)
 	first.waitFor(t, "the first client", 10)
-	if got := promtest.ToFloat64(x.m.SharedRingEvictions.WithLabelValues(evictRingEvents)); got != 5 {
+	if got := promtest.ToFloat64(x.m.SharedRingEvictions.WithLabelValues(ring.EvictRingEvents)); got != 5 {
 		t.Errorf("ring evictions %v, want 5", got)
 	}
 	old := watchAt(t, x.srv.URL, "resourceVersion="+rv(from+2), nil, true)

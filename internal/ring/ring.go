@@ -1,4 +1,4 @@
-package watch
+package ring
 
 import (
 	"sync"
@@ -9,18 +9,18 @@ import (
 	"github.com/watchsan/watchsan/internal/budget"
 )
 
-// ring is a shared feed's recent object events (ADDED, MODIFIED, DELETED), as delivered: each
+// Ring is a shared feed's recent object events (ADDED, MODIFIED, DELETED), as delivered: each
 // frame's bytes exactly as a subscriber is sent them (after the feed's policy, a rewrite
 // included) with the resourceVersion delivered. It is bounded in bytes and in events, and all
-// rings together by their budget (ringBudget); the oldest go first. It covers the
+// rings together by their Budget; the oldest go first. It covers the
 // resourceVersions from start on: every event after start that the feed delivered is in it.
 // Bookmarks and ERROR events are not kept (a joiner gets them live).
 //
 // Its feed adds to it and joins from it under the feed's lock; its own mu guards its frames,
 // since the budget may evict from it for another feed (never holding two rings' locks).
-type ring struct {
+type Ring struct {
 	mu     sync.Mutex
-	frames []ringFrame // oldest first; frames[head:] are live
+	frames []frame // oldest first; frames[head:] are live
 	head   int
 	bytes  int
 	// start is the resourceVersion from which the ring has every event the feed delivered:
@@ -31,39 +31,40 @@ type ring struct {
 
 	maxBytes, maxEvents int
 	// budget bounds all rings together; nil: none (or released).
-	budget *ringBudget
+	budget *Budget
 	// evicted counts evictions by cause (watchsan_shared_feed_ring_evictions_total's series,
 	// resolved once per ring: a full ring evicts at every event); nil: not counted.
 	evicted map[string]prometheus.Counter
 }
 
-type ringFrame struct {
+type frame struct {
 	rv  uint64
 	raw []byte // the frame, owned by the ring and shared read-only with subscribers' queues
 }
 
 // The causes of ring evictions (watchsan_shared_feed_ring_evictions_total's cause label).
 const (
-	evictRingBytes  = "ring-bytes"  // its own --share-ring-bytes
-	evictRingEvents = "ring-events" // its own --share-ring-events
-	// evictTotalOwn: --share-ring-total-bytes was reached, and the ring adding an event held
+	EvictRingBytes  = "ring-bytes"  // its own --share-ring-bytes
+	EvictRingEvents = "ring-events" // its own --share-ring-events
+	// EvictTotalOwn: --share-ring-total-bytes was reached, and the ring adding an event held
 	// more than its fair share (the total over the rings open): it evicted its own oldest.
-	evictTotalOwn = "total-own"
-	// evictTotalLargest: --share-ring-total-bytes was reached by a ring within its fair
+	EvictTotalOwn = "total-own"
+	// EvictTotalLargest: --share-ring-total-bytes was reached by a ring within its fair
 	// share: the largest ring's oldest went.
-	evictTotalLargest = "total-largest"
+	EvictTotalLargest = "total-largest"
 )
 
-// RingEvictionCauses lists watchsan_shared_feed_ring_evictions_total's causes (to initialise
+// EvictionCauses lists watchsan_shared_feed_ring_evictions_total's causes (to initialise
 // series).
-var RingEvictionCauses = []string{evictRingBytes, evictRingEvents, evictTotalOwn, evictTotalLargest}
+var EvictionCauses = []string{EvictRingBytes, EvictRingEvents, EvictTotalOwn, EvictTotalLargest}
 
-// newRing returns an empty ring covering from start, in budget b (nil: none).
-func newRing(start uint64, maxBytes, maxEvents int, b *ringBudget, evicted *prometheus.CounterVec) *ring {
-	r := &ring{start: start, maxBytes: maxBytes, maxEvents: maxEvents}
+// New returns an empty ring covering from start, bounded by maxBytes and maxEvents, in budget
+// b (nil: none); evicted counts its evictions by cause (nil: not counted).
+func New(start uint64, maxBytes, maxEvents int, b *Budget, evicted *prometheus.CounterVec) *Ring {
+	r := &Ring{start: start, maxBytes: maxBytes, maxEvents: maxEvents}
 	if evicted != nil {
-		r.evicted = make(map[string]prometheus.Counter, len(RingEvictionCauses))
-		for _, c := range RingEvictionCauses {
+		r.evicted = make(map[string]prometheus.Counter, len(EvictionCauses))
+		for _, c := range EvictionCauses {
 			r.evicted[c] = evicted.WithLabelValues(c)
 		}
 	}
@@ -73,20 +74,20 @@ func newRing(start uint64, maxBytes, maxEvents int, b *ringBudget, evicted *prom
 	return r
 }
 
-func (r *ring) len() int { return len(r.frames) - r.head }
+func (r *Ring) len() int { return len(r.frames) - r.head }
 
-// add keeps the frame raw of an event delivered at rv, evicting the oldest to stay within
-// bounds, then the budget's (never waiting for another feed: see ringBudget). A frame bigger
+// Add keeps the frame raw of an event delivered at rv, evicting the oldest to stay within
+// bounds, then the budget's (never waiting for another feed: see Budget). A frame bigger
 // than the byte bound on its own evicts everything, itself included: the ring then covers
 // from rv.
-func (r *ring) add(rv uint64, raw []byte) {
+func (r *Ring) Add(rv uint64, raw []byte) {
 	r.mu.Lock()
-	r.frames = append(r.frames, ringFrame{rv: rv, raw: raw})
+	r.frames = append(r.frames, frame{rv: rv, raw: raw})
 	r.setBytes(r.bytes + len(raw))
 	for r.len() > 0 && (r.bytes > r.maxBytes || r.len() > r.maxEvents) {
-		cause := evictRingBytes
+		cause := EvictRingBytes
 		if r.len() > r.maxEvents {
-			cause = evictRingEvents
+			cause = EvictRingEvents
 		}
 		r.evictLocked(cause)
 	}
@@ -98,9 +99,9 @@ func (r *ring) add(rv uint64, raw []byte) {
 }
 
 // evictLocked lets the oldest frame go; the ring is not empty and mu is held.
-func (r *ring) evictLocked(cause string) {
+func (r *Ring) evictLocked(cause string) {
 	old := r.frames[r.head]
-	r.frames[r.head] = ringFrame{}
+	r.frames[r.head] = frame{}
 	r.head++
 	r.setBytes(r.bytes - len(old.raw))
 	r.start = old.rv
@@ -117,7 +118,7 @@ func (r *ring) evictLocked(cause string) {
 }
 
 // setBytes sets what the ring holds, and the budget's total with it; mu is held.
-func (r *ring) setBytes(n int) {
+func (r *Ring) setBytes(n int) {
 	if r.budget != nil {
 		r.budget.add(int64(n - r.bytes))
 	}
@@ -126,7 +127,7 @@ func (r *ring) setBytes(n int) {
 }
 
 // evictOldest lets the oldest frame go for the budget, if the ring holds any; false if not.
-func (r *ring) evictOldest(cause string) bool {
+func (r *Ring) evictOldest(cause string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.len() == 0 {
@@ -136,10 +137,10 @@ func (r *ring) evictOldest(cause string) bool {
 	return true
 }
 
-// after returns the frames of the events after rv, oldest first, and their bytes: what a
+// After returns the frames of the events after rv, oldest first, and their bytes: what a
 // watch from rv gets before the live ones; ok false when the ring does not cover rv (it
 // starts above it). The slice is new; the frames are shared.
-func (r *ring) after(rv uint64) (frames [][]byte, bytes int, ok bool) {
+func (r *Ring) After(rv uint64) (frames [][]byte, bytes int, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if rv < r.start {
@@ -158,16 +159,16 @@ func (r *ring) after(rv uint64) (frames [][]byte, bytes int, ok bool) {
 	return frames, bytes, true
 }
 
-// covers says whether the ring has every event after rv the feed delivered.
-func (r *ring) covers(rv uint64) bool {
+// Covers says whether the ring has every event after rv the feed delivered.
+func (r *Ring) Covers(rv uint64) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return rv >= r.start
 }
 
-// stats is what /debug/feeds shows of the ring: its events, bytes, start and the
+// Stats is what /debug/feeds shows of the ring: its events, bytes, start and the
 // resourceVersion of its newest event (its start when it holds none).
-func (r *ring) stats() (events, bytes int, from, to uint64) {
+func (r *Ring) Stats() (events, bytes int, from, to uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	to = r.start
@@ -177,9 +178,9 @@ func (r *ring) stats() (events, bytes int, from, to uint64) {
 	return r.len(), r.bytes, r.start, to
 }
 
-// release lets every frame go and takes the ring out of its budget: its feed ended, or
+// Release lets every frame go and takes the ring out of its budget: its feed ended, or
 // replaced it (an absorb's end). It then holds nothing and covers nothing older than before.
-func (r *ring) release() {
+func (r *Ring) Release() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.len() > 0 {
@@ -193,7 +194,7 @@ func (r *ring) release() {
 	}
 }
 
-// ringBudget bounds the bytes all shared feeds' rings hold together (--share-ring-total-bytes,
+// Budget bounds the bytes all shared feeds' rings hold together (--share-ring-total-bytes,
 // docs/design.md section 11, "Bounds"): each ring is bounded on its own too, but distinct
 // watches of one busy scope (any query parameter splits feeds, as it must) would each keep
 // their own copy. When an add takes the total over, the ring that added evicts its own oldest
@@ -201,7 +202,7 @@ func (r *ring) release() {
 // does, oldest first, until the total fits. Nothing waits: an eviction takes one ring's lock
 // at a time, never a feed's, and delivery goes on; a ring that evicted covers less, and a
 // client re-watching from before it gets a private feed, as when a ring evicts on its own.
-type ringBudget struct {
+type Budget struct {
 	max   int64
 	total atomic.Int64
 	gauge prometheus.Gauge // the total; nil: not exported
@@ -210,27 +211,29 @@ type ringBudget struct {
 	mem *budget.Budget
 
 	mu    sync.Mutex
-	rings map[*ring]struct{}
+	rings map[*Ring]struct{}
 }
 
-func newRingBudget(max int64, gauge prometheus.Gauge) *ringBudget {
-	return &ringBudget{max: max, gauge: gauge, rings: map[*ring]struct{}{}}
+// NewBudget returns a budget of max bytes for all rings together; gauge (nil: none) shows
+// their total, and mem (nil: none) is the process's memory budget they are charged to.
+func NewBudget(max int64, gauge prometheus.Gauge, mem *budget.Budget) *Budget {
+	return &Budget{max: max, gauge: gauge, mem: mem, rings: map[*Ring]struct{}{}}
 }
 
-func (b *ringBudget) join(r *ring) {
+func (b *Budget) join(r *Ring) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.rings[r] = struct{}{}
 	r.budget = b
 }
 
-func (b *ringBudget) leave(r *ring) {
+func (b *Budget) leave(r *Ring) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	delete(b.rings, r)
 }
 
-func (b *ringBudget) add(n int64) {
+func (b *Budget) add(n int64) {
 	if n == 0 {
 		return
 	}
@@ -241,15 +244,15 @@ func (b *ringBudget) add(n int64) {
 	}
 }
 
-// fit evicts until the total is within the budget, after r added (see ringBudget). Two adds
+// fit evicts until the total is within the budget, after r added (see Budget). Two adds
 // at once may each evict for the same excess: at most a frame more than needed each.
-func (b *ringBudget) fit(r *ring) {
+func (b *Budget) fit(r *Ring) {
 	for b.total.Load() > b.max || b.mem.Short() {
-		victim, cause := r, evictTotalOwn
+		victim, cause := r, EvictTotalOwn
 		b.mu.Lock()
 		fair := b.max / int64(max(len(b.rings), 1))
 		if r.held.Load() <= fair {
-			victim, cause = b.largestLocked(), evictTotalLargest
+			victim, cause = b.largestLocked(), EvictTotalLargest
 		}
 		b.mu.Unlock()
 		if victim == nil || !victim.evictOldest(cause) {
@@ -259,8 +262,8 @@ func (b *ringBudget) fit(r *ring) {
 }
 
 // largestLocked is the ring holding the most bytes; nil: none holds any. mu is held.
-func (b *ringBudget) largestLocked() *ring {
-	var big *ring
+func (b *Budget) largestLocked() *Ring {
+	var big *Ring
 	var most int64
 	for r := range b.rings {
 		if n := r.held.Load(); n > most {
