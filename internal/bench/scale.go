@@ -357,6 +357,9 @@ func (e *ScaleEnv) Measure(ctx context.Context, m ScaleMode, t FanOutTarget, n, 
 	if t.PID != 0 {
 		s.WatchsanRSSKiB, _ = procStatus(t.PID, "VmRSS")
 	}
+	if t.WhileOpen != nil {
+		t.WhileOpen()
+	}
 
 	e.settle(ctx)
 	t0, err := e.apiserverTicks()
