@@ -367,6 +367,41 @@ func (c *fanClient) read(r io.Reader, prefix string, writes int) {
 	}
 }
 
+// waitOpen waits until n watches are open at the far end of t: the apiserver holds every
+// direct watch (over base, what it held before), watchsan every client watch (t.PID set).
+func (e *FanOutEnv) waitOpen(ctx context.Context, t FanOutTarget, base float64, n int, timeout time.Duration) error {
+	open := func() (bool, error) {
+		if t.PID == 0 {
+			w, err := e.upstreamWatches(ctx)
+			return w-base >= float64(n), err
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, t.AdminURL+"/metrics", nil)
+		w, err := scrape(http.DefaultClient, req, "watchsan_open_watches", nil)
+		return w >= float64(n), err
+	}
+	for deadline := time.Now().Add(timeout); ; {
+		ok, err := open()
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("%d watches not all open within %v (%v)", n, timeout, err)
+		}
+		sleepCtx(ctx, 50*time.Millisecond)
+	}
+}
+
+// waitUpstreamBack waits, at most d, until the apiserver holds no more watches of configmaps
+// than base again, so that the next run counts from what it holds without this one's.
+func (e *FanOutEnv) waitUpstreamBack(ctx context.Context, base float64, d time.Duration) {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline) && ctx.Err() == nil; {
+		if w, err := e.upstreamWatches(ctx); err == nil && w <= base {
+			return
+		}
+		sleepCtx(ctx, 100*time.Millisecond)
+	}
+}
+
 // Measure runs n identical watches through t, writes `writes` configmaps, and waits until
 // every client had every one (or timeout). It needs len(e.Tokens) ≥ n except for FanLent.
 func (e *FanOutEnv) Measure(ctx context.Context, t FanOutTarget, n, writes int, timeout time.Duration) (s FanOutSample) {
@@ -402,14 +437,7 @@ func (e *FanOutEnv) Measure(ctx context.Context, t FanOutTarget, n, writes int, 
 		if t.Stop != nil {
 			t.Stop()
 		}
-		// The next run counts from what the apiserver holds without this one's watches.
-		deadline := time.Now().Add(30 * time.Second)
-		for time.Now().Before(deadline) && ctx.Err() == nil {
-			if w, err := e.upstreamWatches(ctx); err == nil && w <= base {
-				break
-			}
-			sleepCtx(ctx, 100*time.Millisecond)
-		}
+		e.waitUpstreamBack(ctx, base, 30*time.Second)
 	}()
 	url := fmt.Sprintf("%s/api/v1/namespaces/%s/configmaps?watch=true&allowWatchBookmarks=true&resourceVersion=%s", t.URL, e.Namespace, list.ResourceVersion)
 	start := time.Now()
@@ -440,26 +468,8 @@ func (e *FanOutEnv) Measure(ctx context.Context, t FanOutTarget, n, writes int, 
 	if err != nil {
 		return fail(err)
 	}
-	// Open at the far end: the apiserver holds every direct watch, watchsan every client watch.
-	open := func() (bool, error) {
-		if t.Mode == FanDirect {
-			w, err := e.upstreamWatches(ctx)
-			return w-base >= float64(n), err
-		}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, t.AdminURL+"/metrics", nil)
-		w, err := scrape(http.DefaultClient, req, "watchsan_open_watches", nil)
-		return w >= float64(n), err
-	}
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, err := open()
-		if ok {
-			break
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fail(fmt.Errorf("%d watches not all open within %v (%v)", n, timeout, err))
-		}
-		sleepCtx(ctx, 50*time.Millisecond)
+	if err := e.waitOpen(ctx, t, base, n, timeout); err != nil {
+		return fail(err)
 	}
 	s.Opened = time.Since(start)
 	if s.UpstreamWatches, err = e.upstreamWatches(ctx); err != nil {
@@ -491,8 +501,7 @@ func (e *FanOutEnv) Measure(ctx context.Context, t FanOutTarget, n, writes int, 
 		}
 		return true
 	}
-	deadline = time.Now().Add(timeout)
-	for !all() && time.Now().Before(deadline) && ctx.Err() == nil {
+	for deadline := time.Now().Add(timeout); !all() && time.Now().Before(deadline) && ctx.Err() == nil; {
 		sleepCtx(ctx, 5*time.Millisecond)
 	}
 	s.Delivered = time.Since(start)

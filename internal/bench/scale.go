@@ -289,13 +289,7 @@ func (e *ScaleEnv) Measure(ctx context.Context, m ScaleMode, t FanOutTarget, n, 
 		if t.Stop != nil {
 			t.Stop()
 		}
-		deadline := time.Now().Add(60 * time.Second)
-		for time.Now().Before(deadline) && ctx.Err() == nil {
-			if w, err := e.upstreamWatches(ctx); err == nil && w <= base {
-				break
-			}
-			sleepCtx(ctx, 100*time.Millisecond)
-		}
+		e.waitUpstreamBack(ctx, base, 60*time.Second)
 	}()
 	start := time.Now()
 	err = parallel(ctx, n, 32, func(i int) error {
@@ -330,24 +324,8 @@ func (e *ScaleEnv) Measure(ctx context.Context, m ScaleMode, t FanOutTarget, n, 
 	if err != nil {
 		return fail(err)
 	}
-	open := func() (bool, error) {
-		if t.PID == 0 {
-			w, err := e.upstreamWatches(ctx)
-			return w-base >= float64(n), err
-		}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, t.AdminURL+"/metrics", nil)
-		w, err := scrape(http.DefaultClient, req, "watchsan_open_watches", nil)
-		return w >= float64(n), err
-	}
-	for deadline := time.Now().Add(timeout); ; {
-		ok, err := open()
-		if ok {
-			break
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fail(fmt.Errorf("%d watches not all open within %v (%v)", n, timeout, err))
-		}
-		sleepCtx(ctx, 50*time.Millisecond)
+	if err := e.waitOpen(ctx, t, base, n, timeout); err != nil {
+		return fail(err)
 	}
 	s.Opened = time.Since(start)
 	if s.UpstreamWatches, err = e.upstreamWatches(ctx); err != nil {
