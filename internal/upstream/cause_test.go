@@ -113,3 +113,41 @@ func TestVerdictRecordsCause(t *testing.T) {
 		t.Errorf("an unhealthy backend is described %q", d)
 	}
 }
+
+// A ping that passes while /readyz does not keeps the probe's cause: an apiserver that refuses
+// watchsan's credentials stays "unauthorized", not "/readyz did not pass" at every other
+// signal (which also logged a change of cause at every ping, ten times a second).
+func TestPingKeepsTheProbesCause(t *testing.T) {
+	p, err := NewPool(nil, PoolOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := p.newBackend(mustURL(t, "https://127.0.0.1:1"), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bs := []*Backend{b}
+	p.list.Store(&bs)
+	if !b.pingable() {
+		t.Fatal("an https backend is not pinged")
+	}
+	b.hc.liveness.Store(livenessAlive)
+	refused := classify(errors.New("/readyz answered 401 to the lent identity: the apiserver does not authenticate it"), 401)
+	b.hc.readyErr.Store(&readyError{refused}) // as probe records a 401
+	b.hc.readiness.Store(readyNotReady)
+	p.judge(b, nil) // a ping that passed, before the probe's own verdict
+	if h := b.Health(); h.State != Degraded || h.LastError == nil || h.LastError.Kind != CauseUnauthorized {
+		t.Fatalf("after a ping: %+v, want degraded for the probe's cause (unauthorized)", h)
+	}
+	p.judge(b, refused) // the probe's verdict
+	p.judge(b, nil)     // and the next ping
+	if h := b.Health(); h.State != Degraded || h.LastError.Kind != CauseUnauthorized {
+		t.Fatalf("after the next ping: %+v, want the probe's cause kept", h)
+	}
+	b.hc.readyErr.Store(&readyError{nil}) // /readyz passes again
+	b.hc.readiness.Store(readyOK)
+	p.judge(b, nil)
+	if h := b.Health(); h.State != Healthy {
+		t.Fatalf("after /readyz passed: %+v, want healthy", h)
+	}
+}

@@ -57,6 +57,10 @@ type healthState struct {
 	// verdict; zero: unknown.
 	liveness  atomic.Int32
 	readiness atomic.Int32
+	// readyErr is why the last /readyz did not pass (nil: it passed, or none yet), written by
+	// probe alone, before readiness: a signal with no error of its own (a ping that passed)
+	// is judged with it, so that it does not replace the probe's cause with a vaguer one.
+	readyErr atomic.Pointer[readyError]
 	// deadAt is when the signal that last found it dead began (the ping's round, the refused
 	// dial; Unix ns): only an answer to a probe sent since proves it back (probe); 0: never.
 	deadAt atomic.Int64
@@ -73,6 +77,9 @@ type healthState struct {
 	// verdict alone; zero: nothing judged yet.
 	record healthRecord
 }
+
+// readyError is a /readyz probe's error (nil: it passed), as healthState.readyErr holds it.
+type readyError struct{ err error }
 
 // pingable says whether b is pinged: https, and not found without HTTP/2.
 func (b *Backend) pingable() bool { return b.ping != nil && !b.hc.noH2.Load() }
@@ -392,6 +399,7 @@ func (p *Pool) probe(ctx context.Context, b *Backend, sent int64) {
 	if err != nil {
 		err = classify(err, code)
 	}
+	b.hc.readyErr.Store(&readyError{err})
 	switch {
 	case unauthorized && err == nil:
 		b.hc.readiness.Store(readyUnverified)
@@ -419,6 +427,14 @@ func (p *Pool) probe(ctx context.Context, b *Backend, sent int64) {
 // (verdict): the one path of every signal to a state, a probe's, a ping's and a refused
 // dial's of real traffic alike.
 func (p *Pool) judge(b *Backend, cause error) {
+	if cause == nil {
+		// A ping that passed says nothing of readiness: when /readyz did not pass, its cause
+		// is the backend's (an apiserver refusing watchsan's credentials, not "/readyz did not
+		// pass" every other round).
+		if r := b.hc.readyErr.Load(); r != nil {
+			cause = r.err
+		}
+	}
 	if s, why, ok := decide(b.pingable(), b.hc.liveness.Load(), b.hc.readiness.Load(), b.State(), cause); ok {
 		p.verdict(b, s, why)
 	}
