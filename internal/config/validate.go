@@ -299,7 +299,7 @@ type Completed struct {
 	// Config.MaxHeaderBytesPerSource resolved as the per-source limits are.
 	SourceHeaderBytes int
 	// MemoryBudget is the memory budget's total in effect (FitMemoryBudget); MemoryLimit the
-	// container's memory limit found (0: none), which Run makes Go's soft memory limit (none without one).
+	// container's memory limit found (0: none), which Run makes Go's soft memory limit.
 	MemoryBudget, MemoryLimit int64
 	// Warnings are what is allowed but unsafe, or was adjusted; logged at start.
 	Warnings []string

@@ -78,24 +78,20 @@ type Server struct {
 }
 
 // softMemoryLimit makes Go's collector keep the heap under the container's memory limit (a
-// tenth below it), unless GOMEMLIMIT says otherwise: with the default GOGC the heap may grow
-// to twice what is live before a collection (the garbage of a buffer doubled for a big frame
-// included), and a container killed at its limit ends every watch at once. Without a
-// container limit it sets none: nothing kills the process at a line, and what is live is not
-// bounded by the memory budget (every watch's goroutine, HTTP/2 stream and connection are
-// outside it), so a soft limit derived from the budget drove the collector to run without
-// end: 10,000 HTTP/2 watchers live in about 190 MiB, and under a limit of twice the 64 MiB
-// budget the collector took 93% of watchsan's CPU and writes fell so far behind that the
-// budget ended 890 watches as slow clients (docs/design.md section 15).
+// tenth below it), or without one under twice the memory budget, unless GOMEMLIMIT says
+// otherwise: with the default GOGC the heap may grow to twice what is live before a
+// collection (the garbage of a buffer doubled for a big frame included), and a container
+// killed at its limit ends every watch at once. What is live is bounded by the memory budget,
+// half the limit by default, so the collector is not driven to run without end; if it were,
+// Go caps its CPU at half (docs/design.md section 15).
 func (s *Server) softMemoryLimit() {
 	if os.Getenv("GOMEMLIMIT") != "" {
 		return
 	}
-	if s.cfg.MemoryLimit <= 0 {
-		s.log.Info("no container memory limit found: Go's soft memory limit left unset", zap.Int64("budget", s.cfg.MemoryBudget))
-		return
+	limit := 2 * s.cfg.MemoryBudget
+	if s.cfg.MemoryLimit > 0 {
+		limit = s.cfg.MemoryLimit / 10 * 9
 	}
-	limit := s.cfg.MemoryLimit / 10 * 9
 	debug.SetMemoryLimit(limit)
 	s.log.Info("Go's soft memory limit set under the container's", zap.Int64("limit", limit), zap.Int64("container", s.cfg.MemoryLimit), zap.Int64("budget", s.cfg.MemoryBudget))
 }

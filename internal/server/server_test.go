@@ -2,21 +2,17 @@ package server
 
 import (
 	"io"
-	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/watchsan/watchsan/internal/config"
 	wtestutil "github.com/watchsan/watchsan/internal/testutil"
 )
 
@@ -154,29 +150,5 @@ func TestAttackAdminRebinding(t *testing.T) {
 			}
 		}
 		admin.Close()
-	}
-}
-
-// Go's soft memory limit is the container's, a tenth under it, and none without a container
-// limit: a limit derived from the memory budget, which does not bound what is live (every
-// watch's goroutine and stream are outside it), drove the collector to run without end at
-// 10,000 HTTP/2 watchers (docs/design.md section 15).
-func TestSoftMemoryLimitOnlyUnderAContainerLimit(t *testing.T) {
-	if os.Getenv("GOMEMLIMIT") != "" {
-		t.Skip("GOMEMLIMIT set: watchsan leaves the limit to it")
-	}
-	before := debug.SetMemoryLimit(-1)
-	t.Cleanup(func() { debug.SetMemoryLimit(before) })
-	debug.SetMemoryLimit(math.MaxInt64)
-	s := &Server{cfg: &config.Completed{}, log: zap.NewNop()}
-	s.cfg.MemoryBudget = 64 << 20
-	s.softMemoryLimit()
-	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
-		t.Errorf("without a container limit the soft limit is %d, want none", got)
-	}
-	s.cfg.MemoryLimit = 1 << 30
-	s.softMemoryLimit()
-	if got, want := debug.SetMemoryLimit(-1), int64(1<<30)/10*9; got != want {
-		t.Errorf("under a 1 GiB container limit the soft limit is %d, want %d", got, want)
 	}
 }
