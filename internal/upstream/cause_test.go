@@ -68,10 +68,9 @@ func TestClassify(t *testing.T) {
 	}
 }
 
-// TestVerdictRecordsCause: the health checker's verdicts keep the last error and since when:
-// the error's time stays while its kind does, a new kind starts it again, a recovery keeps the
-// error and changes the state's time.
-func TestVerdictRecordsCause(t *testing.T) {
+// oneBackendPool is a Pool of one https backend, nothing started: verdicts are given by hand.
+func oneBackendPool(t *testing.T) (*Pool, *Backend) {
+	t.Helper()
 	p, err := NewPool(nil, PoolOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -82,6 +81,14 @@ func TestVerdictRecordsCause(t *testing.T) {
 	}
 	bs := []*Backend{b}
 	p.list.Store(&bs)
+	return p, b
+}
+
+// TestVerdictRecordsCause: the health checker's verdicts keep the last error and since when:
+// the error's time stays while its kind does, a new kind starts it again, a recovery keeps the
+// error and changes the state's time.
+func TestVerdictRecordsCause(t *testing.T) {
+	p, b := oneBackendPool(t)
 	if h := b.Health(); h.State != Unknown || h.LastError != nil || !h.StateSince.IsZero() {
 		t.Fatalf("before any verdict: %+v", h)
 	}
@@ -118,16 +125,7 @@ func TestVerdictRecordsCause(t *testing.T) {
 // watchsan's credentials stays "unauthorized", not "/readyz did not pass" at every other
 // signal (which also logged a change of cause at every ping, ten times a second).
 func TestPingKeepsTheProbesCause(t *testing.T) {
-	p, err := NewPool(nil, PoolOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := p.newBackend(mustURL(t, "https://127.0.0.1:1"), false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bs := []*Backend{b}
-	p.list.Store(&bs)
+	p, b := oneBackendPool(t)
 	if !b.pingable() {
 		t.Fatal("an https backend is not pinged")
 	}
